@@ -1,0 +1,1 @@
+"""k3 conformance suite: checks any platform plugin against the core reference."""

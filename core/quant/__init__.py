@@ -1,0 +1,1 @@
+"""Number formats: MXFP4, NVFP4 and FP8 codecs."""

@@ -1,0 +1,1 @@
+"""Pure-torch reference ops: the oracle every kernel is checked against."""

@@ -1,0 +1,75 @@
+"""Block Attention Residuals (AttnRes): the depth-wise softmax mix that replaces K3's residual.
+
+Per token, the sources are the completed block vectors plus the running partial sum. Keys are
+the RMS-normalised sources, values the raw sources, the logit weight is one folded vector
+`u = res_norm.weight * res_proj.weight` per mix (no temperature, no 1/sqrt(d)). The block bank
+lives only inside one forward pass; nothing persists across decode steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._dtypes import compute_dtype
+from .norms import rms_norm
+
+
+def fold_attn_res_query(norm_weight: torch.Tensor, proj_weight: torch.Tensor) -> torch.Tensor:
+    """u = norm.weight * proj.weight, the mix's logit weight. proj_weight: [1, D] or [D]. Returns [D]."""
+    return norm_weight.reshape(-1) * proj_weight.reshape(-1)
+
+
+def attn_res_mix(sources: torch.Tensor, query: torch.Tensor, *, eps: float) -> torch.Tensor:
+    """Softmax mix over sources.
+
+    sources: [S, T, D] (S sources: blocks then the partial sum), activation dtype.
+    query:   [D], the folded pseudo-query `u`.
+    logit[s, t] = sum_c u[c] * V[s, t, c] / sqrt(mean_c V[s, t, c]^2 + eps); p = softmax over s;
+    returns sum_s p[s, t] * V[s, t] as [T, D], cast to sources.dtype (the official model rounds
+    the mix to bf16 before the following RMSNorm). fp32 inside (fp64 for float64).
+    """
+    if sources.dim() != 3 or query.shape != (sources.shape[-1],):
+        raise ValueError(f"attn_res_mix: sources [S, T, D] and query [D] expected, got "
+                         f"{tuple(sources.shape)} and {tuple(query.shape)}")
+    cd = compute_dtype(sources)
+    v = sources.to(cd)                                               # [S, T, D]
+    inv_rms = torch.rsqrt(v.pow(2).mean(-1) + eps)                   # [S, T]
+    logits = (v @ query.to(cd)) * inv_rms                            # [S, T]
+    p = torch.softmax(logits, dim=0)
+    return (p.unsqueeze(-1) * v).sum(0).to(sources.dtype)
+
+
+def attn_res(
+    prefix: torch.Tensor,
+    delta: torch.Tensor | None,
+    blocks: torch.Tensor,
+    *,
+    query: torch.Tensor,
+    num_visible_blocks: int,
+    write_index: int | None,
+    eps: float,
+    out_norm_weight: torch.Tensor | None,
+    out_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused AttnRes step a kernel implements (vLLM's `attn_res` contract).
+
+    prefix: [T, D] running partial block sum; delta: [T, D] last sublayer output not yet added,
+    or None; blocks: [T, NB, D] the block bank (written in place at `write_index`).
+    1. prefix = prefix + delta, rounded to the activation dtype (as the reference's bf16 add);
+    2. if write_index is not None: blocks[:, write_index] = prefix;
+    3. h = prefix if num_visible_blocks == 0, else attn_res_mix(blocks[:, :n] + [prefix]);
+    4. h = rms_norm(h, out_norm_weight, out_eps) when out_norm_weight is given.
+    Returns (h [T, D], prefix [T, D]).
+    """
+    if delta is not None:
+        prefix = (prefix + delta).to(prefix.dtype)
+    if write_index is not None:
+        blocks[:, write_index] = prefix
+    if num_visible_blocks == 0:
+        h = prefix
+    else:
+        sources = torch.cat([blocks[:, :num_visible_blocks].transpose(0, 1), prefix.unsqueeze(0)], dim=0)
+        h = attn_res_mix(sources, query, eps=eps)
+    if out_norm_weight is not None:
+        h = rms_norm(h, out_norm_weight, out_eps)
+    return h, prefix

@@ -1,0 +1,68 @@
+"""Normalisations: RMSNorm (K3 convention), gated RMSNorm, LayerNorm, L2 norm."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._dtypes import compute_dtype
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """K3's RMSNorm (`KimiRMSNorm`): normalise in fp32, cast to x.dtype, then multiply by weight.
+
+    x: [..., D]; weight: [D] or None. Returns x.dtype.
+    """
+    cd = compute_dtype(x)
+    xf = x.to(cd)
+    y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if weight is None else y * weight.to(x.dtype)
+
+
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    activation: str = "sigmoid",
+) -> torch.Tensor:
+    """KDA output norm: RMS_w(x) * act(gate), all in fp32, cast back once.
+
+    x, gate: [..., D] (D = head dim; heads on a leading axis); weight: [D].
+    activation: "sigmoid" (K3, Kimi-Linear) or "silu". Returns x.dtype.
+    """
+    cd = compute_dtype(x, gate)
+    xf = x.to(cd)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(cd)
+    g = gate.to(cd)
+    if activation == "sigmoid":
+        y = y * torch.sigmoid(g)
+    elif activation in ("silu", "swish"):
+        y = y * F.silu(g)
+    else:
+        raise ValueError(f"gated_rms_norm: unknown activation {activation!r} (sigmoid | silu)")
+    return y.to(x.dtype)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm with optional affine (DSA indexer `k_norm`), fp32 inside. Returns x.dtype."""
+    cd = compute_dtype(x)
+    xf = x.to(cd)
+    y = F.layer_norm(
+        xf,
+        (x.shape[-1],),
+        None if weight is None else weight.to(cd),
+        None if bias is None else bias.to(cd),
+        eps,
+    )
+    return y.to(x.dtype)
+
+
+def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last axis, fp32 inside (eps on the sum). Returns x.dtype."""
+    cd = compute_dtype(x)
+    xf = x.to(cd)
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)

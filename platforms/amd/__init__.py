@@ -1,0 +1,1 @@
+"""k3 platform package for amd (plugin hooks arrive with the plugins issue)."""

@@ -1,0 +1,1 @@
+"""k3 platform package for ppu (plugin hooks arrive with the plugins issue)."""
