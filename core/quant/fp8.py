@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..reference._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 
 FP8_DTYPES = tuple(
     getattr(torch, name)

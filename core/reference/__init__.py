@@ -1,7 +1,7 @@
 """Pure-torch reference ops: the oracle every kernel is checked against.
 
 Each op runs on any torch device and computes in the dtype it is given, with half precision
-computed in fp32 (see `_dtypes`); float64 inputs make it the kernel oracle. The signature
+computed in fp32 (see `k3.dtypes`); float64 inputs make it the kernel oracle. The signature
 table of every op is docs/ops.md; kernel hooks mirror it.
 """
 

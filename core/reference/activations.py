@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 
 
 def _check_beta(name: str, value: float | None, *, optional: bool) -> None:

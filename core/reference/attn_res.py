@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 from .norms import rms_norm
 
 

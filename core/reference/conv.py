@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._dtypes import compute_dtype, upcast
+from ..dtypes import compute_dtype, upcast
 
 
 def sequence_bounds(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from ..quant.fp8 import fp8_dequantize, fp8_quantize
 from ..quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
-from ._dtypes import compute_dtype, upcast
+from ..dtypes import compute_dtype, upcast
 from .hadamard import hadamard_transform
 from .mla import allowed_mask, varlen_spans
 

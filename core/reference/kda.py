@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._dtypes import compute_dtype, upcast
+from ..dtypes import compute_dtype, upcast
 from .conv import checkpoint_offsets_per_sequence, sequence_bounds
 from .kda_gate import kda_gate
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._dtypes import compute_dtype, upcast
+from ..dtypes import compute_dtype, upcast
 
 
 def kda_gate(

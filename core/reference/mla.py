@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..quant.fp8 import FP8_DTYPES, fp8_dequantize
-from ._dtypes import compute_dtype, upcast
+from ..dtypes import compute_dtype, upcast
 
 
 def varlen_spans(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 from .activations import glu_activation
 from .norms import rms_norm
 from .router import router_logits, select_experts

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 
 
 def router_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

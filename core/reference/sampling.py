@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._dtypes import compute_dtype
+from ..dtypes import compute_dtype
 
 
 def _per_row(value: torch.Tensor | float | int | None, rows: int, default: float, device) -> torch.Tensor:

@@ -1,0 +1,30 @@
+"""Every k3 module imports on its own (an import cycle shows only when its module comes first)."""
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import k3
+
+SCRIPT = """
+import importlib, pkgutil, sys
+import k3
+names = sorted(m.name for m in pkgutil.walk_packages(k3.__path__, "k3."))
+failed = []
+for name in names:
+    for mod in [m for m in sys.modules if m == "k3" or m.startswith("k3.")]:
+        del sys.modules[mod]
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # report every failing module, not only the first
+        failed.append(f"{name}: {type(e).__name__}: {e}")
+print(len(names))
+sys.exit("\\n".join(failed) or None)
+"""
+
+
+def test_each_module_imports_first():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 20
