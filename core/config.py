@@ -420,6 +420,8 @@ def _check_consistency(cfg: K3Config, p: str) -> None:
             raise ConfigError(p + missing[0], "the DSA indexer needs index_n_heads, index_head_dim and index_topk together")
         if not cfg.mla_layer_ids:
             raise ConfigError(p + "index_topk", "a DSA indexer needs full-attention (MLA) layers")
+        if cfg.q_lora_rank is None:
+            raise ConfigError(p + "q_lora_rank", "the DSA indexer reads the MLA query latent: set q_lora_rank")
         d = cfg.index_head_dim
         if d & (d - 1) or d % 32:
             raise ConfigError(p + "index_head_dim", f"must be a power of two and a multiple of 32 (Hadamard, MXFP4 keys), got {d}")

@@ -7,7 +7,9 @@ import json
 import sys
 from typing import Any
 
+from k3.cache.records import attention_bytes_per_token, index_record_bytes, kda_state_bytes
 from k3.config import K3Config
+from k3.model.params import count_parameters
 
 from .common import add_model_arguments, load_config
 
@@ -20,8 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def summarize(cfg: K3Config) -> dict[str, Any]:
     """Everything `k3 info` reports, as plain data."""
     la = cfg.linear_attn
+    params = count_parameters(cfg)
     out: dict[str, Any] = {
         "family": cfg.family,
+        "total_parameters": params.total,
+        "active_parameters": params.active,
         "model_type": cfg.model_type,
         "dtype": cfg.dtype,
         "hidden_size": cfg.hidden_size,
@@ -65,6 +70,12 @@ def summarize(cfg: K3Config) -> dict[str, Any]:
             "router": cfg.moe_router_activation_func, "routed_scaling_factor": cfg.routed_scaling_factor,
             "expert_format": "mxfp4" if cfg.experts_mxfp4 else cfg.dtype,
         },
+        "cache": {
+            "attention_bytes_per_token": {dt: attention_bytes_per_token(cfg, kv_cache_dtype=dt)
+                                          for dt in ("bf16", "fp8")},
+            "index_key_bytes_per_token_per_layer": index_record_bytes(cfg, "fp8"),
+            "kda_state_bytes_per_request": kda_state_bytes(cfg),
+        },
         "activation": cfg.hidden_act if cfg.hidden_act != "situ" else
             f"situ (beta {cfg.situ_beta:g}, linear beta {cfg.activation_situ_linear_beta})",
         "special_tokens": {"bos": cfg.bos_token_id, "eos": list(cfg.eos_token_ids),
@@ -89,8 +100,17 @@ def _ranges(ids: list[int]) -> str:
     return ", ".join(parts)
 
 
+def _count(n: int) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
 def render(s: dict[str, Any]) -> str:
+    c = s["cache"]
     lines = [f"{s['family']} ({s['model_type']}, {s['dtype']})",
+             f"  parameters: {_count(s['total_parameters'])} total, {_count(s['active_parameters'])} active per token",
              f"  width {s['hidden_size']}, {s['num_hidden_layers']} layers, vocabulary {s['vocab_size']}, "
              f"context {s['max_position_embeddings']}",
              f"  KDA layers (0-based): {_ranges(s['kda_layers'])}",
@@ -121,6 +141,10 @@ def render(s: dict[str, Any]) -> str:
                      f"{m['expert_intermediate_size']} in {m['expert_hidden_size']}"
                      f"{' (latent, normed)' if m['latent_norm'] else ' (latent)' if m['latent'] else ''}, "
                      f"shared {m['shared_intermediate_size']}, {m['router']} router x{m['routed_scaling_factor']:g}")
+    per_token = c["attention_bytes_per_token"]
+    lines.append(f"  cache: {per_token['bf16']:,} B/token with bf16 latents ({per_token['fp8']:,} with fp8)"
+                 + (" incl. fp8 index keys" if s["dsa"] else "")
+                 + f"; KDA state {c['kda_state_bytes_per_request'] / 2**20:,.1f} MiB per request (TP 1)")
     for note in s["notes"]:
         lines.append(f"  note: {note}")
     return "\n".join(lines)

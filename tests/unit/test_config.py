@@ -159,6 +159,8 @@ BAD = [
     ("text_config.index_head_dim", lambda r: r["text_config"].update(index_n_heads=32, index_topk=2048)),
     ("text_config.index_head_dim", lambda r: r["text_config"].update(index_n_heads=32, index_head_dim=96, index_topk=2048)),
     ("text_config.kv_lora_rank", lambda r: r["text_config"].pop("kv_lora_rank")),
+    ("text_config.q_lora_rank", lambda r: r["text_config"].update(q_lora_rank=None, index_n_heads=32,
+                                                                  index_head_dim=128, index_topk=2048)),
     ("text_config.latent_moe_use_norm", lambda r: r["text_config"].pop("routed_expert_hidden_size")),
     ("text_config.moe_router_activation_func", lambda r: r["text_config"].update(moe_router_activation_func="relu")),
     ("text_config.dtype", lambda r: r["text_config"].update(dtype="int8")),

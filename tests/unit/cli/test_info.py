@@ -44,3 +44,30 @@ def test_console_script_runs():
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "k3.cli.main"]
     done = subprocess.run(cmd + ["info", "--preset", "k3-tiny", "--json"], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["family"] == "Kimi K3"
+
+
+def test_real_preset_parameter_counts(tmp_path, capsys):
+    assert main(["info", "--preset", "kimi-k3", "--json"]) == 0
+    k3 = json.loads(capsys.readouterr().out)
+    assert abs(k3["total_parameters"] / 2.78e12 - 1) < 0.005          # ~2.78T (report: 2.8T)
+    assert abs(k3["active_parameters"] / 104e9 - 1) < 0.01            # ~104B active
+    assert k3["cache"]["attention_bytes_per_token"]["fp8"] == 13_824
+    assert k3["cache"]["kda_state_bytes_per_request"] == 69 * (96 * 128 * 128 * 4 + 3 * 12288 * 3 * 2)
+    (tmp_path / "config.json").write_text((Path(__file__).parents[2] / "fixtures" / "kimi-k3-config.json").read_text())
+    assert main(["info", "--model", str(tmp_path), "--json"]) == 0
+    from_dir = json.loads(capsys.readouterr().out)
+    assert from_dir["total_parameters"] == k3["total_parameters"]
+    assert from_dir["active_parameters"] == k3["active_parameters"]
+    assert main(["info", "--preset", "kimi-linear-48b-a3b", "--json"]) == 0
+    lin = json.loads(capsys.readouterr().out)
+    assert 47e9 < lin["total_parameters"] < 50e9 and 2.8e9 < lin["active_parameters"] < 3.3e9   # "48B-A3B"
+
+
+def test_real_preset_info_is_fast_and_small():
+    """The 2.78T-parameter graph is built on the meta device: seconds and well under 1 GiB."""
+    code = ("import resource, sys, time; t = time.time(); from k3.cli.main import main; "
+            "main(['info', '--preset', 'kimi-k3.1-pro', '--json']); "
+            "print(time.time() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    seconds, rss_kib = map(float, done.stderr.split()[-2:])
+    assert seconds < 30 and rss_kib < 1024 * 1024, (seconds, rss_kib)

@@ -1,0 +1,1 @@
+"""Checkpoints: HF-style safetensors directories (load, random init, write)."""

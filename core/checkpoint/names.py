@@ -1,0 +1,60 @@
+"""Checkpoint tensor names: from the names published checkpoints use to k3's canonical names.
+
+Canonical names are the model's own (`model.layers.L.self_attn.q_proj.weight`,
+`lm_head.weight`, experts as `...experts.{expert}.w1.weight_packed`). Published K3
+checkpoints prefix the text model with `language_model.` (and some tools write
+`language_model.layers.` without `model.`); transformers' `save_pretrained` of Kimi-Linear
+writes a dense layer's MLP under `block_sparse_moe.{gate,up,down}_proj`. Vision weights, rotary
+caches and MTP layers (index >= num_hidden_layers) are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from k3.config import K3Config
+
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+SKIPPED_PREFIXES = ("vision_tower.", "mm_projector.", "multi_modal_projector.")
+K3_PREFIX = "language_model."
+
+
+@dataclass(frozen=True)
+class CanonicalName:
+    """A checkpoint tensor name mapped onto the model: template (experts as "{expert}"),
+    the expert number when it is one of a stack, or `skip_reason` for tensors k3 ignores."""
+
+    template: str
+    expert: int | None = None
+    skip_reason: str | None = None
+
+
+def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
+    """Map one checkpoint tensor name (see the module docstring)."""
+    if name.startswith(SKIPPED_PREFIXES):
+        return CanonicalName(name, skip_reason="vision")
+    if name.startswith(K3_PREFIX):
+        name = name[len(K3_PREFIX):]
+        if name.startswith("layers.") or name in ("embed_tokens.weight", "norm.weight"):
+            name = "model." + name
+    if "rotary_emb." in name:
+        return CanonicalName(name, skip_reason="rotary cache")
+    layer = _LAYER.match(name)
+    if layer:
+        index = int(layer.group(1))
+        if index >= cfg.num_hidden_layers:
+            return CanonicalName(name, skip_reason="MTP layer")
+        if not cfg.is_moe_layer(index):   # transformers' save_pretrained of a dense Kimi-Linear layer
+            name = re.sub(r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj.", name)
+    expert = _EXPERT.search(name)
+    if expert:
+        return CanonicalName(_EXPERT.sub(".experts.{expert}.", name, count=1), int(expert.group(1)))
+    return CanonicalName(name)
+
+
+def published_name(template: str, cfg: K3Config, expert: int | None = None) -> str:
+    """The name a checkpoint of this model family uses for a canonical template."""
+    name = template.replace("{expert}", str(expert)) if expert is not None else template
+    return K3_PREFIX + name if cfg.model_type == "kimi_k3" else name

@@ -1,0 +1,94 @@
+"""Deterministic random weights for a K3-architecture config, in the checkpoint's own layout.
+
+Each tensor is drawn from a generator seeded by (seed, tensor name), so a checkpoint is the
+same on every machine and any single tensor can be regenerated alone. Scales keep the
+forward well conditioned (projections ~ 1/sqrt(fan_in), norms ~ 1, KDA gates in range), and
+lm_head is drawn large (std 1, so logit std ~ sqrt(hidden)) to give wide top-1 / top-2 logit
+margins for token-equality tests (DESIGN.md "Testing equality"). MXFP4 experts are drawn as
+codes and E8M0 scales directly, so the bf16 weights they dequantise to are exact.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator
+
+import torch
+
+from k3.config import K3Config
+
+from .names import published_name
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+           "float64": torch.float64}
+_FP32_TENSORS = ("A_log", "dt_bias", "e_score_correction_bias")
+E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # rms of a uniform code
+
+
+def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], torch.dtype, int | None]]:
+    """(canonical template, full shape, checkpoint dtype, expert or None) of every tensor."""
+    from k3.model import K3ForCausalLM
+
+    model = K3ForCausalLM(cfg, dtype=torch.float32, device="meta")
+    weights = dict(model.named_parameters())
+    weights.update(model.named_buffers())
+    out = []
+    for template, param, spec in model.weight_specs():
+        stored = weights[param].dtype
+        if stored == torch.uint8:
+            dtype = torch.uint8
+        elif template.rsplit(".", 1)[-1] in _FP32_TENSORS:
+            dtype = torch.float32
+        else:
+            dtype = _DTYPES[cfg.dtype]
+        for e in range(spec.stack[0]) if spec.stack else (None,):
+            out.append((template, spec.full_shape, dtype, e))
+    return out
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+
+
+def random_tensor(template: str, shape: tuple[int, ...], dtype: torch.dtype, *, seed: int,
+                  name: str, cfg: K3Config) -> torch.Tensor:
+    """One tensor (see the module docstring for the scales)."""
+    g = _generator(seed, name)
+    leaf = template.rsplit(".", 2)
+    kind = leaf[-2] if leaf[-1] in ("weight", "bias", "weight_packed", "weight_scale") else leaf[-1]
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    if dtype == torch.uint8:
+        if template.endswith("weight_packed"):
+            return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+        # E8M0 scale giving weights of rms ~ 1/sqrt(fan_in): fan_in = 32 columns per scale byte
+        in_features = shape[-1] * 32
+        exponent = round(math.log2(in_features ** -0.5 / E2M1_RMS))
+        return (127 + exponent + torch.randint(-1, 1, shape, generator=g)).to(torch.uint8)
+    if kind == "A_log":          # decay rates exp(A_log) in [1, 16]
+        t = torch.rand(shape, generator=g) * math.log(16)
+    elif kind == "dt_bias":
+        t = 0.5 * torch.randn(shape, generator=g)
+    elif kind.endswith("conv1d"):
+        t = 0.5 * torch.randn(shape, generator=g)
+    elif kind == "e_score_correction_bias":
+        t = 0.1 * torch.randn(shape, generator=g)
+    elif len(shape) == 1 or kind.endswith("norm") and template.endswith(".bias"):
+        # norm weights near 1 (biases near 0)
+        t = 0.1 * torch.randn(shape, generator=g) + (0.0 if template.endswith(".bias") else 1.0)
+    elif kind.endswith("_res_proj"):   # AttnRes pseudo-queries: not zero, so the mix is exercised
+        t = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+    elif kind == "lm_head":
+        t = torch.randn(shape, generator=g)
+    elif kind == "embed_tokens":
+        t = torch.randn(shape, generator=g)
+    else:
+        t = torch.randn(shape, generator=g) * fan_in ** -0.5
+    return t.to(dtype)
+
+
+def random_checkpoint(cfg: K3Config, *, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(published name, tensor) of every tensor of a random checkpoint, in a stable order."""
+    for template, shape, dtype, expert in checkpoint_tensor_specs(cfg):
+        name = published_name(template, cfg, expert)
+        yield name, random_tensor(template, shape, dtype, seed=seed, name=name, cfg=cfg)

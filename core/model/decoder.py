@@ -1,0 +1,39 @@
+"""One decoder layer: mixer (KDA or MLA) and FFN (dense or MoE), with their norms and the
+AttnRes pseudo-queries. The residual wiring (AttnRes or plain) lives in the model."""
+
+from __future__ import annotations
+
+import torch
+
+from k3.config import K3Config
+
+from .ffn import GLUMLP, MoE
+from .kda import KDAMixer
+from .mla import MLAMixer
+from .module import K3Module
+from .parallel import ParallelContext
+
+
+class DecoderLayer(K3Module):
+    def __init__(self, cfg: K3Config, layer: int, *, kda_index: int | None, mla_index: int | None,
+                 parallel: ParallelContext, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.layer, self.is_kda, self.is_moe = layer, kda_index is not None, cfg.is_moe_layer(layer)
+        d = cfg.hidden_size
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            self.add_weight(name, (d,), dtype, device)
+        if cfg.uses_attn_res:
+            for prefix in ("self_attention_res", "mlp_res"):
+                self.add_weight(f"{prefix}_norm", (d,), dtype, device)
+                self.add_weight(f"{prefix}_proj", (1, d), dtype, device)
+        if self.is_kda:
+            self.self_attn = KDAMixer(cfg, kda_index=kda_index, parallel=parallel, dtype=dtype, device=device)
+        else:
+            self.self_attn = MLAMixer(cfg, mla_index=mla_index, parallel=parallel, dtype=dtype, device=device)
+        if self.is_moe:
+            self.block_sparse_moe = MoE(cfg, parallel=parallel, dtype=dtype, device=device)
+        else:
+            self.mlp = GLUMLP(cfg, intermediate=cfg.intermediate_size, parallel=parallel, dtype=dtype, device=device)
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        return self.block_sparse_moe(h) if self.is_moe else self.mlp(h)

@@ -1,0 +1,105 @@
+"""FFNs: the dense GLU MLP (layers < first_k_dense_replace) and (Latent)MoE.
+
+Dense MLP and shared experts are split over ranks by intermediate width (a partial sum each,
+reduced); routed experts are split by expert (EP over the same group). K3's Stable LatentMoE:
+router and shared experts read the full hidden state, routed experts live in the latent
+(routed_expert_hidden_size), the latent partials are reduced across ranks before the RMSNorm
+and the replicated up-projection. Kimi-Linear's MoE has no latent (no down/up/norm).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from k3 import reference as ref
+from k3.config import K3Config
+from k3.quant.mxfp4 import MXFP4Tensor
+
+from .module import K3Module, WeightSpec
+from .parallel import ParallelContext
+
+
+def _activation(cfg: K3Config) -> dict:
+    return {"activation": cfg.hidden_act, "beta": cfg.situ_beta if cfg.hidden_act == "situ" else None,
+            "linear_beta": cfg.activation_situ_linear_beta if cfg.hidden_act == "situ" else None}
+
+
+class GLUMLP(K3Module):
+    """down(act(gate_up(x))) with gate_proj / up_proj fused into one [2 I_local, d] weight."""
+
+    def __init__(self, cfg: K3Config, *, intermediate: int, parallel: ParallelContext, dtype, device=None):
+        super().__init__()
+        self.cfg, self.parallel = cfg, parallel
+        d = cfg.hidden_size
+        i0, il = parallel.shard(intermediate, "FFN intermediate size")
+        self.add_weight("gate_up_proj", (2 * il, d), dtype, device, sources=[
+            WeightSpec(f"{part}.weight", "gate_up_proj", (intermediate, d), shard=(0, i0, il),
+                       dest=(slice(j * il, (j + 1) * il),))
+            for j, part in enumerate(("gate_proj", "up_proj"))])
+        self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il))
+
+    def forward(self, x: torch.Tensor, *, reduce: bool = True) -> torch.Tensor:
+        y = ref.glu_mlp(x, self.gate_up_proj, self.down_proj, **_activation(self.cfg))
+        return self.parallel.all_reduce(y) if reduce else y
+
+
+class MoE(K3Module):
+    """Routed experts (MXFP4 or dense, stacked [E_local, ...]) plus shared experts."""
+
+    def __init__(self, cfg: K3Config, *, parallel: ParallelContext, dtype, device=None):
+        super().__init__()
+        self.cfg, self.parallel = cfg, parallel
+        d, e, lat, inter = cfg.hidden_size, cfg.num_experts, cfg.expert_hidden_size, cfg.moe_intermediate_size
+        self.expert_start, self.num_local_experts = parallel.shard(e, "num_experts")
+        el = self.num_local_experts
+        router_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.add_weight("gate", (e, d), dtype, device)
+        self.add_weight("e_score_correction_bias", (e,), router_dtype, device,
+                        checkpoint="gate.e_score_correction_bias")
+        if cfg.uses_latent_moe:
+            self.add_weight("routed_expert_down_proj", (lat, d), dtype, device)
+            self.add_weight("routed_expert_up_proj", (d, lat), dtype, device)
+            if cfg.latent_moe_use_norm:
+                self.add_weight("routed_expert_norm", (lat,), dtype, device)
+        # Experts are stacked [E_local, ...]; w13 holds w1 (gate) rows then w3 (up) rows.
+        # MXFP4: compressed-tensors planes per expert, weight_packed [out, in/2] (two logical
+        # parameters per byte) and weight_scale [out, in/32] (not parameters).
+        stack = (e, self.expert_start, el)
+        planes = (("packed", 2, 2), ("scale", 32, 0)) if cfg.experts_mxfp4 else (("", 1, 1),)
+        for param, parts, out_rows, in_dim in (("w13", ("w1", "w3"), inter, lat), ("w2", ("w2",), lat, inter)):
+            for plane, in_per_col, per_element in planes:
+                name = f"{param}_{plane}" if plane else param
+                width = in_dim // in_per_col
+                suffix = f"weight_{plane}" if plane else "weight"
+                self.add_weight(
+                    name, (el, out_rows * len(parts), width), torch.uint8 if plane else dtype, device,
+                    buffer=bool(plane), sources=[
+                        WeightSpec(f"experts.{{expert}}.{part}.{suffix}", name, (out_rows, width),
+                                   dest=(slice(j * out_rows, (j + 1) * out_rows),), stack=stack,
+                                   logical_per_element=per_element)
+                        for j, part in enumerate(parts)])
+        self.shared_experts = (GLUMLP(cfg, intermediate=cfg.shared_expert_intermediate_size, parallel=parallel,
+                                      dtype=dtype, device=device) if cfg.num_shared_experts else None)
+
+    def expert_weights(self):
+        """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks."""
+        if self.cfg.experts_mxfp4:
+            return MXFP4Tensor(self.w13_packed, self.w13_scale), MXFP4Tensor(self.w2_packed, self.w2_scale)
+        return self.w13, self.w2
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        w13, w2 = self.expert_weights()
+        u = ref.latent_moe_routed_partial(
+            h, gate_weight=self.gate, correction_bias=self.e_score_correction_bias, w13=w13, w2=w2,
+            top_k=cfg.num_experts_per_token, scoring=cfg.moe_router_activation_func,
+            renormalize=cfg.moe_renormalize, routed_scaling_factor=cfg.routed_scaling_factor,
+            num_expert_group=cfg.num_expert_group if cfg.use_grouped_topk else 1,
+            topk_group=cfg.topk_group if cfg.use_grouped_topk else 1,
+            down_weight=getattr(self, "routed_expert_down_proj", None), expert_start=self.expert_start,
+            **_activation(cfg))
+        u = self.parallel.all_reduce(u)
+        shared = None if self.shared_experts is None else self.shared_experts(h)
+        return ref.latent_moe_finish(u, up_weight=getattr(self, "routed_expert_up_proj", None),
+                                     latent_norm_weight=getattr(self, "routed_expert_norm", None),
+                                     norm_eps=cfg.rms_norm_eps, shared_out=shared)

@@ -1,0 +1,55 @@
+"""DSA lightning indexer (K3.1 Pro): picks the top-k context tokens each MLA query attends to.
+
+DeepSeek-V3.2's design with K3.1 Pro's numbers and K3's NoPE (DESIGN.md "Decisions"): index
+queries from the MLA query latent, one LayerNorm-ed key per token shared by all index heads,
+a Hadamard rotation before FP8, per-token FP8 keys (amax / 448) in the cache, head weights
+scaled by Hi^-0.5 * D^-0.5, ReLU scores, causal top-k with k = min(index_topk, t + 1).
+Replicated on every tensor-parallel rank, like the keys it caches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from k3 import reference as ref
+from k3.config import K3Config
+from k3.dtypes import compute_dtype
+
+from .batch import ForwardBatch, ModelCache
+from .module import K3Module
+from .paging import gather_sequences
+
+INDEX_KEY_NORM_EPS = 1e-6
+
+
+class DSAIndexer(K3Module):
+    def __init__(self, cfg: K3Config, *, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.cfg = cfg
+        hi, dim = cfg.index_n_heads, cfg.index_head_dim
+        self.add_weight("wq_b", (hi * dim, cfg.q_lora_rank), dtype, device)
+        self.add_weight("wk", (dim, cfg.hidden_size), dtype, device)
+        self.add_weight("k_norm_weight", (dim,), dtype, device, checkpoint="k_norm.weight")
+        self.add_weight("k_norm_bias", (dim,), dtype, device, checkpoint="k_norm.bias")
+        self.add_weight("weights_proj", (hi, cfg.hidden_size), dtype, device)
+
+    def forward(self, x: torch.Tensor, c_q: torch.Tensor, batch: ForwardBatch, cache: ModelCache,
+                layer: int, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Write this step's index keys, return top-k positions [T, index_topk] int32 (-1 pad).
+
+        x [T, d] layer input; c_q [T, q_lora_rank] normed MLA query latent.
+        """
+        cfg, t = self.cfg, x.shape[0]
+        hi, dim = cfg.index_n_heads, cfg.index_head_dim
+        q = ref.hadamard_transform(F.linear(c_q, self.wq_b).view(t, hi, dim))
+        k = ref.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias, INDEX_KEY_NORM_EPS)
+        values, scales = ref.indexer_quantize_keys(ref.hadamard_transform(k), fmt="fp8")
+        cache.index_values[layer][pages, offsets] = values
+        cache.index_scales[layer][pages, offsets] = scales
+        head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
+        key_values, cu_kv = gather_sequences(cache.index_values[layer], batch.block_table, batch.seq_lens)
+        key_scales, _ = gather_sequences(cache.index_scales[layer], batch.block_table, batch.seq_lens)
+        keys = ref.indexer_dequantize_keys(key_values, key_scales, fmt="fp8")
+        scores = ref.indexer_scores(q, head_weights, keys, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_kv=cu_kv)
+        return ref.indexer_topk(scores, topk=cfg.index_topk)

@@ -1,0 +1,105 @@
+"""KDA mixer (Kimi Delta Attention layer), sharded by heads under tensor parallelism.
+
+Projections q, k, v, the output gate and the decay go through a short causal conv (q, k, v
+only, SiLU), per-head L2 norm (q and k), the KDA gate and beta = sigmoid(b), the chunked KDA
+recurrence from the sequence's cached state, a per-head gated RMSNorm and o_proj (reduced over
+ranks). K3: full-rank `g_proj` and the bounded gate; Kimi-Linear: low-rank `g_a_proj` /
+`g_b_proj` and the softplus gate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from k3 import reference as ref
+from k3.config import K3Config
+
+from .batch import ForwardBatch, ModelCache
+from .module import K3Module
+from .parallel import ParallelContext
+
+GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a / g_b)
+
+
+class KDAMixer(K3Module):
+    def __init__(self, cfg: K3Config, *, kda_index: int, parallel: ParallelContext,
+                 dtype: torch.dtype, device=None):
+        super().__init__()
+        la = cfg.linear_attn
+        self.cfg, self.parallel, self.kda_index = cfg, parallel, kda_index
+        self.head_dim = la.head_dim
+        h0, self.num_heads = parallel.shard(la.num_heads, "linear_attn_config.num_heads")
+        d, hd, hl = cfg.hidden_size, la.head_dim, self.num_heads
+        p_full, p_local, c0 = la.num_heads * hd, hl * hd, h0 * hd
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        rows = (0, c0, p_local)
+
+        def proj(name, full_rows, local_rows, start, in_dim):
+            self.add_weight(name, (local_rows, in_dim), dtype, device,
+                            full_shape=(full_rows, in_dim), shard=(0, start, local_rows))
+
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj(name, p_full, p_local, c0, d)
+        for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
+            w = la.short_conv_kernel_size
+            self.add_weight(name, (p_local, 1, w), dtype, device, full_shape=(p_full, 1, w), shard=rows,
+                            alt_shapes=((p_full, w),))
+        self.add_weight("f_a_proj", (GATE_RANK, d), dtype, device)
+        proj("f_b_proj", p_full, p_local, c0, GATE_RANK)
+        proj("b_proj", la.num_heads, hl, h0, d)
+        if la.use_full_rank_gate:
+            proj("g_proj", p_full, p_local, c0, d)
+        else:
+            self.add_weight("g_a_proj", (GATE_RANK, d), dtype, device)
+            proj("g_b_proj", p_full, p_local, c0, GATE_RANK)
+        self.add_weight("A_log", (hl,), state_dtype, device, checkpoint="A_log", full_shape=(la.num_heads,),
+                        shard=(0, h0, hl), alt_shapes=((1, 1, la.num_heads, 1),))
+        self.add_weight("dt_bias", (p_local,), state_dtype, device, checkpoint="dt_bias",
+                        full_shape=(p_full,), shard=rows)
+        self.add_weight("o_norm", (hd,), dtype, device)
+        self.add_weight("o_proj", (d, p_local), dtype, device, full_shape=(d, p_full), shard=(1, c0, p_local))
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.linear_attn.use_full_rank_gate:
+            return F.linear(x, self.g_proj)
+        return F.linear(F.linear(x, self.g_a_proj), self.g_b_proj)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache,
+                *, per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [T, d] (AttnRes-mixed, input_layernorm-ed). Returns (out [T, d] reduced over ranks,
+        per-position states [T, H_local, K, V] or None). Reads and writes this layer's slots."""
+        t = x.shape[0]
+        hl, hd = self.num_heads, self.head_dim
+        slots, cu = batch.state_slots, batch.cu_seqlens
+        fresh = (batch.context_lens == 0)                                       # [N]
+
+        qkv = torch.cat([F.linear(x, self.q_proj), F.linear(x, self.k_proj), F.linear(x, self.v_proj)], -1)
+        conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
+        conv_cache = cache.conv_state[self.kda_index]                            # [slots, 3P, W-1]
+        conv_in = conv_cache[slots].masked_fill(fresh[:, None, None], 0)
+        y, conv_out = ref.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
+        conv_cache[slots] = conv_out
+        q, k, v = y[0].view(t, 3, hl, hd).unbind(1)                              # [T, H, K] each
+        q, k = ref.l2_norm(q), ref.l2_norm(k)
+
+        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
+        g = ref.kda_gate(f, self.A_log, self.dt_bias.view(hl, hd),
+                         lower_bound=self.cfg.linear_attn.gate_lower_bound)     # [T, H, K] fp32
+        beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
+
+        state_cache = cache.kda_state[self.kda_index]                            # [slots, H, K, V]
+        s0 = state_cache[slots].masked_fill(fresh[:, None, None, None], 0)
+        args = (q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
+        states = None
+        if per_position_states:
+            o, s1, states = ref.kda_recurrent(*args, initial_state=s0, cu_seqlens=cu,
+                                              output_per_position_states=True)
+            states = states[0]
+        else:
+            o, s1 = ref.kda_chunked(*args, initial_state=s0, cu_seqlens=cu)
+        state_cache[slots] = s1.to(state_cache.dtype)
+
+        gate = self.output_gate(x).view(t, hl, hd)
+        o = ref.gated_rms_norm(o[0], gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
+        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states

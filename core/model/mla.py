@@ -1,0 +1,90 @@
+"""MLA mixer (K3's NoPE gated MLA), sharded by heads; optional DSA indexer (K3.1 Pro).
+
+The latent `[c | k_pe]` (and the DSA index key) of each new token is written into the paged
+cache at its position, then queries attend over the cached context: the absorbed (MQA) form
+when every sequence brings one token (decode), the expanded (MHA) form otherwise (prefill,
+chunked prefill). Latents and index keys are replicated across tensor-parallel ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from k3 import reference as ref
+from k3.config import K3Config
+
+from .batch import ForwardBatch, ModelCache
+from .indexer import DSAIndexer
+from .module import K3Module
+from .paging import gather_sequences, token_page_slots
+from .parallel import ParallelContext
+
+
+class MLAMixer(K3Module):
+    def __init__(self, cfg: K3Config, *, mla_index: int, parallel: ParallelContext,
+                 dtype: torch.dtype, device=None):
+        super().__init__()
+        self.cfg, self.parallel, self.mla_index = cfg, parallel, mla_index
+        d, heads = cfg.hidden_size, cfg.num_attention_heads
+        h0, self.num_heads = parallel.shard(heads, "num_attention_heads")
+        hl = self.num_heads
+        dn, dr, dv, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        dqk = dn + dr
+
+        def by_head(name, per_head, in_dim):
+            self.add_weight(name, (hl * per_head, in_dim), dtype, device, full_shape=(heads * per_head, in_dim),
+                            shard=(0, h0 * per_head, hl * per_head))
+
+        if cfg.q_lora_rank is not None:
+            self.add_weight("q_a_proj", (cfg.q_lora_rank, d), dtype, device)
+            self.add_weight("q_a_layernorm", (cfg.q_lora_rank,), dtype, device)
+            by_head("q_b_proj", dqk, cfg.q_lora_rank)
+        else:
+            by_head("q_proj", dqk, d)
+        self.add_weight("kv_a_proj_with_mqa", (r + dr, d), dtype, device)
+        self.add_weight("kv_a_layernorm", (r,), dtype, device)
+        by_head("kv_b_proj", dn + dv, r)
+        if cfg.mla_use_output_gate:
+            by_head("g_proj", dv, d)
+        self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv),
+                        shard=(1, h0 * dv, hl * dv))
+        self.indexer = DSAIndexer(cfg, dtype=dtype, device=device) if cfg.uses_dsa else None
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+        """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks."""
+        cfg, t, hl = self.cfg, x.shape[0], self.num_heads
+        dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
+        if cfg.q_lora_rank is not None:
+            c_q = ref.rms_norm(F.linear(x, self.q_a_proj), self.q_a_layernorm, eps)    # [T, r_q]
+            q = F.linear(c_q, self.q_b_proj)
+        else:
+            c_q, q = None, F.linear(x, self.q_proj)
+        q = q.view(t, hl, dn + dr)
+        kv = F.linear(x, self.kv_a_proj_with_mqa)                                  # [T, R + Dr]
+        row = torch.cat([ref.rms_norm(kv[:, :r], self.kv_a_layernorm, eps), kv[:, r:]], -1)
+
+        latent_cache = cache.latent[self.mla_index]                                # [P, page, R+Dr]
+        pages, offsets = token_page_slots(batch, cache.page_size)
+        latent_cache[pages, offsets] = row.to(latent_cache.dtype)
+
+        topk = None
+        if self.indexer is not None:
+            topk = self.indexer(x, c_q, batch, cache, self.mla_index, pages, offsets)
+
+        scale = cfg.mla_softmax_scale
+        if batch.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
+            w_uk, w_uv = ref.mla_absorb_weights(self.kv_b_proj, num_heads=hl, qk_nope_head_dim=dn,
+                                                v_head_dim=cfg.v_head_dim)
+            o = ref.mla_decode(q[..., :dn], q[..., dn:], latent_cache, batch.block_table, batch.seq_lens,
+                               w_uk, w_uv, scale=scale, topk_indices=topk)
+        else:                       # prefill: expanded MHA over each sequence's whole context
+            rows, cu_kv = gather_sequences(latent_cache, batch.block_table, batch.seq_lens)
+            o = ref.mla_prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
+                                cu_seqlens_q=batch.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
+                                qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)
+        o = o.reshape(t, hl * cfg.v_head_dim)
+        if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
+            gate = torch.sigmoid(F.linear(x, self.g_proj).float())
+            o = (o.float() * gate).to(x.dtype)
+        return self.parallel.all_reduce(F.linear(o, self.o_proj))

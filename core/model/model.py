@@ -1,0 +1,180 @@
+"""The K3 model graph: embedding, decoder layers with Attention Residuals, final mix, lm_head.
+
+K3 / K3.1 Pro wire the layers with Block AttnRes (k3-architecture.md 2.1-2.3): per layer an
+AttnRes mix + input_layernorm before the mixer and another + post_attention_layernorm before
+the FFN, the block bank written every `attn_res_block_size` layers, and a final mix (no norm)
+that gives the pre-norm hidden state. Kimi-Linear uses the plain pre-norm residual stream.
+logits = lm_head(RMSNorm(hidden)) * logit_scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from k3 import reference as ref
+from k3.config import K3Config
+
+from .batch import ForwardBatch, ModelCache
+from .decoder import DecoderLayer
+from .module import K3Module
+from .parallel import ParallelContext
+
+
+@dataclass
+class ForwardOutput:
+    """logits [M, V] fp32 (fp64 for a float64 model) at batch.logits_indices; hidden_states
+    [T, d] the pre-norm final hidden state (draft-model features); taps {layer: [T, d]} the
+    running partial-block sum after that layer's FFN (vLLM's auxiliary hidden state);
+    kda_states {layer: [T, H_local, K, V]} the state after every token (speculative verify)."""
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    kda_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class K3Model(K3Module):
+    """Embedding, layers and the final AttnRes mix / norm (checkpoint prefix `model.`)."""
+
+    def __init__(self, cfg: K3Config, *, parallel: ParallelContext, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.cfg, self.parallel = cfg, parallel
+        d = cfg.hidden_size
+        self.vocab_start, vocab_local = parallel.shard(cfg.vocab_size, "vocab_size")
+        self.add_weight("embed_tokens", (vocab_local, d), dtype, device, full_shape=(cfg.vocab_size, d),
+                        shard=(0, self.vocab_start, vocab_local))
+        kda_ids, mla_ids = cfg.kda_layer_ids, cfg.mla_layer_ids
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(cfg, i, kda_index=kda_ids.index(i) if i in kda_ids else None,
+                         mla_index=mla_ids.index(i) if i in mla_ids else None,
+                         parallel=parallel, dtype=dtype, device=device)
+            for i in range(cfg.num_hidden_layers))
+        self.add_weight("norm", (d,), dtype, device)
+        if cfg.uses_attn_res:
+            self.add_weight("output_attn_res_norm", (d,), dtype, device)
+            self.add_weight("output_attn_res_proj", (1, d), dtype, device)
+
+    def embed(self, input_ids: torch.Tensor, media_embeds: torch.Tensor | None) -> torch.Tensor:
+        """[T, d]; vocabulary-parallel lookup; media placeholders take `media_embeds` in order."""
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < self.embed_tokens.shape[0])
+        x = F.embedding(local.clamp(0, self.embed_tokens.shape[0] - 1), self.embed_tokens)
+        x = self.parallel.all_reduce(x.masked_fill(~mine[:, None], 0))
+        if media_embeds is not None:
+            placeholder = input_ids == self.cfg.media_placeholder_token_id
+            x = x.clone()
+            x[placeholder] = media_embeds.to(x.dtype)
+        return x
+
+    def forward(self, batch: ForwardBatch, cache: ModelCache, *, media_embeds=None,
+                tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
+        x0 = self.embed(batch.input_ids, media_embeds)
+        run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
+        hidden, taps, states = run(x0, batch, cache, set(tap_layers), per_position_kda_states)
+        return ForwardOutput(logits=torch.empty(0), hidden_states=hidden, taps=taps, kda_states=states)
+
+    def _mixer(self, layer, h, batch, cache, per_position, states):
+        if layer.is_kda:
+            a, s = layer.self_attn(h, batch, cache, per_position_states=per_position)
+            if s is not None:
+                states[layer.layer] = s
+            return a
+        return layer.self_attn(h, batch, cache)
+
+    def _attn_res_layers(self, x0, batch, cache, tap_layers, per_position):
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        block = cfg.attn_res_block_size
+        bank = x0.new_empty(x0.shape[0], cfg.num_attn_res_blocks, x0.shape[1])   # [T, NB, d]
+        prefix, delta, taps, states = x0, None, {}, {}
+        for layer in self.layers:
+            l, starts_block = layer.layer, layer.layer % block == 0
+            visible = math.ceil(l / block)
+            query = ref.fold_attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
+            h, prefix = ref.attn_res(prefix, delta, bank, query=query, num_visible_blocks=visible,
+                                     write_index=l // block if starts_block else None, eps=eps,
+                                     out_norm_weight=layer.input_layernorm, out_eps=eps)
+            a = self._mixer(layer, h, batch, cache, per_position, states)
+            prefix = a if starts_block else (prefix + a).to(x0.dtype)
+            query = ref.fold_attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
+            h, prefix = ref.attn_res(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
+                                     write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
+                                     out_eps=eps)
+            delta = layer.ffn(h)
+            if l in tap_layers:
+                taps[l] = (prefix + delta).to(x0.dtype)
+        prefix = (prefix + delta).to(x0.dtype)
+        sources = torch.cat([bank.transpose(0, 1), prefix.unsqueeze(0)])          # [NB + 1, T, d]
+        query = ref.fold_attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
+        return ref.attn_res_mix(sources, query, eps=eps), taps, states
+
+    def _residual_layers(self, x0, batch, cache, tap_layers, per_position):
+        eps = self.cfg.rms_norm_eps
+        residual, taps, states = x0, {}, {}
+        for layer in self.layers:
+            a = self._mixer(layer, ref.rms_norm(residual, layer.input_layernorm, eps), batch, cache, per_position,
+                            states)
+            residual = (residual + a).to(x0.dtype)
+            residual = (residual + layer.ffn(ref.rms_norm(residual, layer.post_attention_layernorm, eps))).to(x0.dtype)
+            if layer.layer in tap_layers:
+                taps[layer.layer] = residual
+        return residual, taps, states
+
+
+class K3ForCausalLM(K3Module):
+    """The text model of a K3-architecture checkpoint, for one tensor-parallel rank."""
+
+    def __init__(self, cfg: K3Config, *, parallel: ParallelContext | None = None,
+                 dtype: torch.dtype = torch.bfloat16, device=None):
+        super().__init__()
+        self.cfg, self.dtype = cfg, dtype
+        self.parallel = parallel or ParallelContext()
+        self.model = K3Model(cfg, parallel=self.parallel, dtype=dtype, device=device)
+        if not cfg.tie_word_embeddings:
+            v0, vl = self.model.vocab_start, self.model.embed_tokens.shape[0]
+            self.add_weight("lm_head", (vl, cfg.hidden_size), dtype, device,
+                            full_shape=(cfg.vocab_size, cfg.hidden_size), shard=(0, v0, vl))
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens if self.cfg.tie_word_embeddings else self.lm_head
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, d] pre-norm hidden -> [M, V] logits in fp32 (fp64 for a float64 model)."""
+        normed = ref.rms_norm(hidden, self.model.norm, self.cfg.rms_norm_eps)
+        out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        local = F.linear(normed, self.lm_head_weight).to(out_dtype)
+        return self.parallel.all_gather(local, dim=-1) * self.cfg.logit_scale
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, cache: ModelCache, *, media_embeds: torch.Tensor | None = None,
+                tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
+        """Run the new tokens of a batch, reading and updating `cache` (see ForwardBatch)."""
+        out = self.model(batch, cache, media_embeds=media_embeds, tap_layers=tap_layers,
+                         per_position_kda_states=per_position_kda_states)
+        out.logits = self.compute_logits(out.hidden_states[batch.logits_indices])
+        return out
+
+    def allocate_cache(self, *, num_slots: int, num_pages: int, page_size: int, device=None) -> ModelCache:
+        """Cache tensors for this rank, NaN-poisoned so a read of unwritten memory shows."""
+        cfg = self.cfg
+        state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        n_kda, n_mla = len(cfg.kda_layer_ids), len(cfg.mla_layer_ids)
+        la = cfg.linear_attn
+        hl = self.parallel.shard(la.num_heads, "linear_attn_config.num_heads")[1] if la else 0
+        hd, w = (la.head_dim, la.short_conv_kernel_size) if la else (0, 1)
+
+        def poisoned(shape, dtype):
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+        return ModelCache(
+            kda_state=poisoned((n_kda, num_slots, hl, hd, hd), state_dtype),
+            conv_state=poisoned((n_kda, num_slots, 3 * hl * hd, w - 1), self.dtype),
+            latent=poisoned((n_mla, num_pages, page_size, cfg.mla_latent_size), self.dtype),
+            index_values=(poisoned((n_mla, num_pages, page_size, cfg.index_head_dim), torch.float32)
+                          .to(torch.float8_e4m3fn) if cfg.uses_dsa else None),
+            index_scales=poisoned((n_mla, num_pages, page_size), torch.float32) if cfg.uses_dsa else None,
+        )

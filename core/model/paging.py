@@ -1,0 +1,37 @@
+"""Address arithmetic for the paged latent / index-key cache."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import ForwardBatch
+
+
+def token_sequence_ids(batch: ForwardBatch) -> torch.Tensor:
+    """[T] index of the sequence each packed token belongs to (no host sync)."""
+    return torch.repeat_interleave(torch.arange(batch.num_seqs, device=batch.input_ids.device),
+                                   batch.q_lens, output_size=batch.num_tokens)
+
+
+def token_page_slots(batch: ForwardBatch, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page [T], offset [T]) where each new token's cache row lives."""
+    seq = token_sequence_ids(batch)
+    pages = batch.block_table[seq, batch.positions // page_size].long()
+    return pages, batch.positions % page_size
+
+
+def gather_sequences(cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's cached rows, packed: ([sum(seq_lens), *row], cu_seqlens [N+1] int32).
+
+    cache [P, page_size, *row]; block_table [N, max_pages]; seq_lens [N]. Reads seq_lens on
+    the host (prefill path).
+    """
+    page_size = cache.shape[1]
+    lens = seq_lens.tolist()
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=cache.device), seq_lens.to(cache.device))
+    pos = torch.cat([torch.arange(n, device=cache.device) for n in lens]) if lens else seq
+    pages = block_table[seq, pos // page_size].long()
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=cache.device)
+    cu[1:] = seq_lens.to(cache.device).cumsum(0)
+    return cache[pages, pos % page_size], cu

@@ -1,0 +1,25 @@
+"""Shared fixtures: tiny random checkpoints written once per session."""
+
+from pathlib import Path
+
+import pytest
+
+from k3.checkpoint.random_init import random_checkpoint
+from k3.checkpoint.writer import write_checkpoint
+from k3.config import K3Config
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """tiny_checkpoint(preset, seed=0) -> directory of a random checkpoint (cached per session)."""
+    made: dict[tuple[str, int], Path] = {}
+
+    def make(preset: str, seed: int = 0) -> Path:
+        if (preset, seed) not in made:
+            cfg = K3Config.preset(preset)
+            out = tmp_path_factory.mktemp(f"{preset}-{seed}")
+            write_checkpoint(out, cfg, random_checkpoint(cfg, seed=seed), max_shard_bytes=256 * 1024)
+            made[preset, seed] = out
+        return made[preset, seed]
+
+    return make

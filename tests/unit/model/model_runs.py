@@ -1,0 +1,35 @@
+"""Drive a K3ForCausalLM the way an engine would: prompts in chunks, then token by token."""
+
+from __future__ import annotations
+
+import torch
+
+from k3.model import ForwardBatch, K3ForCausalLM, contiguous_block_table
+
+PAGE_SIZE = 16
+
+
+def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int | None = None,
+                   slots: list[int] | None = None) -> list[torch.Tensor]:
+    """Logits of every position of every prompt, fed `chunk` tokens per sequence per call
+    (None: all at once; 1: pure decode steps after the first token), sequences batched."""
+    n = len(prompts)
+    slots = slots or list(range(n))
+    pages = -(-max(map(len, prompts)) // PAGE_SIZE)
+    cache = model.allocate_cache(num_slots=max(slots) + 1, num_pages=(max(slots) + 1) * pages, page_size=PAGE_SIZE)
+    table = contiguous_block_table(max(slots) + 1, pages)
+    done = [0] * n
+    logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
+    while any(d < len(p) for d, p in zip(done, prompts)):
+        active = [i for i in range(n) if done[i] < len(prompts[i])]
+        pieces = [prompts[i][done[i]: done[i] + (chunk or len(prompts[i]))] for i in active]
+        batch = ForwardBatch.build(pieces, context_lens=[done[i] for i in active],
+                                   state_slots=[slots[i] for i in active],
+                                   block_table=table[[slots[i] for i in active]], all_logits=True)
+        out = model(batch, cache).logits
+        at = 0
+        for i, piece in zip(active, pieces):
+            logits[i].extend(out[at: at + len(piece)])
+            at += len(piece)
+            done[i] += len(piece)
+    return [torch.stack(rows) for rows in logits]
