@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import info
+from . import checkpoint, info
 from .common import CliError, fail
 
 # (module, help) per subcommand; a module provides add_arguments(parser) and run(args) -> int.
 SUBCOMMANDS = {
     "info": (info, "architecture summary of a preset or a checkpoint"),
+    "checkpoint": (checkpoint, "make checkpoints (random weights for tests and benchmarks)"),
 }
 
 
