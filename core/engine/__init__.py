@@ -1,0 +1,1 @@
+"""Generation: the single-request reference loop (and, with the serving issue, the engine)."""
