@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from k3.model import ForwardBatch, K3ForCausalLM, contiguous_block_table
+from k3.model import K3ForCausalLM, contiguous_block_table
+from k3.plugin.contract import ForwardMetadata
 from k3.reference.sampling import sample
 
 PAGE_SIZE = 64
@@ -52,7 +53,7 @@ class SingleSequenceGenerator:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the model's context is {limit}")
         max_len = min(limit, len(prompt_ids) + options.max_tokens)
         pages = -(-max_len // PAGE_SIZE)
-        cache = self.model.allocate_cache(num_slots=1, num_pages=pages, page_size=PAGE_SIZE, device=self.device)
+        cache = self.model.allocate_cache(num_state_rows=1, num_pages=pages, page_size=PAGE_SIZE, device=self.device)
         table = contiguous_block_table(1, pages, device=self.device)
         generator = None
         if options.seed is not None:
@@ -60,9 +61,9 @@ class SingleSequenceGenerator:
         tokens, context = list(prompt_ids), 0
         stop_ids = set(options.stop_token_ids)
         for step in range(max_len - len(prompt_ids)):
-            batch = ForwardBatch.build([tokens[context:]], context_lens=[context], state_slots=[0],
-                                       block_table=table, device=self.device)
-            logits = self.model(batch, cache).logits
+            meta = ForwardMetadata.build([tokens[context:]], context_lens=[context], state_indices=[0],
+                                       block_table=table, page_size=PAGE_SIZE, device=self.device)
+            logits = self.model(meta, cache).logits
             token = int(sample(logits, temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
                                min_p=options.min_p, generators=[generator])[0])
             context = len(tokens)

@@ -1,8 +1,8 @@
-"""The K3 model graph (pure torch, reference ops, tensor-parallel ready)."""
+"""The K3 model graph (pure torch over the platform's kernels, tensor-parallel ready)."""
 
-from .batch import ForwardBatch, ModelCache, contiguous_block_table
-from .model import ForwardOutput, K3ForCausalLM
+from .batch import contiguous_block_table
+from .model import ForwardOutput, K3ForCausalLM, reference_kernels
 from .parallel import Collectives, LocalCollectives, ParallelContext, TorchDistributedCollectives
 
-__all__ = ["Collectives", "ForwardBatch", "ForwardOutput", "K3ForCausalLM", "LocalCollectives", "ModelCache",
-           "ParallelContext", "TorchDistributedCollectives", "contiguous_block_table"]
+__all__ = ["Collectives", "ForwardOutput", "K3ForCausalLM", "LocalCollectives", "ParallelContext",
+           "TorchDistributedCollectives", "contiguous_block_table", "reference_kernels"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from k3.config import K3Config
+from k3.plugin.types import KernelSet
 
 from .ffn import GLUMLP, MoE
 from .kda import KDAMixer
@@ -16,7 +17,7 @@ from .parallel import ParallelContext
 
 class DecoderLayer(K3Module):
     def __init__(self, cfg: K3Config, layer: int, *, kda_index: int | None, mla_index: int | None,
-                 parallel: ParallelContext, dtype: torch.dtype, device=None):
+                 kernels: KernelSet, parallel: ParallelContext, dtype: torch.dtype, device=None):
         super().__init__()
         self.layer, self.is_kda, self.is_moe = layer, kda_index is not None, cfg.is_moe_layer(layer)
         d = cfg.hidden_size
@@ -27,13 +28,16 @@ class DecoderLayer(K3Module):
                 self.add_weight(f"{prefix}_norm", (d,), dtype, device)
                 self.add_weight(f"{prefix}_proj", (1, d), dtype, device)
         if self.is_kda:
-            self.self_attn = KDAMixer(cfg, kda_index=kda_index, parallel=parallel, dtype=dtype, device=device)
+            self.self_attn = KDAMixer(cfg, kda_index=kda_index, kernels=kernels, parallel=parallel, dtype=dtype,
+                                      device=device)
         else:
-            self.self_attn = MLAMixer(cfg, mla_index=mla_index, parallel=parallel, dtype=dtype, device=device)
+            self.self_attn = MLAMixer(cfg, mla_index=mla_index, kernels=kernels, parallel=parallel, dtype=dtype,
+                                      device=device)
         if self.is_moe:
-            self.block_sparse_moe = MoE(cfg, parallel=parallel, dtype=dtype, device=device)
+            self.block_sparse_moe = MoE(cfg, kernels=kernels, parallel=parallel, dtype=dtype, device=device)
         else:
-            self.mlp = GLUMLP(cfg, intermediate=cfg.intermediate_size, parallel=parallel, dtype=dtype, device=device)
+            self.mlp = GLUMLP(cfg, intermediate=cfg.intermediate_size, kernels=kernels, parallel=parallel,
+                              dtype=dtype, device=device)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         return self.block_sparse_moe(h) if self.is_moe else self.mlp(h)

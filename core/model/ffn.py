@@ -10,9 +10,10 @@ and the replicated up-projection. Kimi-Linear's MoE has no latent (no down/up/no
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from k3 import reference as ref
 from k3.config import K3Config
+from k3.plugin.types import KernelSet
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from .module import K3Module, WeightSpec
@@ -27,9 +28,10 @@ def _activation(cfg: K3Config) -> dict:
 class GLUMLP(K3Module):
     """down(act(gate_up(x))) with gate_proj / up_proj fused into one [2 I_local, d] weight."""
 
-    def __init__(self, cfg: K3Config, *, intermediate: int, parallel: ParallelContext, dtype, device=None):
+    def __init__(self, cfg: K3Config, *, intermediate: int, kernels: KernelSet, parallel: ParallelContext,
+                 dtype, device=None):
         super().__init__()
-        self.cfg, self.parallel = cfg, parallel
+        self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
         d = cfg.hidden_size
         i0, il = parallel.shard(intermediate, "FFN intermediate size")
         self.add_weight("gate_up_proj", (2 * il, d), dtype, device, sources=[
@@ -38,17 +40,18 @@ class GLUMLP(K3Module):
             for j, part in enumerate(("gate_proj", "up_proj"))])
         self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il))
 
-    def forward(self, x: torch.Tensor, *, reduce: bool = True) -> torch.Tensor:
-        y = ref.glu_mlp(x, self.gate_up_proj, self.down_proj, **_activation(self.cfg))
-        return self.parallel.all_reduce(y) if reduce else y
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, d] -> [T, d], reduced over ranks."""
+        a = self.kernels.elementwise.glu_activation(F.linear(x, self.gate_up_proj), **_activation(self.cfg))
+        return self.parallel.all_reduce(F.linear(a, self.down_proj))
 
 
 class MoE(K3Module):
     """Routed experts (MXFP4 or dense, stacked [E_local, ...]) plus shared experts."""
 
-    def __init__(self, cfg: K3Config, *, parallel: ParallelContext, dtype, device=None):
+    def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype, device=None):
         super().__init__()
-        self.cfg, self.parallel = cfg, parallel
+        self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
         d, e, lat, inter = cfg.hidden_size, cfg.num_experts, cfg.expert_hidden_size, cfg.moe_intermediate_size
         self.expert_start, self.num_local_experts = parallel.shard(e, "num_experts")
         el = self.num_local_experts
@@ -78,8 +81,9 @@ class MoE(K3Module):
                                    dest=(slice(j * out_rows, (j + 1) * out_rows),), stack=stack,
                                    logical_per_element=per_element)
                         for j, part in enumerate(parts)])
-        self.shared_experts = (GLUMLP(cfg, intermediate=cfg.shared_expert_intermediate_size, parallel=parallel,
-                                      dtype=dtype, device=device) if cfg.num_shared_experts else None)
+        self.shared_experts = (GLUMLP(cfg, intermediate=cfg.shared_expert_intermediate_size, kernels=kernels,
+                                      parallel=parallel, dtype=dtype, device=device)
+                               if cfg.num_shared_experts else None)
 
     def expert_weights(self):
         """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks."""
@@ -88,18 +92,20 @@ class MoE(K3Module):
         return self.w13, self.w2
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        w13, w2 = self.expert_weights()
-        u = ref.latent_moe_routed_partial(
-            h, gate_weight=self.gate, correction_bias=self.e_score_correction_bias, w13=w13, w2=w2,
-            top_k=cfg.num_experts_per_token, scoring=cfg.moe_router_activation_func,
+        """h [T, d] -> [T, d]: router and shared experts on h, routed experts in the latent,
+        the latent partials reduced over ranks before the norm and the up-projection."""
+        cfg, k = self.cfg, self.kernels
+        grouped = cfg.use_grouped_topk
+        weights, ids = k.moe.select_experts(
+            k.moe.router_logits(h, self.gate), top_k=cfg.num_experts_per_token,
+            correction_bias=self.e_score_correction_bias, scoring=cfg.moe_router_activation_func,
             renormalize=cfg.moe_renormalize, routed_scaling_factor=cfg.routed_scaling_factor,
-            num_expert_group=cfg.num_expert_group if cfg.use_grouped_topk else 1,
-            topk_group=cfg.topk_group if cfg.use_grouped_topk else 1,
-            down_weight=getattr(self, "routed_expert_down_proj", None), expert_start=self.expert_start,
-            **_activation(cfg))
-        u = self.parallel.all_reduce(u)
-        shared = None if self.shared_experts is None else self.shared_experts(h)
-        return ref.latent_moe_finish(u, up_weight=getattr(self, "routed_expert_up_proj", None),
-                                     latent_norm_weight=getattr(self, "routed_expert_norm", None),
-                                     norm_eps=cfg.rms_norm_eps, shared_out=shared)
+            num_expert_group=cfg.num_expert_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
+        z = F.linear(h, self.routed_expert_down_proj) if cfg.uses_latent_moe else h          # [T, L]
+        w13, w2 = self.expert_weights()
+        u = self.parallel.all_reduce(k.moe.experts(z, w13, w2, weights, ids, expert_start=self.expert_start,
+                                                   **_activation(cfg)))                   # [T, L]
+        if cfg.latent_moe_use_norm:
+            u = k.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
+        y = F.linear(u, self.routed_expert_up_proj) if cfg.uses_latent_moe else u           # [T, d]
+        return y if self.shared_experts is None else y + self.shared_experts(h)

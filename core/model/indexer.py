@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from k3 import reference as ref
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
+from k3.plugin.contract import ForwardMetadata, IndexKeyCacheView
+from k3.plugin.types import KernelSet
 
-from .batch import ForwardBatch, ModelCache
 from .module import K3Module
 from .paging import gather_sequences
 
@@ -24,9 +24,9 @@ INDEX_KEY_NORM_EPS = 1e-6
 
 
 class DSAIndexer(K3Module):
-    def __init__(self, cfg: K3Config, *, dtype: torch.dtype, device=None):
+    def __init__(self, cfg: K3Config, *, kernels: KernelSet, dtype: torch.dtype, device=None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.kernels = cfg, kernels
         hi, dim = cfg.index_n_heads, cfg.index_head_dim
         self.add_weight("wq_b", (hi * dim, cfg.q_lora_rank), dtype, device)
         self.add_weight("wk", (dim, cfg.hidden_size), dtype, device)
@@ -34,22 +34,23 @@ class DSAIndexer(K3Module):
         self.add_weight("k_norm_bias", (dim,), dtype, device, checkpoint="k_norm.bias")
         self.add_weight("weights_proj", (hi, cfg.hidden_size), dtype, device)
 
-    def forward(self, x: torch.Tensor, c_q: torch.Tensor, batch: ForwardBatch, cache: ModelCache,
-                layer: int, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, c_q: torch.Tensor, meta: ForwardMetadata, view: IndexKeyCacheView,
+                pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Write this step's index keys, return top-k positions [T, index_topk] int32 (-1 pad).
 
         x [T, d] layer input; c_q [T, q_lora_rank] normed MLA query latent.
         """
-        cfg, t = self.cfg, x.shape[0]
+        cfg, k, t = self.cfg, self.kernels.indexer, x.shape[0]
         hi, dim = cfg.index_n_heads, cfg.index_head_dim
-        q = ref.hadamard_transform(F.linear(c_q, self.wq_b).view(t, hi, dim))
-        k = ref.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias, INDEX_KEY_NORM_EPS)
-        values, scales = ref.indexer_quantize_keys(ref.hadamard_transform(k), fmt="fp8")
-        cache.index_values[layer][pages, offsets] = values
-        cache.index_scales[layer][pages, offsets] = scales
+        q = k.hadamard(F.linear(c_q, self.wq_b).view(t, hi, dim))
+        key = self.kernels.elementwise.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias,
+                                                  INDEX_KEY_NORM_EPS)
+        values, scales = k.quantize_keys(k.hadamard(key), fmt=view.fmt)
+        view.values[pages, offsets] = values
+        view.scales[pages, offsets] = scales
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
-        key_values, cu_kv = gather_sequences(cache.index_values[layer], batch.block_table, batch.seq_lens)
-        key_scales, _ = gather_sequences(cache.index_scales[layer], batch.block_table, batch.seq_lens)
-        keys = ref.indexer_dequantize_keys(key_values, key_scales, fmt="fp8")
-        scores = ref.indexer_scores(q, head_weights, keys, cu_seqlens_q=batch.cu_seqlens, cu_seqlens_kv=cu_kv)
-        return ref.indexer_topk(scores, topk=cfg.index_topk)
+        key_values, cu_kv = gather_sequences(view.values, meta.block_table, meta.seq_lens)
+        key_scales, _ = gather_sequences(view.scales, meta.block_table, meta.seq_lens)
+        keys = k.dequantize_keys(key_values, key_scales, fmt=view.fmt)
+        scores = k.scores(q, head_weights, keys, cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv)
+        return k.topk(scores, topk=cfg.index_topk)

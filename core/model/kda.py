@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from k3 import reference as ref
 from k3.config import K3Config
+from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.types import KernelSet
 
-from .batch import ForwardBatch, ModelCache
 from .module import K3Module
 from .parallel import ParallelContext
 
@@ -23,11 +23,11 @@ GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a
 
 
 class KDAMixer(K3Module):
-    def __init__(self, cfg: K3Config, *, kda_index: int, parallel: ParallelContext,
+    def __init__(self, cfg: K3Config, *, kda_index: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype: torch.dtype, device=None):
         super().__init__()
         la = cfg.linear_attn
-        self.cfg, self.parallel, self.kda_index = cfg, parallel, kda_index
+        self.cfg, self.kernels, self.parallel, self.kda_index = cfg, kernels, parallel, kda_index
         self.head_dim = la.head_dim
         h0, self.num_heads = parallel.shard(la.num_heads, "linear_attn_config.num_heads")
         d, hd, hl = cfg.hidden_size, la.head_dim, self.num_heads
@@ -65,41 +65,40 @@ class KDAMixer(K3Module):
             return F.linear(x, self.g_proj)
         return F.linear(F.linear(x, self.g_a_proj), self.g_b_proj)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache,
+    def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
                 *, per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [T, d] (AttnRes-mixed, input_layernorm-ed). Returns (out [T, d] reduced over ranks,
-        per-position states [T, H_local, K, V] or None). Reads and writes this layer's slots."""
+        per-position states [T, H_local, K, V] or None). Reads and writes this layer's state rows."""
+        k = self.kernels
         t = x.shape[0]
         hl, hd = self.num_heads, self.head_dim
-        slots, cu = batch.state_slots, batch.cu_seqlens
-        fresh = (batch.context_lens == 0)                                       # [N]
+        rows, cu = meta.state_indices, meta.cu_seqlens
+        fresh = (meta.context_lens == 0)                                        # [N]
+        view = cache.kda[self.kda_index]
 
         qkv = torch.cat([F.linear(x, self.q_proj), F.linear(x, self.k_proj), F.linear(x, self.v_proj)], -1)
         conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
-        conv_cache = cache.conv_state[self.kda_index]                            # [slots, 3P, W-1]
-        conv_in = conv_cache[slots].masked_fill(fresh[:, None, None], 0)
-        y, conv_out = ref.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
-        conv_cache[slots] = conv_out
-        q, k, v = y[0].view(t, 3, hl, hd).unbind(1)                              # [T, H, K] each
-        q, k = ref.l2_norm(q), ref.l2_norm(k)
+        conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
+        y, conv_out = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
+        view.conv[rows] = conv_out
+        q, kk, v = y[0].view(t, 3, hl, hd).unbind(1)                             # [T, H, K] each
+        q, kk = k.elementwise.l2_norm(q), k.elementwise.l2_norm(kk)
 
         f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
-        g = ref.kda_gate(f, self.A_log, self.dt_bias.view(hl, hd),
-                         lower_bound=self.cfg.linear_attn.gate_lower_bound)     # [T, H, K] fp32
+        g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
+                       lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
         beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
 
-        state_cache = cache.kda_state[self.kda_index]                            # [slots, H, K, V]
-        s0 = state_cache[slots].masked_fill(fresh[:, None, None, None], 0)
-        args = (q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
+        s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
+        args = (q.unsqueeze(0), kk.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
         states = None
         if per_position_states:
-            o, s1, states = ref.kda_recurrent(*args, initial_state=s0, cu_seqlens=cu,
-                                              output_per_position_states=True)
+            o, s1, states = k.kda.recurrent(*args, initial_state=s0, cu_seqlens=cu, output_per_position_states=True)
             states = states[0]
         else:
-            o, s1 = ref.kda_chunked(*args, initial_state=s0, cu_seqlens=cu)
-        state_cache[slots] = s1.to(state_cache.dtype)
+            o, s1 = k.kda.chunked(*args, initial_state=s0, cu_seqlens=cu)
+        view.recurrent[rows] = s1.to(view.recurrent.dtype)
 
         gate = self.output_gate(x).view(t, hl, hd)
-        o = ref.gated_rms_norm(o[0], gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
+        o = k.elementwise.gated_rms_norm(o[0], gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
         return self.parallel.all_reduce(F.linear(o, self.o_proj)), states

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
+from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.types import KernelSet
 
-from .batch import ForwardBatch, ModelCache
 from .indexer import DSAIndexer
 from .module import K3Module
 from .paging import gather_sequences, token_page_slots
@@ -22,10 +23,10 @@ from .parallel import ParallelContext
 
 
 class MLAMixer(K3Module):
-    def __init__(self, cfg: K3Config, *, mla_index: int, parallel: ParallelContext,
+    def __init__(self, cfg: K3Config, *, mla_index: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype: torch.dtype, device=None):
         super().__init__()
-        self.cfg, self.parallel, self.mla_index = cfg, parallel, mla_index
+        self.cfg, self.kernels, self.parallel, self.mla_index = cfg, kernels, parallel, mla_index
         d, heads = cfg.hidden_size, cfg.num_attention_heads
         h0, self.num_heads = parallel.shard(heads, "num_attention_heads")
         hl = self.num_heads
@@ -49,40 +50,45 @@ class MLAMixer(K3Module):
             by_head("g_proj", dv, d)
         self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv),
                         shard=(1, h0 * dv, hl * dv))
-        self.indexer = DSAIndexer(cfg, dtype=dtype, device=device) if cfg.uses_dsa else None
+        self.indexer = DSAIndexer(cfg, kernels=kernels, dtype=dtype, device=device) if cfg.uses_dsa else None
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: ModelCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews) -> torch.Tensor:
         """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks."""
-        cfg, t, hl = self.cfg, x.shape[0], self.num_heads
+        cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
         if cfg.q_lora_rank is not None:
-            c_q = ref.rms_norm(F.linear(x, self.q_a_proj), self.q_a_layernorm, eps)    # [T, r_q]
+            c_q = k.elementwise.rms_norm(F.linear(x, self.q_a_proj), self.q_a_layernorm, eps)   # [T, r_q]
             q = F.linear(c_q, self.q_b_proj)
         else:
             c_q, q = None, F.linear(x, self.q_proj)
         q = q.view(t, hl, dn + dr)
         kv = F.linear(x, self.kv_a_proj_with_mqa)                                  # [T, R + Dr]
-        row = torch.cat([ref.rms_norm(kv[:, :r], self.kv_a_layernorm, eps), kv[:, r:]], -1)
+        row = torch.cat([k.elementwise.rms_norm(kv[:, :r], self.kv_a_layernorm, eps), kv[:, r:]], -1)
 
-        latent_cache = cache.latent[self.mla_index]                                # [P, page, R+Dr]
-        pages, offsets = token_page_slots(batch, cache.page_size)
-        latent_cache[pages, offsets] = row.to(latent_cache.dtype)
+        view = cache.latent[self.mla_index]
+        pages, offsets = token_page_slots(meta, view.page_size)
+        if view.scale is None:
+            view.pages[pages, offsets] = row.to(view.pages.dtype)
+        else:                       # fp8 pages with a per-tensor scale
+            view.pages[pages, offsets] = k.quant.fp8_quantize(row, scale=view.scale, dtype=view.pages.dtype)[0]
 
         topk = None
         if self.indexer is not None:
-            topk = self.indexer(x, c_q, batch, cache, self.mla_index, pages, offsets)
+            topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
 
         scale = cfg.mla_softmax_scale
-        if batch.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
+        if meta.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
             w_uk, w_uv = ref.mla_absorb_weights(self.kv_b_proj, num_heads=hl, qk_nope_head_dim=dn,
                                                 v_head_dim=cfg.v_head_dim)
-            o = ref.mla_decode(q[..., :dn], q[..., dn:], latent_cache, batch.block_table, batch.seq_lens,
-                               w_uk, w_uv, scale=scale, topk_indices=topk)
-        else:                       # prefill: expanded MHA over each sequence's whole context
-            rows, cu_kv = gather_sequences(latent_cache, batch.block_table, batch.seq_lens)
-            o = ref.mla_prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
-                                cu_seqlens_q=batch.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
-                                qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)
+            o = k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
+                             w_uk, w_uv, scale=scale, kv_cache_scale=view.scale, topk_indices=topk)
+        else:                     # prefill: expanded MHA over each sequence's whole context
+            rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
+            if view.scale is not None:
+                rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)
+            o = k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
+                              cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
+                              qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)
         o = o.reshape(t, hl * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             gate = torch.sigmoid(F.linear(x, self.g_proj).float())

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
+from k3.plugin.contract import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView, LatentCacheView
+from k3.plugin.types import KernelSet
 
-from .batch import ForwardBatch, ModelCache
 from .decoder import DecoderLayer
 from .module import K3Module
 from .parallel import ParallelContext
@@ -26,7 +27,7 @@ from .parallel import ParallelContext
 
 @dataclass
 class ForwardOutput:
-    """logits [M, V] fp32 (fp64 for a float64 model) at batch.logits_indices; hidden_states
+    """logits [M, V] fp32 (fp64 for a float64 model) at meta.logits_indices; hidden_states
     [T, d] the pre-norm final hidden state (draft-model features); taps {layer: [T, d]} the
     running partial-block sum after that layer's FFN (vLLM's auxiliary hidden state);
     kda_states {layer: [T, H_local, K, V]} the state after every token (speculative verify)."""
@@ -40,9 +41,10 @@ class ForwardOutput:
 class K3Model(K3Module):
     """Embedding, layers and the final AttnRes mix / norm (checkpoint prefix `model.`)."""
 
-    def __init__(self, cfg: K3Config, *, parallel: ParallelContext, dtype: torch.dtype, device=None):
+    def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype: torch.dtype,
+                 device=None):
         super().__init__()
-        self.cfg, self.parallel = cfg, parallel
+        self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
         d = cfg.hidden_size
         self.vocab_start, vocab_local = parallel.shard(cfg.vocab_size, "vocab_size")
         self.add_weight("embed_tokens", (vocab_local, d), dtype, device, full_shape=(cfg.vocab_size, d),
@@ -51,7 +53,7 @@ class K3Model(K3Module):
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, i, kda_index=kda_ids.index(i) if i in kda_ids else None,
                          mla_index=mla_ids.index(i) if i in mla_ids else None,
-                         parallel=parallel, dtype=dtype, device=device)
+                         kernels=kernels, parallel=parallel, dtype=dtype, device=device)
             for i in range(cfg.num_hidden_layers))
         self.add_weight("norm", (d,), dtype, device)
         if cfg.uses_attn_res:
@@ -70,23 +72,23 @@ class K3Model(K3Module):
             x[placeholder] = media_embeds.to(x.dtype)
         return x
 
-    def forward(self, batch: ForwardBatch, cache: ModelCache, *, media_embeds=None,
+    def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds=None,
                 tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
-        x0 = self.embed(batch.input_ids, media_embeds)
+        x0 = self.embed(meta.input_ids, media_embeds)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
-        hidden, taps, states = run(x0, batch, cache, set(tap_layers), per_position_kda_states)
+        hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states)
         return ForwardOutput(logits=torch.empty(0), hidden_states=hidden, taps=taps, kda_states=states)
 
-    def _mixer(self, layer, h, batch, cache, per_position, states):
+    def _mixer(self, layer, h, meta, cache, per_position, states):
         if layer.is_kda:
-            a, s = layer.self_attn(h, batch, cache, per_position_states=per_position)
+            a, s = layer.self_attn(h, meta, cache, per_position_states=per_position)
             if s is not None:
                 states[layer.layer] = s
             return a
-        return layer.self_attn(h, batch, cache)
+        return layer.self_attn(h, meta, cache)
 
-    def _attn_res_layers(self, x0, batch, cache, tap_layers, per_position):
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+    def _attn_res_layers(self, x0, meta, cache, tap_layers, per_position):
+        cfg, eps, attn_res = self.cfg, self.cfg.rms_norm_eps, self.kernels.attn_res
         block = cfg.attn_res_block_size
         bank = x0.new_empty(x0.shape[0], cfg.num_attn_res_blocks, x0.shape[1])   # [T, NB, d]
         prefix, delta, taps, states = x0, None, {}, {}
@@ -94,31 +96,30 @@ class K3Model(K3Module):
             l, starts_block = layer.layer, layer.layer % block == 0
             visible = math.ceil(l / block)
             query = ref.fold_attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
-            h, prefix = ref.attn_res(prefix, delta, bank, query=query, num_visible_blocks=visible,
-                                     write_index=l // block if starts_block else None, eps=eps,
-                                     out_norm_weight=layer.input_layernorm, out_eps=eps)
-            a = self._mixer(layer, h, batch, cache, per_position, states)
+            h, prefix = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
+                                      write_index=l // block if starts_block else None, eps=eps,
+                                      out_norm_weight=layer.input_layernorm, out_eps=eps)
+            a = self._mixer(layer, h, meta, cache, per_position, states)
             prefix = a if starts_block else (prefix + a).to(x0.dtype)
             query = ref.fold_attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
-            h, prefix = ref.attn_res(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
-                                     write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
-                                     out_eps=eps)
+            h, prefix = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
+                                      write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
+                                      out_eps=eps)
             delta = layer.ffn(h)
             if l in tap_layers:
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)
         sources = torch.cat([bank.transpose(0, 1), prefix.unsqueeze(0)])          # [NB + 1, T, d]
         query = ref.fold_attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
-        return ref.attn_res_mix(sources, query, eps=eps), taps, states
+        return attn_res.mix(sources, query, eps=eps), taps, states
 
-    def _residual_layers(self, x0, batch, cache, tap_layers, per_position):
-        eps = self.cfg.rms_norm_eps
+    def _residual_layers(self, x0, meta, cache, tap_layers, per_position):
+        eps, norm = self.cfg.rms_norm_eps, self.kernels.elementwise.rms_norm
         residual, taps, states = x0, {}, {}
         for layer in self.layers:
-            a = self._mixer(layer, ref.rms_norm(residual, layer.input_layernorm, eps), batch, cache, per_position,
-                            states)
+            a = self._mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
             residual = (residual + a).to(x0.dtype)
-            residual = (residual + layer.ffn(ref.rms_norm(residual, layer.post_attention_layernorm, eps))).to(x0.dtype)
+            residual = (residual + layer.ffn(norm(residual, layer.post_attention_layernorm, eps))).to(x0.dtype)
             if layer.layer in tap_layers:
                 taps[layer.layer] = residual
         return residual, taps, states
@@ -127,12 +128,14 @@ class K3Model(K3Module):
 class K3ForCausalLM(K3Module):
     """The text model of a K3-architecture checkpoint, for one tensor-parallel rank."""
 
-    def __init__(self, cfg: K3Config, *, parallel: ParallelContext | None = None,
+    def __init__(self, cfg: K3Config, *, kernels: KernelSet | None = None, parallel: ParallelContext | None = None,
                  dtype: torch.dtype = torch.bfloat16, device=None):
+        """kernels: the platform's resolved kernels (`Platform.kernels`); None: the reference ops."""
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
+        self.kernels = kernels or reference_kernels()
         self.parallel = parallel or ParallelContext()
-        self.model = K3Model(cfg, parallel=self.parallel, dtype=dtype, device=device)
+        self.model = K3Model(cfg, kernels=self.kernels, parallel=self.parallel, dtype=dtype, device=device)
         if not cfg.tie_word_embeddings:
             v0, vl = self.model.vocab_start, self.model.embed_tokens.shape[0]
             self.add_weight("lm_head", (vl, cfg.hidden_size), dtype, device,
@@ -144,37 +147,64 @@ class K3ForCausalLM(K3Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, d] pre-norm hidden -> [M, V] logits in fp32 (fp64 for a float64 model)."""
-        normed = ref.rms_norm(hidden, self.model.norm, self.cfg.rms_norm_eps)
+        normed = self.kernels.elementwise.rms_norm(hidden, self.model.norm, self.cfg.rms_norm_eps)
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         local = F.linear(normed, self.lm_head_weight).to(out_dtype)
         return self.parallel.all_gather(local, dim=-1) * self.cfg.logit_scale
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, cache: ModelCache, *, media_embeds: torch.Tensor | None = None,
+    def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds: torch.Tensor | None = None,
                 tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
-        """Run the new tokens of a batch, reading and updating `cache` (see ForwardBatch)."""
-        out = self.model(batch, cache, media_embeds=media_embeds, tap_layers=tap_layers,
+        """Run the new tokens of a batch, reading and updating `cache` (see ForwardMetadata)."""
+        out = self.model(meta, cache, media_embeds=media_embeds, tap_layers=tap_layers,
                          per_position_kda_states=per_position_kda_states)
-        out.logits = self.compute_logits(out.hidden_states[batch.logits_indices])
+        out.logits = self.compute_logits(out.hidden_states[meta.logits_indices])
         return out
 
-    def allocate_cache(self, *, num_slots: int, num_pages: int, page_size: int, device=None) -> ModelCache:
-        """Cache tensors for this rank, NaN-poisoned so a read of unwritten memory shows."""
+    def allocate_cache(self, *, num_state_rows: int, num_pages: int, page_size: int, device=None,
+                       kv_cache_dtype: torch.dtype | None = None, index_key_format: str = "fp8") -> CacheViews:
+        """Separate cache tensors per layer for this rank (tests, the single-request loop), all
+        poisoned (NaN, or 0xFF bytes) so a read of unwritten memory shows.
+
+        kv_cache_dtype: latent page dtype (default: the model dtype); a float8 dtype gets a
+        per-tensor scale of 1. index_key_format: "fp8" or "mxfp4" DSA keys.
+        """
         cfg = self.cfg
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        n_kda, n_mla = len(cfg.kda_layer_ids), len(cfg.mla_layer_ids)
         la = cfg.linear_attn
         hl = self.parallel.shard(la.num_heads, "linear_attn_config.num_heads")[1] if la else 0
-        hd, w = (la.head_dim, la.short_conv_kernel_size) if la else (0, 1)
 
         def poisoned(shape, dtype):
-            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+            if dtype == torch.uint8:
+                return torch.full(shape, 255, dtype=dtype, device=device)
+            return torch.full(shape, float("nan"), dtype=torch.float32, device=device).to(dtype)
 
-        return ModelCache(
-            kda_state=poisoned((n_kda, num_slots, hl, hd, hd), state_dtype),
-            conv_state=poisoned((n_kda, num_slots, 3 * hl * hd, w - 1), self.dtype),
-            latent=poisoned((n_mla, num_pages, page_size, cfg.mla_latent_size), self.dtype),
-            index_values=(poisoned((n_mla, num_pages, page_size, cfg.index_head_dim), torch.float32)
-                          .to(torch.float8_e4m3fn) if cfg.uses_dsa else None),
-            index_scales=poisoned((n_mla, num_pages, page_size), torch.float32) if cfg.uses_dsa else None,
-        )
+        kda = [KDAStateView(recurrent=poisoned((num_state_rows, hl, la.head_dim, la.head_dim), state_dtype),
+                            conv=poisoned((num_state_rows, 3 * hl * la.head_dim, la.short_conv_kernel_size - 1),
+                                          self.dtype))
+               for _ in cfg.kda_layer_ids]
+        latent_dtype = kv_cache_dtype or self.dtype
+        fp8 = latent_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+        latent = [LatentCacheView(pages=poisoned((num_pages, page_size, cfg.mla_latent_size), latent_dtype),
+                                  scale=torch.ones((), device=device) if fp8 else None)
+                  for _ in cfg.mla_layer_ids]
+        index_keys = None
+        if cfg.uses_dsa:
+            d = cfg.index_head_dim
+            shapes = {"fp8": (((d,), torch.float8_e4m3fn), ((), torch.float32)),
+                      "mxfp4": (((d // 2,), torch.uint8), ((d // 32,), torch.uint8))}[index_key_format]
+            (vshape, vdtype), (sshape, sdtype) = shapes
+            index_keys = [IndexKeyCacheView(values=poisoned((num_pages, page_size, *vshape), vdtype),
+                                            scales=poisoned((num_pages, page_size, *sshape), sdtype),
+                                            fmt=index_key_format)
+                          for _ in cfg.mla_layer_ids]
+        return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
+
+
+def reference_kernels() -> KernelSet:
+    """The reference ops as a KernelSet (what `Platform.kernels` resolves to on the reference)."""
+    from k3.plugin.reference_plugin import reference_tables
+
+    tables = reference_tables()
+    providers = {f"{family}.{entry}": "reference" for family, table in tables.items() for entry in table.provided()}
+    return KernelSet(**tables, providers=providers)

@@ -1,23 +1,15 @@
-"""Address arithmetic for the paged latent / index-key cache."""
+"""Address arithmetic for the paged latent / index-key cache views."""
 
 from __future__ import annotations
 
 import torch
 
-from .batch import ForwardBatch
+from k3.plugin.contract import ForwardMetadata
 
 
-def token_sequence_ids(batch: ForwardBatch) -> torch.Tensor:
-    """[T] index of the sequence each packed token belongs to (no host sync)."""
-    return torch.repeat_interleave(torch.arange(batch.num_seqs, device=batch.input_ids.device),
-                                   batch.q_lens, output_size=batch.num_tokens)
-
-
-def token_page_slots(batch: ForwardBatch, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(page [T], offset [T]) where each new token's cache row lives."""
-    seq = token_sequence_ids(batch)
-    pages = batch.block_table[seq, batch.positions // page_size].long()
-    return pages, batch.positions % page_size
+def token_page_slots(meta: ForwardMetadata, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page [T], offset [T]) where each new token's cache row lives (from the slot mapping)."""
+    return meta.slot_mapping // page_size, meta.slot_mapping % page_size
 
 
 def gather_sequences(cache: torch.Tensor, block_table: torch.Tensor,

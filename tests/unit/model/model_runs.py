@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from k3.model import ForwardBatch, K3ForCausalLM, contiguous_block_table
+from k3.model import K3ForCausalLM, contiguous_block_table
+from k3.plugin.contract import ForwardMetadata
 
 PAGE_SIZE = 16
 
@@ -16,16 +17,17 @@ def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int
     n = len(prompts)
     slots = slots or list(range(n))
     pages = -(-max(map(len, prompts)) // PAGE_SIZE)
-    cache = model.allocate_cache(num_slots=max(slots) + 1, num_pages=(max(slots) + 1) * pages, page_size=PAGE_SIZE)
+    cache = model.allocate_cache(num_state_rows=max(slots) + 1, num_pages=(max(slots) + 1) * pages, page_size=PAGE_SIZE)
     table = contiguous_block_table(max(slots) + 1, pages)
     done = [0] * n
     logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
     while any(d < len(p) for d, p in zip(done, prompts)):
         active = [i for i in range(n) if done[i] < len(prompts[i])]
         pieces = [prompts[i][done[i]: done[i] + (chunk or len(prompts[i]))] for i in active]
-        batch = ForwardBatch.build(pieces, context_lens=[done[i] for i in active],
-                                   state_slots=[slots[i] for i in active],
-                                   block_table=table[[slots[i] for i in active]], all_logits=True)
+        batch = ForwardMetadata.build(pieces, context_lens=[done[i] for i in active],
+                                   state_indices=[slots[i] for i in active],
+                                   block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
+                                      all_logits=True)
         out = model(batch, cache).logits
         at = 0
         for i, piece in zip(active, pieces):

@@ -4,13 +4,14 @@ embeddings injected at placeholder tokens."""
 import torch
 
 from k3.checkpoint.loader import load_model
-from k3.model import ForwardBatch, contiguous_block_table
+from k3.model import contiguous_block_table
+from k3.plugin.contract import ForwardMetadata
 
 
 def _run(model, tokens, **kw):
-    cache = model.allocate_cache(num_slots=1, num_pages=2, page_size=16)
-    batch = ForwardBatch.build([tokens], context_lens=[0], state_slots=[0],
-                               block_table=contiguous_block_table(1, 2), all_logits=True)
+    cache = model.allocate_cache(num_state_rows=1, num_pages=2, page_size=16)
+    batch = ForwardMetadata.build([tokens], context_lens=[0], state_indices=[0],
+                               block_table=contiguous_block_table(1, 2), page_size=16, all_logits=True)
     return model(batch, cache, **kw), cache
 
 
@@ -23,7 +24,7 @@ def test_hidden_taps_and_per_position_states(tiny_checkpoint):
     assert set(out.kda_states) == set(model.cfg.kda_layer_ids)
     for i, layer in enumerate(model.cfg.kda_layer_ids):
         states = out.kda_states[layer]                        # [T, H, K, V]
-        torch.testing.assert_close(states[-1], cache.kda_state[i, 0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(states[-1], cache.kda[i].recurrent[0], rtol=0, atol=1e-12)
     plain, _ = _run(model, tokens)
     torch.testing.assert_close(plain.logits, out.logits, rtol=0, atol=1e-10)   # recurrent path == chunked
 

@@ -1,0 +1,156 @@
+"""The kernel call contract (hookspec version 1): forward metadata and typed cache views.
+
+The cache, the engine and speculative decoding all build on these types, so they only grow.
+Everything a kernel reads per step is a flat tensor (graph capture, XLA static shapes), plus
+one host integer (`max_q_len`) that selects the decode or prefill path before tracing. Cache
+tensors are views: the core planner owns the row format of the backing tensor and passes
+each layer's pages as strided views; kernels never see the row format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardMetadata:
+    """Flat metadata of one forward call: N sequences, T new tokens packed in sequence order.
+
+    input_ids:      [T] int64.
+    positions:      [T] int64, each token's position in its sequence.
+    cu_seqlens:     [N+1] int32, the sequences' boundaries in the packed axis.
+    context_lens:   [N] int64, tokens already cached before this call (0: fresh KDA state).
+    slot_mapping:   [T] int64, cache slot (page * page_size + offset) where each new token's
+                    latent and index key are written.
+    block_table:    [N, max_pages] int32, the sequence's pages in position order.
+    state_indices:  [N] int64, KDA state row of each sequence.
+    logits_indices: [M] int64, tokens whose logits are computed.
+    max_q_len:      host int, most new tokens of any sequence (1: a pure decode step).
+    checkpoint_positions: [N, C] int64 or None: absolute positions (tokens from the sequence's
+                    start) after which the KDA state is also saved, -1 = none (prefix caching);
+    checkpoint_state_indices: [N, C] int64 or None: the state rows receiving them.
+    spec_lens:      [N] int32 or None: draft tokens each sequence verifies in this call (its
+                    q_len is 1 + spec_len; 0 = not speculating).
+    num_accepted:   [N] int32 or None: drafts accepted in the sequence's previous verify step
+                    (the KDA state commit reads it).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    context_lens: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    state_indices: torch.Tensor
+    logits_indices: torch.Tensor
+    max_q_len: int
+    checkpoint_positions: torch.Tensor | None = None
+    checkpoint_state_indices: torch.Tensor | None = None
+    spec_lens: torch.Tensor | None = None
+    num_accepted: torch.Tensor | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def q_lens(self) -> torch.Tensor:
+        return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """Context length after this call (cached + new) per sequence."""
+        return self.context_lens + self.q_lens
+
+    @classmethod
+    def build(
+        cls,
+        new_tokens: Sequence[Sequence[int]],
+        *,
+        context_lens: Sequence[int],
+        state_indices: Sequence[int],
+        block_table: torch.Tensor,
+        page_size: int,
+        all_logits: bool = False,
+        device=None,
+    ) -> "ForwardMetadata":
+        """Metadata for N sequences from Python lists (tests, the single-request loop).
+
+        all_logits: logits for every token (teacher forcing) instead of each last token.
+        """
+        lens = [len(t) for t in new_tokens]
+        if not lens or any(n == 0 for n in lens):
+            raise ValueError("ForwardMetadata.build: every sequence needs at least one new token")
+        table = block_table.to(device=device, dtype=torch.int32)
+        ids = torch.tensor([t for seq in new_tokens for t in seq], dtype=torch.long, device=device)
+        pos = [c + i for c, n in zip(context_lens, lens) for i in range(n)]
+        seq = [s for s, n in enumerate(lens) for _ in range(n)]
+        positions = torch.tensor(pos, dtype=torch.long, device=device)
+        seq_ids = torch.tensor(seq, dtype=torch.long, device=device)
+        slots = table[seq_ids, positions // page_size].long() * page_size + positions % page_size
+        cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=device)
+        cu[1:] = torch.tensor(lens, device=device).cumsum(0)
+        return cls(
+            input_ids=ids, positions=positions, cu_seqlens=cu,
+            context_lens=torch.tensor(list(context_lens), dtype=torch.long, device=device),
+            slot_mapping=slots, block_table=table,
+            state_indices=torch.tensor(list(state_indices), dtype=torch.long, device=device),
+            logits_indices=torch.arange(ids.shape[0], device=device) if all_logits else cu[1:].long() - 1,
+            max_q_len=max(lens),
+        )
+
+
+@dataclass
+class LatentCacheView:
+    """One MLA layer's latent pages: [P, page_size, R + Dr] rows `[c | k_pe]`.
+
+    dtype bf16 / fp32 / fp64, or float8 with `scale` (per-tensor fp32) to dequantise.
+    """
+
+    pages: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @property
+    def page_size(self) -> int:
+        return self.pages.shape[1]
+
+
+@dataclass
+class IndexKeyCacheView:
+    """One MLA layer's DSA index keys. fmt "fp8": values [P, page_size, D] float8_e4m3fn and
+    scales [P, page_size] fp32; fmt "mxfp4": values [P, page_size, D/2] uint8 and scales
+    [P, page_size, D/32] uint8 (E8M0)."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+    fmt: str = "fp8"
+
+
+@dataclass
+class KDAStateView:
+    """One KDA layer's per-sequence state rows, canonical layout.
+
+    recurrent: [num_rows, H_local, K, V] fp32 (fp64 for a float64 model);
+    conv:      [num_rows, 3 * H_local * K, W - 1] activation dtype: the last W-1 pre-conv
+               inputs of the q, k, v channels, oldest first.
+    """
+
+    recurrent: torch.Tensor
+    conv: torch.Tensor
+
+
+@dataclass
+class CacheViews:
+    """Every layer's view for one rank: `kda[i]` for the i-th KDA layer, `latent[j]` and
+    `index_keys[j]` (None without DSA) for the j-th MLA layer."""
+
+    kda: list[KDAStateView]
+    latent: list[LatentCacheView]
+    index_keys: list[IndexKeyCacheView] | None

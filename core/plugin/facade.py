@@ -1,0 +1,139 @@
+"""The typed facade over the plugin manager: the only code that calls hooks.
+
+`select_platform()` discovers plugins, picks the platform and returns a `Platform`, whose
+kernel tables are resolved once (entry by entry: the first plugin in hook order that
+provides an entry wins, the reference last) into the plain callables the model calls.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .manager import Discovery, PluginRecord, allow_list, discover, select
+from .types import KERNEL_TABLES, Capabilities, KernelSet, PlatformInfo
+
+
+class DispatchingCollectives:
+    """Collectives that hand each call to the first backend accepting it."""
+
+    def __init__(self, backends: list):
+        if not backends:
+            raise ValueError("no collective backend: the reference torch.distributed backend is missing")
+        self.backends = backends
+
+    def _pick(self, op: str, x: torch.Tensor):
+        for backend in self.backends:
+            if backend.accepts(op, x):
+                return backend
+        raise RuntimeError(f"no collective backend accepts {op} on a {x.dtype} tensor of shape {tuple(x.shape)}")
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self._pick("all_reduce", x).all_reduce(x)
+
+    def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return self._pick("all_gather", x).all_gather(x, dim)
+
+
+class Platform:
+    """The selected platform: info, capabilities, resolved kernels, collectives, plugin report."""
+
+    def __init__(self, found: Discovery, info: PlatformInfo):
+        self._pm = found.pm
+        self.info = info
+        self.records: dict[str, PluginRecord] = found.records
+        self.capabilities: Capabilities = self._pm.hook.k3_capabilities(platform=info) or Capabilities()
+        self.kernels = self._resolve_kernels()
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def _ordered(self, hook_name: str):
+        """Hook implementations in call order (tryfirst ... plain ... trylast)."""
+        return list(reversed(getattr(self._pm.hook, hook_name).get_hookimpls()))
+
+    def _resolve_kernels(self) -> KernelSet:
+        tables, providers = {}, {}
+        for table_cls in KERNEL_TABLES:
+            family, merged = table_cls.FAMILY, {}
+            for impl in self._ordered(f"k3_{family}_kernels"):
+                table = impl.function(platform=self.info)
+                if table is None:
+                    continue
+                if not isinstance(table, table_cls):
+                    raise TypeError(f"plugin {impl.plugin_name!r}: k3_{family}_kernels returned "
+                                    f"{type(table).__name__}, expected {table_cls.__name__}")
+                for entry in table.provided():
+                    if entry not in merged:
+                        merged[entry] = getattr(table, entry)
+                        providers[f"{family}.{entry}"] = impl.plugin_name
+            tables[family] = table_cls(**merged)
+        return KernelSet(**tables, providers=providers)
+
+    def collectives(self, group=None) -> DispatchingCollectives:
+        backends = []
+        for impl in self._ordered("k3_collective_backends"):
+            backends.extend(impl.function(platform=self.info, group=group) or [])
+        return DispatchingCollectives(backends)
+
+    def parallel_context(self, group=None):
+        """ParallelContext of an initialised torch.distributed group, with this platform's
+        collectives (world size 1 without torch.distributed)."""
+        import torch.distributed as dist
+
+        from k3.model.parallel import ParallelContext
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return ParallelContext()
+        return ParallelContext(rank=dist.get_rank(group), world_size=dist.get_world_size(group),
+                               collectives=self.collectives(group))
+
+    def build_model(self, cfg, *, dtype: torch.dtype, parallel=None):
+        """An uninitialised model for this rank on the platform's device, wired to its kernels."""
+        from k3.model import K3ForCausalLM
+
+        return K3ForCausalLM(cfg, kernels=self.kernels, parallel=parallel or self.parallel_context(),
+                             dtype=dtype, device=self.info.device)
+
+    def process_weights(self, model) -> None:
+        self._pm.hook.k3_process_weights(platform=self.info, model=model)
+
+    def config_defaults(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for impl in self._ordered("k3_config_defaults"):
+            for key, value in (impl.function(platform=self.info) or {}).items():
+                merged.setdefault(key, value)
+        return merged
+
+    def validate_config(self, config, options) -> list[str]:
+        problems: list[str] = []
+        for impl in self._ordered("k3_validate_config"):
+            problems += impl.function(platform=self.info, config=config, options=options) or []
+        return problems
+
+    def add_cli_options(self, parser) -> None:
+        self._pm.hook.k3_add_cli_options(parser=parser, platform_name=self.info.name)
+
+    def conformance_expectations(self) -> list[Path]:
+        return [Path(p) for p in self._pm.hook.k3_conformance_expectations(platform=self.info) if p]
+
+    def hook_implementations(self) -> dict[str, list[str]]:
+        """plugin name -> the hooks it implements (after blocking)."""
+        out: dict[str, list[str]] = {}
+        for caller_name in dir(self._pm.hook):
+            if not caller_name.startswith("k3_"):
+                continue
+            for impl in getattr(self._pm.hook, caller_name).get_hookimpls():
+                out.setdefault(impl.plugin_name, []).append(caller_name)
+        return {name: sorted(hooks) for name, hooks in out.items()}
+
+
+def select_platform(requested: str | None = None, *, env=os.environ) -> Platform:
+    """Discover plugins, select the platform (`requested`, else K3_PLATFORM, else detection)."""
+    found = discover(allow_list(env))
+    info = select(found, requested or env.get("K3_PLATFORM") or None)
+    return Platform(found, info)
