@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checkpoint, generate, info
+from . import checkpoint, generate, info, plan
 from .common import CliError, fail
 
 # (module, help) per subcommand; a module provides add_arguments(parser) and run(args) -> int.
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "info": (info, "architecture summary of a preset or a checkpoint"),
     "checkpoint": (checkpoint, "make checkpoints (random weights for tests and benchmarks)"),
     "generate": (generate, "generate text for one prompt or chat turn on the CPU reference path"),
+    "plan": (plan, "the packed cache plan and its capacity for a memory budget"),
 }
 
 

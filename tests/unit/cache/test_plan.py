@@ -1,0 +1,88 @@
+"""Cache plan: record sizes, row layout, default block sizes, capacity terms, `k3 plan`."""
+
+import json
+
+import pytest
+
+from k3.cache.capacity import GIB, plan_capacity, weight_bytes_per_gpu
+from k3.cache.plan import default_block_size, row_layout
+from k3.cache.records import attention_bytes_per_token
+from k3.cli.main import main
+from k3.config import K3Config
+
+K3, PRO = K3Config.preset("kimi-k3"), K3Config.preset("kimi-k3.1-pro")
+
+
+@pytest.mark.parametrize("cfg,kv,index,expected", [
+    (K3, "fp8", "fp8", 13_824), (PRO, "fp8", "fp8", 16_992), (PRO, "nvfp4", "mxfp4", 10_080),
+    (K3, "bf16", "fp8", 27_648), (PRO, "fp8", "mxfp4", 24 * (576 + 68)),
+])
+def test_bytes_per_token_per_gpu(cfg, kv, index, expected):
+    assert attention_bytes_per_token(cfg, kv_cache_dtype=kv, index_cache_dtype=index) == expected
+
+
+@pytest.mark.parametrize("tp,kv,index,block", [
+    (8, "fp8", "fp8", 4096), (8, "bf16", "fp8", 2048), (8, "nvfp4", "mxfp4", 8192), (1, "fp8", "fp8", 32768),
+])
+def test_default_block_sizes_of_the_design(tp, kv, index, block):
+    assert default_block_size(PRO, tensor_parallel_size=tp, kv_cache_dtype=kv, index_cache_dtype=index) == block
+
+
+def test_row_layout_regions_do_not_overlap_and_are_aligned():
+    layout = row_layout(PRO, block_size=4096, tensor_parallel_size=8, kv_cache_dtype="fp8", index_cache_dtype="fp8")
+    for regions in (layout.attention_regions, layout.state_regions):
+        ends = 0
+        for r in regions:
+            assert r.offset % 256 == 0 and r.offset >= ends
+            ends = r.offset + r.nbytes
+        assert ends <= layout.row_bytes
+    assert len(layout.attention_regions) == 48 and len(layout.state_regions) == 2 * 69
+    assert layout.attention_bytes >= layout.state_bytes           # an attention row can hold a state
+    assert layout.row_bytes % 256 == 0
+    with pytest.raises(ValueError, match="power of two"):
+        row_layout(PRO, block_size=3000, tensor_parallel_size=8, kv_cache_dtype="fp8", index_cache_dtype="fp8")
+
+
+def test_capacity_terms_add_up():
+    r = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB)
+    assert r.usable_bytes == int(288 * GIB * 0.9)
+    assert r.cache_bytes == r.usable_bytes - r.weight_bytes_per_gpu - r.workspace_bytes
+    assert r.num_rows == r.cache_bytes // r.row_bytes
+    assert r.rows_per_max_len_request == 1_048_576 // 4096 + 1
+    assert r.concurrent_max_len_requests == r.num_rows // r.rows_per_max_len_request
+    assert r.capacity_tokens == (r.num_rows - r.concurrent_max_len_requests) * 4096
+    dcp = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, decode_context_parallel_size=8,
+                        gpu_memory_bytes=288 * GIB)
+    assert dcp.bytes_per_token_per_gpu == r.bytes_per_token_per_gpu      # not divided by DCP
+    assert dcp.concurrent_max_len_requests > 5 * r.concurrent_max_len_requests
+
+
+def test_weights_per_gpu_split_under_tp():
+    tp1, tp8 = weight_bytes_per_gpu(K3, 1), weight_bytes_per_gpu(K3, 8)
+    assert 1.40e12 < tp1 < 1.62e12                   # ~1.45 TiB: MXFP4 experts + bf16 rest
+    assert tp1 / 8 < tp8 < tp1 / 6                   # replicated latents, router, norms
+
+
+def test_weights_that_do_not_fit_give_zero_and_a_note():
+    r = plan_capacity(K3, kv_cache_dtype="fp8", tensor_parallel_size=1, gpu_memory_bytes=80 * GIB)
+    assert r.capacity_tokens == 0 and r.num_rows == 0 and "exceed the usable memory" in r.notes[0]
+
+
+def test_k3_plan_json(capsys):
+    assert main(["plan", "--preset", "kimi-k3.1-pro", "--kv-cache-dtype", "nvfp4", "--index-cache-dtype", "mxfp4",
+                 "--tensor-parallel-size", "8", "--gpu-memory", "288", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_per_token_per_gpu"] == 10_080 and out["block_size"] == 8192
+    for key in ("bytes_per_token_per_gpu", "state_bytes_per_request", "block_size", "capacity_tokens"):
+        assert isinstance(out[key], int)
+
+
+def test_k3_plan_does_not_fit_exits_zero(capsys):
+    assert main(["plan", "--preset", "kimi-k3", "--gpu-memory", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity:           0 tokens" in out and "exceed the usable memory" in out
+
+
+def test_k3_plan_bad_block_size(capsys):
+    assert main(["plan", "--preset", "k3-tiny", "--block-size", "100"]) == 2
+    assert "power of two" in capsys.readouterr().err
