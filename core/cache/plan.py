@@ -16,9 +16,7 @@ from dataclasses import dataclass
 
 from k3.config import K3Config
 
-from .records import index_record_bytes, latent_record_bytes
-
-_ACT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+from .records import index_record_bytes, kda_state_region_sizes, latent_record_bytes
 
 
 @dataclass(frozen=True)
@@ -48,20 +46,6 @@ class RowLayout:
         return sum(r.nbytes for r in self.state_regions)
 
 
-def state_region_sizes(cfg: K3Config, tensor_parallel_size: int) -> list[tuple[str, int]]:
-    """(name, bytes) of each KDA layer's recurrent (fp32 [H/tp, K, V]) and conv state."""
-    la = cfg.linear_attn
-    if la is None:
-        return []
-    heads = la.num_heads // tensor_parallel_size
-    out = []
-    for layer in cfg.kda_layer_ids:
-        out.append((f"layer{layer}.recurrent", heads * la.head_dim * la.head_dim * 4))
-        out.append((f"layer{layer}.conv", 3 * heads * la.head_dim * (la.short_conv_kernel_size - 1)
-                    * _ACT_BYTES[cfg.dtype]))
-    return out
-
-
 def attention_region_sizes(cfg: K3Config, block_size: int, kv_cache_dtype: str,
                            index_cache_dtype: str) -> list[tuple[str, int]]:
     """(name, bytes) of each MLA layer's latent page and index-key page for one block."""
@@ -86,9 +70,9 @@ def _regions(sizes: list[tuple[str, int]], alignment: int) -> tuple[Region, ...]
 
 
 def default_block_size(cfg: K3Config, *, tensor_parallel_size: int, kv_cache_dtype: str,
-                       index_cache_dtype: str) -> int:
+                       index_cache_dtype: str, activation_dtype: str | None = None) -> int:
     """Smallest power of two whose attention row can hold one KDA state row."""
-    state = sum(n for _, n in state_region_sizes(cfg, tensor_parallel_size))
+    state = sum(n for _, n in kda_state_region_sizes(cfg, tensor_parallel_size, activation_dtype))
     per_token = sum(n for _, n in attention_region_sizes(cfg, 1, kv_cache_dtype, index_cache_dtype))
     if per_token == 0:
         return 1
@@ -96,12 +80,12 @@ def default_block_size(cfg: K3Config, *, tensor_parallel_size: int, kv_cache_dty
 
 
 def row_layout(cfg: K3Config, *, block_size: int, tensor_parallel_size: int, kv_cache_dtype: str,
-               index_cache_dtype: str, alignment: int = 256) -> RowLayout:
+               index_cache_dtype: str, activation_dtype: str | None = None, alignment: int = 256) -> RowLayout:
     """The row format for a block size (regions aligned to `alignment` bytes)."""
     if block_size < 1 or block_size & (block_size - 1):
         raise ValueError(f"block size must be a power of two, got {block_size}")
     attention = _regions(attention_region_sizes(cfg, block_size, kv_cache_dtype, index_cache_dtype), alignment)
-    state = _regions(state_region_sizes(cfg, tensor_parallel_size), alignment)
+    state = _regions(kda_state_region_sizes(cfg, tensor_parallel_size, activation_dtype), alignment)
     end = max([r.offset + r.nbytes for r in attention + state] or [0])
     return RowLayout(block_size=block_size, attention_regions=attention, state_regions=state,
                      row_bytes=_align(max(end, 1), alignment))

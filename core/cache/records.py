@@ -15,6 +15,8 @@ from __future__ import annotations
 from k3.config import K3Config
 
 KV_CACHE_DTYPES = ("bf16", "fp8", "nvfp4")
+# Also accepted internally: "fp32" / "fp64" latents, what `auto` means for fp32 / float64 test models.
+_WIDE_LATENTS = {"fp32": 4, "fp64": 8}
 INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
 _ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
@@ -24,6 +26,8 @@ def latent_record_bytes(cfg: K3Config, kv_cache_dtype: str) -> int:
     r, dr = cfg.kv_lora_rank or 0, cfg.qk_rope_head_dim or 0
     if kv_cache_dtype == "bf16":
         return 2 * (r + dr)
+    if kv_cache_dtype in _WIDE_LATENTS:
+        return _WIDE_LATENTS[kv_cache_dtype] * (r + dr)
     if kv_cache_dtype == "fp8":
         return r + dr
     if kv_cache_dtype == "nvfp4":
@@ -50,13 +54,24 @@ def attention_bytes_per_token(cfg: K3Config, *, kv_cache_dtype: str, index_cache
     return len(cfg.mla_layer_ids) * per_layer
 
 
-def kda_state_bytes(cfg: K3Config, *, tensor_parallel_size: int = 1) -> int:
+def kda_state_bytes(cfg: K3Config, *, tensor_parallel_size: int = 1, activation_dtype: str | None = None) -> int:
     """One request's KDA state on one rank: per KDA layer an fp32 [H/tp, K, V] recurrent state
-    plus the conv window (last W-1 pre-conv q, k, v inputs, activation dtype)."""
+    (float64 for a float64 model) plus the conv window (last W-1 pre-conv q, k, v inputs, in
+    the activation dtype, by default the checkpoint's)."""
+    return sum(n for _, n in kda_state_region_sizes(cfg, tensor_parallel_size, activation_dtype))
+
+
+def kda_state_region_sizes(cfg: K3Config, tensor_parallel_size: int,
+                           activation_dtype: str | None = None) -> list[tuple[str, int]]:
+    """(name, bytes) of each KDA layer's recurrent and conv state on one rank."""
     la = cfg.linear_attn
     if la is None:
-        return 0
+        return []
+    act = _ACTIVATION_BYTES[activation_dtype or cfg.dtype]
+    state = 8 if act == 8 else 4
     heads = la.num_heads // tensor_parallel_size
-    recurrent = heads * la.head_dim * la.head_dim * 4
-    conv = 3 * heads * la.head_dim * (la.short_conv_kernel_size - 1) * _ACTIVATION_BYTES[cfg.dtype]
-    return len(cfg.kda_layer_ids) * (recurrent + conv)
+    out = []
+    for layer in cfg.kda_layer_ids:
+        out.append((f"layer{layer}.recurrent", heads * la.head_dim * la.head_dim * state))
+        out.append((f"layer{layer}.conv", 3 * heads * la.head_dim * (la.short_conv_kernel_size - 1) * act))
+    return out

@@ -39,5 +39,6 @@ class DecoderLayer(K3Module):
             self.mlp = GLUMLP(cfg, intermediate=cfg.intermediate_size, kernels=kernels, parallel=parallel,
                               dtype=dtype, device=device)
 
-    def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        return self.block_sparse_moe(h) if self.is_moe else self.mlp(h)
+    def ffn(self, h: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
+        """decode: a one-token-per-sequence step (MoE dispatch without host synchronisation)."""
+        return self.block_sparse_moe(h, decode=decode) if self.is_moe else self.mlp(h)

@@ -40,7 +40,7 @@ class GLUMLP(K3Module):
             for j, part in enumerate(("gate_proj", "up_proj"))])
         self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
         """x [T, d] -> [T, d], reduced over ranks."""
         a = self.kernels.elementwise.glu_activation(F.linear(x, self.gate_up_proj), **_activation(self.cfg))
         return self.parallel.all_reduce(F.linear(a, self.down_proj))
@@ -91,9 +91,10 @@ class MoE(K3Module):
             return MXFP4Tensor(self.w13_packed, self.w13_scale), MXFP4Tensor(self.w2_packed, self.w2_scale)
         return self.w13, self.w2
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
         """h [T, d] -> [T, d]: router and shared experts on h, routed experts in the latent,
-        the latent partials reduced over ranks before the norm and the up-projection."""
+        the latent partials reduced over ranks before the norm and the up-projection.
+        decode: dispatch without host synchronisation (every local expert, masked)."""
         cfg, k = self.cfg, self.kernels
         grouped = cfg.use_grouped_topk
         weights, ids = k.moe.select_experts(
@@ -104,7 +105,7 @@ class MoE(K3Module):
         z = F.linear(h, self.routed_expert_down_proj) if cfg.uses_latent_moe else h          # [T, L]
         w13, w2 = self.expert_weights()
         u = self.parallel.all_reduce(k.moe.experts(z, w13, w2, weights, ids, expert_start=self.expert_start,
-                                                   **_activation(cfg)))                   # [T, L]
+                                                   dense_dispatch=decode, **_activation(cfg)))   # [T, L]
         if cfg.latent_moe_use_norm:
             u = k.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
         y = F.linear(u, self.routed_expert_up_proj) if cfg.uses_latent_moe else u           # [T, d]

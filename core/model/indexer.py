@@ -49,6 +49,14 @@ class DSAIndexer(K3Module):
         view.values[pages, offsets] = values
         view.scales[pages, offsets] = scales
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
+        if meta.max_q_len == 1:   # decode: every sequence's pages, padded and masked (no host sync)
+            n, pages = meta.block_table.shape
+            page = view.values.shape[1]
+            rows = meta.block_table.long()
+            keys = k.dequantize_keys(view.values[rows].reshape(n * pages * page, dim),
+                                     view.scales[rows].reshape(n * pages * page), fmt=view.fmt)
+            scores = k.decode_scores(q, head_weights, keys.view(n, pages * page, dim), meta.seq_lens)
+            return k.topk(scores, topk=cfg.index_topk)
         key_values, cu_kv = gather_sequences(view.values, meta.block_table, meta.seq_lens)
         key_scales, _ = gather_sequences(view.scales, meta.block_table, meta.seq_lens)
         keys = k.dequantize_keys(key_values, key_scales, fmt=view.fmt)

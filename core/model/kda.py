@@ -79,9 +79,16 @@ class KDAMixer(K3Module):
         qkv = torch.cat([F.linear(x, self.q_proj), F.linear(x, self.k_proj), F.linear(x, self.v_proj)], -1)
         conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
-        y, conv_out = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
+        s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
+        # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
+        # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
+        decode = meta.max_q_len == 1
+        if decode:
+            y, conv_out = k.kda.short_conv(qkv.unsqueeze(1), conv_w, conv_state=conv_in)   # [N, 1, 3P]
+        else:
+            y, conv_out = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
         view.conv[rows] = conv_out
-        q, kk, v = y[0].view(t, 3, hl, hd).unbind(1)                             # [T, H, K] each
+        q, kk, v = y.reshape(t, 3, hl, hd).unbind(1)                             # [T, H, K] each
         q, kk = k.elementwise.l2_norm(q), k.elementwise.l2_norm(kk)
 
         f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
@@ -89,16 +96,20 @@ class KDAMixer(K3Module):
                        lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
         beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
 
-        s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
-        args = (q.unsqueeze(0), kk.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
+        shape = (t, 1) if decode else (1, t)                                     # [B, T] of the op
+        args = tuple(z.reshape(*shape, *z.shape[1:]) for z in (q, kk, v, g, beta))
+        varlen = {} if decode else {"cu_seqlens": cu}
         states = None
         if per_position_states:
-            o, s1, states = k.kda.recurrent(*args, initial_state=s0, cu_seqlens=cu, output_per_position_states=True)
-            states = states[0]
+            o, s1, states = k.kda.recurrent(*args, initial_state=s0, output_per_position_states=True, **varlen)
+            states = states.reshape(t, *states.shape[2:])
+        elif decode:
+            o, s1 = k.kda.recurrent(*args, initial_state=s0)
         else:
-            o, s1 = k.kda.chunked(*args, initial_state=s0, cu_seqlens=cu)
+            o, s1 = k.kda.chunked(*args, initial_state=s0, **varlen)
         view.recurrent[rows] = s1.to(view.recurrent.dtype)
+        o = o.reshape(t, hl, hd)
 
         gate = self.output_gate(x).view(t, hl, hd)
-        o = k.elementwise.gated_rms_norm(o[0], gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
+        o = k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
         return self.parallel.all_reduce(F.linear(o, self.o_proj)), states

@@ -105,7 +105,7 @@ class K3Model(K3Module):
             h, prefix = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
                                       write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
                                       out_eps=eps)
-            delta = layer.ffn(h)
+            delta = layer.ffn(h, decode=meta.max_q_len == 1)
             if l in tap_layers:
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)
@@ -119,7 +119,8 @@ class K3Model(K3Module):
         for layer in self.layers:
             a = self._mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
             residual = (residual + a).to(x0.dtype)
-            residual = (residual + layer.ffn(norm(residual, layer.post_attention_layernorm, eps))).to(x0.dtype)
+            h = norm(residual, layer.post_attention_layernorm, eps)
+            residual = (residual + layer.ffn(h, decode=meta.max_q_len == 1)).to(x0.dtype)
             if layer.layer in tap_layers:
                 taps[layer.layer] = residual
         return residual, taps, states

@@ -14,6 +14,7 @@ from .conv import short_conv
 from .hadamard import hadamard_transform
 from .indexer import (
     index_key_record_bytes,
+    indexer_decode_scores,
     indexer_dequantize_keys,
     indexer_quantize_keys,
     indexer_scores,
@@ -31,7 +32,8 @@ from .sampling import filtered_logits, sample, sampling_probs
 __all__ = [
     "MXFP4Tensor", "attn_res", "attn_res_mix", "experts_forward", "filtered_logits", "fold_attn_res_query",
     "fp8_dequantize", "fp8_quantize", "gated_rms_norm", "glu_activation", "glu_mlp", "hadamard_transform",
-    "index_key_record_bytes", "indexer_dequantize_keys", "indexer_quantize_keys", "indexer_scores",
+    "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_quantize_keys",
+    "indexer_scores",
     "indexer_topk", "kda_chunked", "kda_gate", "kda_recurrent", "l2_norm", "latent_moe", "latent_moe_finish",
     "latent_moe_routed_partial", "layer_norm", "mla_absorb_weights", "mla_decode", "mla_expand_kv",
     "mla_prefill", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize",

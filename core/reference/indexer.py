@@ -188,6 +188,37 @@ def indexer_scores(
     return out
 
 
+def indexer_decode_scores(
+    q: torch.Tensor,
+    head_weights: torch.Tensor,
+    keys: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    quantize_query: bool = True,
+) -> torch.Tensor:
+    """`indexer_scores` for one query per sequence over padded keys, with no host sync (decode).
+
+    q [N, Hi, D]; head_weights [N, Hi]; keys [N, L, D] (each sequence's dequantised keys in
+    position order, any padding after seq_lens[n]); seq_lens [N] (the query is the last token).
+    Returns [N, L] fp32 (fp64 for float64 inputs), -inf at positions >= seq_lens[n].
+    """
+    if q.dim() != 3 or keys.dim() != 3 or keys.shape[0] != q.shape[0] or keys.shape[2] != q.shape[2]:
+        raise ValueError(f"indexer_decode_scores: q must be [N, Hi, D] and keys [N, L, D]; got "
+                         f"{tuple(q.shape)}, {tuple(keys.shape)}")
+    n, hi, d = q.shape
+    cd = compute_dtype(q, head_weights, keys)
+    w = upcast(head_weights, cd)
+    if quantize_query:
+        q8, q_scale = fp8_quantize(q, block_size=d, dtype=torch.float8_e4m3fn)
+        qc, w = q8.to(cd), w * q_scale[..., 0].to(cd)
+    else:
+        qc = upcast(q, cd)
+    dots = torch.einsum("nhd,nld->nhl", qc, upcast(keys, cd))            # [N, Hi, L]
+    scores = (w[..., None] * torch.relu(dots)).sum(1)                     # [N, L]
+    valid = torch.arange(keys.shape[1], device=q.device)[None, :] < seq_lens.to(q.device)[:, None]
+    return scores.masked_fill(~valid, float("-inf"))
+
+
 def indexer_topk(scores: torch.Tensor, *, topk: int) -> torch.Tensor:
     """Exact top-k of each row's finite scores: int32 [T, topk], -1 padded.
 

@@ -89,6 +89,7 @@ def experts_forward(
     beta: float | None = None,
     linear_beta: float | None = None,
     expert_start: int = 0,
+    dense_dispatch: bool = False,
 ) -> torch.Tensor:
     """Routed experts: out[t] = sum_i topk_weights[t, i] * W2_e act(W13_e x[t]), e = topk_ids[t, i].
 
@@ -99,7 +100,9 @@ def experts_forward(
     other ids contribute nothing, so the ranks' outputs sum to the full result.
     activation: "situ" (needs beta; linear_beta optional) or "silu".
     Matmuls, activation and the weighted sum in fp32 (fp64 if x or a dense weight is float64);
-    returns [T, L] of x.dtype.
+    returns [T, L] of x.dtype. The default dispatch reads the used experts on the host;
+    dense_dispatch=True runs every local expert on every token and masks (no host
+    synchronisation: decode steps and graph capture; same result, more work).
     """
     fn = "experts_forward"
     _check_2d(fn, "x", x, (None, None))
@@ -119,6 +122,13 @@ def experts_forward(
     wf = topk_weights.to(cd)
     local = topk_ids.long() - expert_start  # [T, k] local expert index
     out = torch.zeros(t, l, dtype=cd, device=x.device)
+    if dense_dispatch:
+        for e in range(e_local):
+            gate = (wf * (local == e)).sum(-1, keepdim=True)  # [T, 1] routing weight of expert e
+            h13 = xf @ _expert(w13, e, cd).T  # [T, 2I]
+            a = glu_activation(h13, activation=activation, beta=beta, linear_beta=linear_beta)
+            out = out + (a @ _expert(w2, e, cd).T) * gate
+        return out.to(x.dtype)
     used = local[(local >= 0) & (local < e_local)].unique()
     for e in used.tolist():
         tok, slot = (local == e).nonzero(as_tuple=True)  # [n], [n]

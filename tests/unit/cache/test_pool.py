@@ -1,0 +1,82 @@
+"""Block pool accounting and the packed backing tensor's per-layer views."""
+
+import pytest
+import torch
+
+from k3.cache.block_pool import BlockPool
+from k3.cache.plan import default_block_size, row_layout
+from k3.cache.pool import CachePool
+from k3.config import K3Config
+
+
+def test_block_pool_refcounts():
+    pool = BlockPool(4)
+    a = pool.allocate(3)
+    assert a == [0, 1, 2] and pool.num_free == 1 and pool.allocate(2) is None and pool.num_free == 1
+    pool.incref([1])
+    pool.free(a)
+    assert pool.num_free == 3                  # row 1 still shared
+    pool.free([1])
+    assert pool.num_free == 4
+    with pytest.raises(ValueError, match="freed twice"):
+        pool.free([1])
+    with pytest.raises(ValueError, match="no rows"):
+        BlockPool(0)
+
+
+def _pool(preset, rows=5, act="float64", kv="fp64"):
+    cfg = K3Config.preset(preset)
+    block = default_block_size(cfg, tensor_parallel_size=1, kv_cache_dtype=kv, index_cache_dtype="fp8",
+                               activation_dtype=act)
+    layout = row_layout(cfg, block_size=block, tensor_parallel_size=1, kv_cache_dtype=kv, index_cache_dtype="fp8",
+                        activation_dtype=act)
+    return CachePool(cfg, layout, rows, activation_dtype=act, kv_cache_dtype=kv, index_cache_dtype="fp8",
+                     tensor_parallel_size=1)
+
+
+def _state_views(views):
+    return [t for v in views.kda for t in (v.recurrent, v.conv)]
+
+
+def _attention_views(views):
+    out = [v.pages for v in views.latent]
+    for v in views.index_keys or []:
+        out += [v.values, v.scales]
+    return out
+
+
+def _all_views(views):
+    return _state_views(views) + _attention_views(views)
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3.1-pro-tiny", "kimi-linear-tiny"])
+def test_views_tile_rows_without_overlap(preset):
+    """A row is either an attention row or a state row: within each use, the layers' regions
+    are disjoint, and they live in the pool's backing storage."""
+    pool = _pool(preset)
+    assert all(torch.isnan(v.float()).all() for v in _all_views(pool.views))   # poisoned until written
+    for views in (_state_views(pool.views), _attention_views(pool.views)):
+        for i, v in enumerate(views):
+            assert v.shape[0] == pool.num_rows
+            assert v.untyped_storage().data_ptr() == pool.backing.untyped_storage().data_ptr()
+            v.view(torch.uint8).fill_(i + 1)
+        for i, v in enumerate(views):
+            assert (v.view(torch.uint8) == i + 1).all(), i        # no other region overwrote it
+
+
+def test_copy_row_moves_every_layer():
+    pool = _pool("k3.1-pro-tiny", rows=3)
+    g = torch.Generator().manual_seed(0)
+    for v in _all_views(pool.views):
+        v[1].copy_(torch.randn(v[1].shape, generator=g).to(v.dtype))
+    pool.copy_row(1, 2)
+    for v in _all_views(pool.views):
+        assert torch.equal(v[2].view(torch.uint8), v[1].view(torch.uint8))
+
+
+def test_unsupported_cache_dtype_is_refused():
+    cfg = K3Config.preset("k3-tiny")
+    layout = row_layout(cfg, block_size=64, tensor_parallel_size=1, kv_cache_dtype="nvfp4", index_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="nvfp4"):
+        CachePool(cfg, layout, 2, activation_dtype="bfloat16", kv_cache_dtype="nvfp4", index_cache_dtype="fp8",
+                  tensor_parallel_size=1)
