@@ -66,17 +66,13 @@ def _load(args: argparse.Namespace):
 
 
 def _chat_prompt_ids(args, tokenizer) -> list[int]:
-    """The chat turn rendered in the model's format, encoded so that marker text inside the
-    user's message stays text (no prompt injection)."""
-    from k3.chat import encode_segments, render_k2_segments, render_k3_segments
+    """The chat turn in the model's format (marker text inside the message stays text)."""
+    from k3.chat.template import chat_prompt_ids
 
-    messages = [{"role": "user", "content": args.chat}]
-    if tokenizer.flavor == "k3":
-        segments = render_k3_segments(messages, thinking=not args.no_thinking,
-                                      thinking_effort=args.thinking_effort)
-    else:
-        segments = render_k2_segments(messages)
-    return encode_segments(tokenizer, segments)
+    kwargs = {"thinking": not args.no_thinking}
+    if args.thinking_effort:
+        kwargs["thinking_effort"] = args.thinking_effort
+    return chat_prompt_ids(tokenizer, [{"role": "user", "content": args.chat}], **kwargs)
 
 
 class _ChatPrinter:

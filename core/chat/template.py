@@ -1,0 +1,43 @@
+"""Chat prompt token ids for a tokenizer: the model's format (K3 XTML or K2-style), encoded
+segment by segment so that marker text inside messages stays text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import ChatTemplateError
+from .render_k2 import render_k2_segments
+from .render_k3 import render_k3_segments
+from .segments import encode_segments
+
+
+def thinking_from_kwargs(kwargs: Mapping[str, Any]) -> bool:
+    """`chat_template_kwargs` thinking switch: `thinking` or `enable_thinking` (default on)."""
+    for key in ("thinking", "enable_thinking"):
+        if key in kwargs:
+            if not isinstance(kwargs[key], bool):
+                raise ChatTemplateError(f"chat_template_kwargs.{key} must be true or false")
+            return kwargs[key]
+    return True
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, Any]], *, tools=None, tool_choice=None,
+                    response_format=None, add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+    """Token ids of a conversation in the tokenizer's chat format (`tokenizer.flavor`).
+
+    template_kwargs: `thinking` / `enable_thinking` (bool) and `thinking_effort` for K3; others
+    are refused with a ChatTemplateError naming them.
+    """
+    known = {"thinking", "enable_thinking", "thinking_effort"}
+    unknown = sorted(set(template_kwargs) - known)
+    if unknown:
+        raise ChatTemplateError(f"unknown chat_template_kwargs: {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    if tokenizer.flavor == "k3":
+        segments = render_k3_segments(messages, tools=tools, thinking=thinking_from_kwargs(template_kwargs),
+                                      thinking_effort=template_kwargs.get("thinking_effort"),
+                                      tool_choice=tool_choice, response_format=response_format,
+                                      add_generation_prompt=add_generation_prompt)
+    else:
+        segments = render_k2_segments(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    return encode_segments(tokenizer, segments)

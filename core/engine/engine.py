@@ -1,0 +1,226 @@
+"""LLMEngine: requests in, tokens and text out, one scheduled step at a time.
+
+It owns the platform's model (one rank, or rank 0 driving tensor-parallel workers), the
+packed cache pool, the scheduler and the per-request output state (detokenizer, stop strings).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from k3.cache.block_pool import BlockPool
+from k3.cache.capacity import plan_capacity
+from k3.cache.plan import default_block_size, row_layout
+from k3.cache.pool import CachePool
+from k3.checkpoint.loader import load_checkpoint
+from k3.config import K3Config
+from k3.engine.stop import StopStringMatcher
+from k3.plugin import select_platform
+from k3.tokenizer import IncrementalDetokenizer, load_tokenizer
+
+from .output import build_output
+from .params import SamplingParams
+from .request import Request, RequestOutput
+from .runner import ModelRunner
+from .scheduler import Scheduler, SchedulerConfig
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+_LATENT_AUTO = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+GIB = 1024 ** 3
+
+
+@dataclass
+class EngineConfig:
+    """Engine options (the server's flags map onto these)."""
+
+    model: str
+    platform: str | None = None
+    dtype: str | None = None                  # None / "auto": the checkpoint's
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None          # None: the smaller of the config's and the cache's
+    block_size: int | None = None
+    kv_cache_dtype: str = "auto"
+    index_cache_dtype: str = "fp8"
+    kv_cache_memory_gib: float | None = None  # CPU: cache memory (default: min(2 GiB, RAM / 8))
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0                             # seeds the draws of requests without a seed
+    load_progress: bool = True
+
+
+def default_cpu_cache_bytes() -> int:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        ram = 16 * GIB
+    return min(2 * GIB, ram // 8)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, platform=None, parallel=None):
+        self.config = config
+        self.platform = platform or select_platform(config.platform)
+        self.model_config = cfg = K3Config.from_pretrained(config.model)
+        self.tokenizer = load_tokenizer(config.model)
+        dtype = _DTYPES[cfg.dtype if config.dtype in (None, "auto") else config.dtype]
+        self.device = torch.device(self.platform.info.device)
+        self.model = self.platform.build_model(cfg, dtype=dtype, parallel=parallel)
+        load_checkpoint(self.model, config.model, progress=config.load_progress)
+        self.platform.process_weights(self.model)
+        tp = self.model.parallel.world_size
+        self.kv_cache_dtype = _LATENT_AUTO[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+        act = {v: k for k, v in _DTYPES.items()}[dtype]
+        block = config.block_size or default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
+                                                        index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
+        self.layout = row_layout(cfg, block_size=block, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
+                                 index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
+        num_rows = self._cache_bytes(cfg, tp) // self.layout.row_bytes
+        self.cache = CachePool(cfg, self.layout, num_rows, activation_dtype=act, kv_cache_dtype=self.kv_cache_dtype,
+                               index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp, device=self.device)
+        self.pool = BlockPool(num_rows)
+        cache_len = (num_rows - 1) * block
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
+                                 cache_len)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len, block_size=block,
+            adaptive_token_limit=self._adaptive_token_limit(cfg)), self.pool)
+        self.runner = ModelRunner(self.model, self.cache.views, block_size=block, device=self.device)
+        self.stop_token_ids = set(cfg.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.groups: dict[str, list[str]] = {}           # parent id -> child request ids (n > 1)
+        self.parent_of: dict[str, str] = {}
+        self.prompts: dict[str, str | None] = {}
+        self._streams: dict[str, tuple[IncrementalDetokenizer, StopStringMatcher, list[str]]] = {}
+        self._rng = random.Random(config.seed)
+        self.broadcast = None                             # set by the tensor-parallel driver
+        self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "generation_tokens_total": 0}
+
+    # ------------------------------------------------------------------ sizing
+    def _cache_bytes(self, cfg: K3Config, tp: int) -> int:
+        c = self.config
+        if self.device.type == "cpu":
+            return int(c.kv_cache_memory_gib * GIB) if c.kv_cache_memory_gib else default_cpu_cache_bytes()
+        report = plan_capacity(cfg, kv_cache_dtype="bf16", index_cache_dtype=c.index_cache_dtype,
+                               tensor_parallel_size=tp, gpu_memory_bytes=self.platform.capabilities.memory_bytes,
+                               gpu_memory_utilization=c.gpu_memory_utilization,
+                               max_num_batched_tokens=c.max_num_batched_tokens, block_size=self.layout.block_size)
+        return report.cache_bytes
+
+    def _adaptive_token_limit(self, cfg: K3Config) -> int:
+        """Tokens one forward may take in flight: 1 GiB of activations on the CPU (8 GiB on an
+        accelerator), at about (AttnRes blocks + 6) hidden-sized bf16 vectors per token."""
+        per_token = cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
+        budget = (1 if self.device.type == "cpu" else 8) * GIB
+        return max(self.config.max_num_batched_tokens, budget // per_token)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+        """Queue a request; `prompt` is text (encoded with special tokens as text) or token ids."""
+        params = params or SamplingParams()
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.tokenizer.encode(prompt, allow_special=False) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids outside the vocabulary (size {self.model_config.vocab_size}): {bad[:5]}")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is {self.max_model_len} "
+                             "tokens (prompt + output)")
+        children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        for i, child in enumerate(children):
+            seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
+            request = Request(child, ids, params, seed)
+            self.scheduler.add(request)
+            self.requests[child] = request
+            self.parent_of[child] = request_id
+            self._streams[child] = (IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens),
+                                    StopStringMatcher(params.stop), [])
+        self.groups[request_id] = children
+        self.prompts[request_id] = prompt if isinstance(prompt, str) else None
+        self.stats["requests_total"] += 1
+        self.stats["prompt_tokens_total"] += len(ids)
+
+    def abort_request(self, request_id: str) -> None:
+        """Cancel a request (or every child of an n > 1 request); its rows are free at once."""
+        for child in self.groups.pop(request_id, []):
+            self.parent_of.pop(child, None)
+            request = self.requests.pop(child, None)
+            if request is not None and not request.finished:
+                self.scheduler.finish(request, "abort")
+            self._streams.pop(child, None)
+        self.prompts.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled forward; returns the outputs of every request that progressed."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        not_yet = [self.stop_token_ids if s.request.params.min_tokens > len(s.request.output_token_ids) else set()
+                   for s in out.scheduled]
+        rows, samples = self.runner.run(out, not_yet, broadcast=self.broadcast)
+        self.scheduler.commit(out)
+        touched = set()
+        if samples is not None:
+            tokens = samples.tokens.tolist()
+            logprobs = samples.logprobs.tolist()
+            tops = None
+            if samples.top_ids is not None:
+                tops = list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
+            now = time.monotonic()
+            for j, row in enumerate(rows):
+                request = out.scheduled[row].request
+                self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
+                touched.add(request.request_id)
+        parents = dict.fromkeys(self.parent_of[child] for child in touched)
+        return [self._output(p) for p in parents]
+
+    def _append(self, request: Request, token: int, logprob: float, top, now: float) -> None:
+        request.output_token_ids.append(token)
+        request.output_logprobs.append(logprob)
+        if request.params.logprobs:
+            ids, lps = top
+            request.output_top_logprobs.append(list(zip(ids, lps))[: request.params.logprobs])
+        request.first_token_time = request.first_token_time or now
+        self.stats["generation_tokens_total"] += 1
+        detok, stops, pieces = self._streams[request.request_id]
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.stop_token_ids):
+            request.stop_reason = token
+            pieces.append(stops.push(detok.finish()) + stops.flush())
+            self.scheduler.finish(request, "stop")
+            return
+        text = stops.push(detok.step([token]))
+        if stops.stopped is not None:
+            pieces.append(text + (stops.stopped if params.include_stop_str_in_output else ""))
+            request.stop_reason = stops.stopped
+            self.scheduler.finish(request, "stop")
+            return
+        pieces.append(text)
+        at_limit = params.max_tokens is not None and len(request.output_token_ids) >= params.max_tokens
+        if at_limit or request.num_tokens >= self.max_model_len:
+            pieces.append(stops.push(detok.finish()) + stops.flush())
+            self.scheduler.finish(request, "length")
+
+    def _output(self, parent: str) -> RequestOutput:
+        children = [self.requests[c] for c in self.groups[parent]]
+        result = build_output(parent, self.prompts[parent], children, [self._streams[c][2] for c in self.groups[parent]])
+        if result.finished:
+            for c in self.groups.pop(parent):
+                self.requests.pop(c, None)
+                self._streams.pop(c, None)
+                self.parent_of.pop(c, None)
+            self.prompts.pop(parent, None)
+        return result

@@ -1,0 +1,78 @@
+"""SamplingParams in vLLM's shape, validated with errors that name the field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# A logits processor / token bitmask hook: called with the request's output token ids so far,
+# returns the token ids allowed next (structured output, forced tool choice), or None for all.
+AllowedTokensFn = Callable[[Sequence[int]], "Sequence[int] | None"]
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `field` names it."""
+
+    def __init__(self, field_name: str, problem: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {problem}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                       # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16          # None: up to the context limit
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None          # top logprobs per generated token (0: only the sampled one's)
+    skip_special_tokens: bool = True
+    allowed_tokens: AllowedTokensFn | None = field(default=None, repr=False)
+
+    MAX_LOGPROBS = 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, problem: str) -> None:
+            if not ok:
+                raise SamplingParamsError(name, problem)
+
+        need(isinstance(self.n, int) and 1 <= self.n <= 16, "n", f"must be an integer in [1, 16], got {self.n!r}")
+        need(0 <= self.temperature <= 100, "temperature", f"must be in [0, 100], got {self.temperature!r}")
+        need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be -1, 0 or positive, got {self.top_k!r}")
+        need(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
+        need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+             "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
+        need(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", f"must be >= 0, got {self.min_tokens!r}")
+        need(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", "must not exceed max_tokens")
+        need(0 < self.repetition_penalty <= 10, "repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
+        need(-2 <= self.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty!r}")
+        need(-2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
+        need(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= self.MAX_LOGPROBS),
+             "logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs!r}")
+        need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+        need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+        need(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -1,0 +1,129 @@
+"""Turn a scheduled step into flat metadata, run the model, sample.
+
+Every forward reads the cache only through `ForwardMetadata` (slot mapping, block table and
+state indices as tensors built here from the requests' row lists) and `CacheViews`; no
+per-request Python object reaches the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from k3.plugin.contract import CacheViews, ForwardMetadata
+
+from .sampler import SamplerOutput, SamplingBatch, sample_batch
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class StepBatch:
+    meta: ForwardMetadata
+    sample_rows: list[int]         # indices into scheduled of the requests that sample a token
+
+
+def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatch:
+    """ForwardMetadata of a scheduled step (logits only for requests that complete)."""
+    ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
+    max_rows = max(len(s.request.rows) for s in out.scheduled)
+    table = []
+    for i, s in enumerate(out.scheduled):
+        r, start = s.request, s.request.num_computed_tokens
+        tokens = r.all_token_ids[start: start + s.num_new_tokens]
+        ids += tokens
+        pos = range(start, start + len(tokens))
+        positions += pos
+        slots += [r.rows[p // block_size] * block_size + p % block_size for p in pos]
+        lens.append(len(tokens))
+        context.append(start)
+        table.append(r.rows + [r.rows[-1]] * (max_rows - len(r.rows)))    # pad with a valid row
+        if s.completes:
+            logits_at.append(len(ids) - 1)
+            sample_rows.append(i)
+    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    meta = ForwardMetadata(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        cu_seqlens=cu.to(device),
+        context_lens=torch.tensor(context, dtype=torch.long, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        block_table=torch.tensor(table, dtype=torch.int32, device=device),
+        state_indices=torch.tensor([s.request.state_row for s in out.scheduled], dtype=torch.long, device=device),
+        logits_indices=torch.tensor(logits_at, dtype=torch.long, device=device),
+        max_q_len=max(lens),
+    )
+    return StepBatch(meta=meta, sample_rows=sample_rows)
+
+
+def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device) -> SamplingBatch:
+    """Per-row sampling tensors for the requests that sample this step."""
+    reqs = [out.scheduled[i].request for i in rows]
+    params = [r.params for r in reqs]
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    batch = SamplingBatch(
+        temperature=tensor([p.temperature for p in params], torch.float32),
+        top_k=tensor([p.top_k for p in params], torch.long),
+        top_p=tensor([p.top_p for p in params], torch.float32),
+        min_p=tensor([p.min_p for p in params], torch.float32),
+        seeds=tensor([r.seed for r in reqs], torch.long),
+        steps=tensor([len(r.output_token_ids) for r in reqs], torch.long),
+        num_logprobs=max((p.logprobs or 0) for p in params),
+    )
+    if any(p.uses_penalties for p in params):
+        counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)
+        prompt = torch.zeros(len(reqs), vocab_size, dtype=torch.bool, device=device)
+        for i, r in enumerate(reqs):
+            if r.output_token_ids:
+                counts[i].index_add_(0, tensor(r.output_token_ids, torch.long),
+                                     torch.ones(len(r.output_token_ids), dtype=torch.int32, device=device))
+            prompt[i, tensor(r.prompt_token_ids, torch.long)] = True
+        batch.token_counts, batch.prompt_mask = counts, prompt
+        batch.repetition_penalty = tensor([p.repetition_penalty for p in params], torch.float32)
+        batch.presence_penalty = tensor([p.presence_penalty for p in params], torch.float32)
+        batch.frequency_penalty = tensor([p.frequency_penalty for p in params], torch.float32)
+    masks = [p.allowed_tokens(r.output_token_ids) if p.allowed_tokens else None for p, r in zip(params, reqs)]
+    if any(m is not None for m in masks):
+        allowed = torch.ones(len(reqs), vocab_size, dtype=torch.bool, device=device)
+        for i, m in enumerate(masks):
+            if m is not None:
+                allowed[i] = False
+                allowed[i, tensor(list(m), torch.long)] = True
+        batch.allowed = allowed
+    return batch
+
+
+class ModelRunner:
+    """Runs scheduled steps on one rank's model and cache views (rank 0 also samples)."""
+
+    def __init__(self, model, views: CacheViews, *, block_size: int, device):
+        self.model, self.views, self.block_size, self.device = model, views, block_size, device
+
+    def forward(self, meta: ForwardMetadata):
+        return self.model(meta, self.views)
+
+    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None) -> tuple[list[int], SamplerOutput | None]:
+        """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples).
+
+        stop_ids: per scheduled request, the token ids it must not emit yet (min_tokens).
+        broadcast: called with the metadata before the forward (tensor parallel ranks follow).
+        """
+        step = build_metadata(out, block_size=self.block_size, device=self.device)
+        if broadcast is not None:
+            broadcast(step.meta)
+        logits = self.forward(step.meta).logits
+        if not step.sample_rows:
+            return [], None
+        sampling = build_sampling(out, step.sample_rows, vocab_size=logits.shape[1], device=self.device)
+        blocked = [stop_ids[i] for i in step.sample_rows]
+        if any(blocked):
+            allowed = sampling.allowed if sampling.allowed is not None else torch.ones_like(logits, dtype=torch.bool)
+            for row, ids in enumerate(blocked):
+                if ids:
+                    allowed[row, torch.tensor(sorted(ids), device=self.device)] = False
+            sampling.allowed = allowed
+        return step.sample_rows, sample_batch(logits, sampling)

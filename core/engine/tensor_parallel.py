@@ -1,0 +1,112 @@
+"""Tensor parallelism: one process per rank. Rank 0 runs the engine (scheduler, sampling,
+output) and broadcasts each step's ForwardMetadata; ranks 1..N-1 build the same engine
+state (so their caches have the same rows and layout) and only run forwards.
+
+Worker ranks are fresh interpreters (`python -m k3.engine.tensor_parallel`), not
+multiprocessing children, so the caller's main module is never re-imported.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+from k3.plugin import select_platform
+from k3.plugin.contract import ForwardMetadata
+
+from .engine import EngineConfig, LLMEngine
+
+_STEP, _STOP = 1, 0
+_FIELDS = ("input_ids", "positions", "cu_seqlens", "context_lens", "slot_mapping", "state_indices", "logits_indices")
+
+
+def _send(meta: ForwardMetadata | None, device) -> None:
+    if meta is None:
+        dist.broadcast(torch.tensor([_STOP, 0, 0, 0, 0, 0, 0], device=device), src=0)
+        return
+    n, pages = meta.block_table.shape
+    header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], 0],
+                          device=device)
+    dist.broadcast(header, src=0)
+    payload = torch.cat([getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()])
+    dist.broadcast(payload.to(device), src=0)
+
+
+def _receive(device) -> ForwardMetadata | None:
+    header = torch.empty(7, dtype=torch.long, device=device)
+    dist.broadcast(header, src=0)
+    cmd, max_q_len, t, n, pages, m, _ = header.tolist()
+    if cmd == _STOP:
+        return None
+    sizes = [t, t, n + 1, n, t, n, m, n * pages]
+    payload = torch.empty(sum(sizes), dtype=torch.long, device=device)
+    dist.broadcast(payload, src=0)
+    parts = payload.split(sizes)
+    fields = dict(zip(_FIELDS, parts[:-1]))
+    fields["cu_seqlens"] = fields["cu_seqlens"].int()
+    return ForwardMetadata(block_table=parts[-1].view(n, pages).int(), max_q_len=max_q_len, **fields)
+
+
+def _init(rank: int, world: int, init_file: str, config: EngineConfig):
+    platform = select_platform(config.platform)
+    dist.init_process_group(platform.capabilities.dist_backend, init_method=f"file://{init_file}",
+                            rank=rank, world_size=world)
+    engine = LLMEngine(config, platform=platform, parallel=platform.parallel_context())
+    rows = torch.tensor([engine.pool.num_rows], device=engine.device)
+    dist.all_reduce(rows, op=dist.ReduceOp.MIN)
+    if rows.item() != engine.pool.num_rows:
+        raise RuntimeError(f"tensor-parallel ranks sized their caches differently ({rows.item()} vs "
+                           f"{engine.pool.num_rows} rows): give every rank the same memory")
+    return engine
+
+
+def _worker(rank: int, world: int, init_file: str, config: EngineConfig) -> None:
+    engine = _init(rank, world, init_file, config)
+    while (meta := _receive(engine.device)) is not None:
+        engine.runner.forward(meta)
+    dist.destroy_process_group()
+
+
+def start_tensor_parallel(config: EngineConfig) -> LLMEngine:
+    """Start ranks 1..N-1, join as rank 0 and return rank 0's engine (shut down at exit)."""
+    world = config.tensor_parallel_size
+    init_file = os.path.join(tempfile.mkdtemp(prefix="k3-tp-"), "rendezvous")
+    worker_config = json.dumps({**dataclasses.asdict(config), "load_progress": False})
+    procs = [subprocess.Popen([sys.executable, "-m", "k3.engine.tensor_parallel", str(rank), str(world), init_file,
+                               worker_config])
+             for rank in range(1, world)]
+    try:
+        engine = _init(0, world, init_file, config)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    engine.broadcast = lambda meta: _send(meta, engine.device)
+
+    def shutdown():
+        if not dist.is_initialized():
+            return
+        _send(None, engine.device)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        dist.destroy_process_group()
+
+    engine.shutdown = shutdown
+    atexit.register(shutdown)
+    return engine
+
+
+if __name__ == "__main__":
+    rank_arg, world_arg, init_arg, config_arg = sys.argv[1:5]
+    _worker(int(rank_arg), int(world_arg), init_arg, EngineConfig(**json.loads(config_arg)))

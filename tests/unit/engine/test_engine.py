@@ -1,0 +1,145 @@
+"""The engine: continuous batching, chunked prefill, adaptive budget, preemption by recompute,
+cancellation, stop conditions. Token-equality checks run in float64 (DESIGN.md "Testing equality")."""
+
+import pytest
+import torch
+
+from k3.engine.engine import EngineConfig, LLMEngine
+from k3.engine.params import SamplingParams, SamplingParamsError
+from k3.engine.single import SamplingOptions, SingleSequenceGenerator
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from k3.cli.checkpoint import init_checkpoint
+
+    return init_checkpoint("k3.1-pro-tiny", tmp_path_factory.mktemp("engine-k3.1-pro-tiny"), progress=False)
+
+
+def _engine(ckpt, **kw):
+    kw.setdefault("kv_cache_memory_gib", 0.02)
+    return LLMEngine(EngineConfig(model=str(ckpt), dtype="float64", load_progress=False, **kw))
+
+
+PROMPTS = [[(13 * i + 7 * j) % 380 + 1 for j in range(n)] for i, n in enumerate((30, 5, 19, 41, 2))]
+
+
+def _run(engine, prompts, params):
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0)
+
+
+def test_batched_equals_alone_and_matches_the_reference_loop(ckpt):
+    engine = _engine(ckpt)
+    start_free = engine.pool.num_free
+    together = [o.outputs[0].token_ids for o in _run(engine, PROMPTS, GREEDY)]
+    assert engine.pool.num_free == start_free
+    gen = SingleSequenceGenerator(engine.model)
+    for prompt, tokens in zip(PROMPTS, together):
+        alone = [s.token for s in gen.generate(prompt, SamplingOptions(max_tokens=12, temperature=0))]
+        assert tokens == alone
+
+
+@pytest.mark.parametrize("budget", [4, 16])
+def test_chunked_prefill_gives_the_same_tokens(ckpt, budget):
+    reference = [o.outputs[0].token_ids for o in _run(_engine(ckpt), PROMPTS, GREEDY)]
+    engine = _engine(ckpt, max_num_batched_tokens=budget)
+    engine.scheduler.config = type(engine.scheduler.config)(**{**engine.scheduler.config.__dict__,
+                                                                "adaptive_token_limit": 0})
+    assert [o.outputs[0].token_ids for o in _run(engine, PROMPTS, GREEDY)] == reference
+
+
+def test_adaptive_budget_prefills_a_lone_request_in_one_call(ckpt):
+    engine = _engine(ckpt, max_num_batched_tokens=4)
+    engine.add_request("lone", PROMPTS[3], GREEDY)
+    first = engine.scheduler.schedule()
+    assert first.scheduled[0].num_new_tokens == len(PROMPTS[3])       # not cut at 4
+    engine.scheduler.commit(first)
+
+
+def test_preemption_by_recompute_keeps_tokens_and_frees_rows(ckpt):
+    reference = [o.outputs[0].token_ids for o in _run(_engine(ckpt), PROMPTS, SamplingParams(max_tokens=30, temperature=0))]
+    engine = _engine(ckpt, kv_cache_memory_gib=None, block_size=16)
+    engine.pool.__init__(12)                         # a deliberately small cache: 12 rows of 16 tokens
+    engine.scheduler.pool = engine.pool
+    outs = _run(engine, PROMPTS, SamplingParams(max_tokens=30, temperature=0))
+    assert engine.scheduler.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert engine.pool.num_free == 12
+
+
+def test_abort_frees_rows_at_once(ckpt):
+    engine = _engine(ckpt)
+    start = engine.pool.num_free
+    engine.add_request("a", PROMPTS[3], SamplingParams(max_tokens=50, temperature=0))
+    engine.add_request("b", PROMPTS[0], SamplingParams(max_tokens=50, temperature=0))
+    engine.step()
+    engine.step()
+    assert engine.pool.num_free < start
+    engine.abort_request("a")
+    engine.abort_request("b")
+    assert engine.pool.num_free == start and not engine.has_unfinished_requests()
+
+
+def test_stop_conditions(ckpt):
+    engine = _engine(ckpt)
+    free = _run(engine, [PROMPTS[0]], SamplingParams(max_tokens=20, temperature=0, skip_special_tokens=False))[0]
+    tokens, text = free.outputs[0].token_ids, free.outputs[0].text
+    assert free.outputs[0].finish_reason == "length" and len(tokens) == 20
+    stopped = _run(engine, [PROMPTS[0]], SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[tokens[5]]))[0]
+    first = tokens.index(tokens[5])
+    assert stopped.outputs[0].token_ids == tokens[:first + 1] and stopped.outputs[0].finish_reason == "stop"
+    assert stopped.outputs[0].stop_reason == tokens[5]
+    printable = [i for i in range(3, len(text) - 2) if text[i: i + 2].isprintable() and text[i: i + 2].strip()]
+    if printable:
+        s = text[printable[0]: printable[0] + 2]
+        out = _run(engine, [PROMPTS[0]], SamplingParams(max_tokens=20, temperature=0, stop=[s],
+                                                       skip_special_tokens=False))[0].outputs[0]
+        assert out.text == text[: text.index(s)] and out.stop_reason == s and out.finish_reason == "stop"
+
+
+def test_n_seeds_and_logprobs(ckpt):
+    engine = _engine(ckpt)
+    params = SamplingParams(n=3, max_tokens=6, temperature=3.0, seed=11, logprobs=2)
+    a = _run(engine, [PROMPTS[1]], params)[0]
+    b = _run(engine, [PROMPTS[1]], params)[0]
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert len({tuple(c.token_ids) for c in a.outputs}) > 1
+    for c in a.outputs:
+        assert len(c.logprobs) == 6 and all(len(entry) >= 2 for entry in c.logprobs)
+        assert c.cumulative_logprob == pytest.approx(sum(entry[t] for entry, t in zip(c.logprobs, c.token_ids)))
+
+
+def test_min_tokens_blocks_end_of_message(ckpt):
+    engine = _engine(ckpt)
+    eos = sorted(engine.stop_token_ids)[0]
+    params = SamplingParams(max_tokens=8, min_tokens=8, temperature=0, allowed_tokens=lambda out: [eos, 5])
+    out = _run(engine, [PROMPTS[1]], params)[0].outputs[0]
+    assert out.token_ids == [5] * 8 and out.finish_reason == "length"
+
+
+def test_bad_requests():
+    with pytest.raises(SamplingParamsError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(SamplingParamsError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(SamplingParamsError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_prompt_over_the_limit(ckpt):
+    engine = _engine(ckpt, max_model_len=64)
+    with pytest.raises(ValueError, match="context is 64"):
+        engine.add_request("x", list(range(1, 80)), GREEDY)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request("y", [1, 99999], GREEDY)
+    assert not engine.has_unfinished_requests()
