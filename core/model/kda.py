@@ -22,6 +22,21 @@ from .parallel import ParallelContext
 GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a / g_b)
 
 
+def checkpoint_offsets(meta: ForwardMetadata):
+    """(offsets [N, C] into this call's tokens, valid [N, C], destination rows [N, C]) of the
+    KDA checkpoints that fall inside this prefill chunk, or None. A checkpoint at absolute
+    position p (the state after p tokens) lies in the chunk when context_len <= p <= context_len
+    + q_len; others point at the chunk end and are not written."""
+    if meta.checkpoint_positions is None:
+        return None
+    q_lens = meta.q_lens[:, None]
+    rel = meta.checkpoint_positions - meta.context_lens[:, None]               # [N, C]
+    valid = (meta.checkpoint_positions >= 0) & (rel >= 0) & (rel <= q_lens)
+    if not bool(valid.any()):
+        return None
+    return torch.where(valid, rel, q_lens), valid, meta.checkpoint_state_indices
+
+
 class KDAMixer(K3Module):
     def __init__(self, cfg: K3Config, *, kda_index: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype: torch.dtype, device=None):
@@ -83,10 +98,15 @@ class KDAMixer(K3Module):
         # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
         # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
         decode = meta.max_q_len == 1
+        checkpoints = None if decode else checkpoint_offsets(meta)
+        emit = {} if checkpoints is None else {"checkpoint_offsets": checkpoints[0]}
+        if per_position_states and checkpoints is not None:
+            raise NotImplementedError("KDA checkpoints are emitted on the chunked path, not with per-position states")
         if decode:
             y, conv_out = k.kda.short_conv(qkv.unsqueeze(1), conv_w, conv_state=conv_in)   # [N, 1, 3P]
         else:
-            y, conv_out = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu)
+            y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in,
+                                                         cu_seqlens=cu, **emit)
         view.conv[rows] = conv_out
         q, kk, v = y.reshape(t, 3, hl, hd).unbind(1)                             # [T, H, K] each
         q, kk = k.elementwise.l2_norm(q), k.elementwise.l2_norm(kk)
@@ -106,8 +126,14 @@ class KDAMixer(K3Module):
         elif decode:
             o, s1 = k.kda.recurrent(*args, initial_state=s0)
         else:
-            o, s1 = k.kda.chunked(*args, initial_state=s0, **varlen)
+            o, s1, *state_ckpts = k.kda.chunked(*args, initial_state=s0, **varlen, **emit)
         view.recurrent[rows] = s1.to(view.recurrent.dtype)
+        if checkpoints is not None:     # prefix caching: states at unit boundaries, same pass
+            _, valid, dest = checkpoints
+            for c in range(valid.shape[1]):
+                keep = valid[:, c]
+                view.recurrent[dest[keep, c]] = state_ckpts[0][c][keep].to(view.recurrent.dtype)
+                view.conv[dest[keep, c]] = conv_ckpts[0][c][keep]
         o = o.reshape(t, hl, hd)
 
         gate = self.output_gate(x).view(t, hl, hd)

@@ -41,6 +41,7 @@ class PluginRecord:
     reason: str = ""                     # why not registered, when it is not
     detection: Detection | None = None
     blocked: bool = False                # a platform plugin that lost the selection
+    hooks: list[str] = field(default_factory=list)   # hooks it implements (kept after blocking)
 
 
 @dataclass
@@ -58,13 +59,18 @@ def _version_of(distribution: str) -> str:
         return "unknown"
 
 
+def _hooks_of(pm: pluggy.PluginManager, plugin) -> list[str]:
+    return sorted(caller.name for caller in pm.get_hookcallers(plugin) or [])
+
+
 def discover(allow: list[str] | None = None) -> Discovery:
     """Register the reference plugin and every allowed `k3` entry point."""
     pm = pluggy.PluginManager(PROJECT)
     pm.add_hookspecs(hookspecs)
     found = Discovery(pm)
     pm.register(reference_plugin, name=reference_plugin.NAME)
-    found.records[reference_plugin.NAME] = PluginRecord(reference_plugin.NAME, "k3", _version_of("k3"), True)
+    found.records[reference_plugin.NAME] = PluginRecord(reference_plugin.NAME, "k3", _version_of("k3"), True,
+                                                        hooks=_hooks_of(pm, reference_plugin))
     for ep in entry_points(group=PROJECT):
         dist = ep.dist.name if ep.dist else "unknown"
         version = ep.dist.version if ep.dist else "unknown"
@@ -85,6 +91,7 @@ def discover(allow: list[str] | None = None) -> Discovery:
             continue
         pm.register(plugin, name=ep.name)
         record.registered = True
+        record.hooks = _hooks_of(pm, plugin)
     pm.check_pending()
     return found
 

@@ -1,1 +1,4 @@
-"""k3 platform package for ppu (plugin hooks arrive with the plugins issue)."""
+"""k3.platforms.ppu: the plugin for Alibaba T-HEAD Zhenwu PPUs (the torch-native path).
+
+Entry point `ppu` of the `k3` group -> `k3.platforms.ppu.plugin`; see README.md here.
+"""

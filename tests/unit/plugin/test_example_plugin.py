@@ -1,0 +1,73 @@
+"""A third-party plugin in its own distribution (tests/plugins/k3-example-plugin) adds a
+platform and overrides one kernel entry, only when its platform is selected."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+import torch
+
+from k3.cli.main import main
+from k3.plugin import PlatformInfo, select_platform
+
+try:
+    version("k3-example-plugin")
+except PackageNotFoundError:
+    pytest.skip("k3-example-plugin is not installed: pip install -e tests/plugins/k3-example-plugin",
+                allow_module_level=True)
+
+import k3_example_plugin  # noqa: E402
+
+
+def test_example_is_listed_with_its_distribution():
+    platform = select_platform()
+    record = platform.records["example"]
+    assert (record.distribution, record.version, record.registered) == ("k3-example-plugin", "0.1.0", True)
+    assert record.hooks == ["k3_capabilities", "k3_config_defaults", "k3_detect_platform", "k3_elementwise_kernels"]
+    assert not record.detection.available and record.detection.forceable
+    assert platform.name != "example"                                     # never auto-detected
+    assert set(platform.kernels.providers.values()) == {"reference"}      # and never disturbs another platform
+    other = PlatformInfo("reference", "reference", "k3", "0", "cpu", False)
+    assert k3_example_plugin.k3_elementwise_kernels(platform=other) is None
+
+
+def test_forced_example_provides_rms_norm_and_a_tiny_model_runs(tiny_checkpoint):
+    from k3.checkpoint.loader import load_checkpoint
+    from k3.config import K3Config
+    from k3.model import contiguous_block_table
+    from k3.plugin.contract import ForwardMetadata
+
+    platform = select_platform("example")
+    assert platform.info.forced and platform.info.distribution == "k3-example-plugin"
+    assert platform.capabilities.vendor == "example" and platform.config_defaults() == {"max_num_seqs": 4}
+    providers = platform.kernels.providers
+    assert providers["elementwise.rms_norm"] == "example"
+    assert {p for key, p in providers.items() if key != "elementwise.rms_norm"} == {"reference"}
+
+    cfg = K3Config.preset("k3-tiny")
+    model = platform.build_model(cfg, dtype=torch.float64)
+    load_checkpoint(model, tiny_checkpoint("k3-tiny"), progress=False)
+    cache = model.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    meta = ForwardMetadata.build([[1, 2, 3]], context_lens=[0], state_indices=[0],
+                                 block_table=contiguous_block_table(1, 1), page_size=16)
+    before = k3_example_plugin.calls["rms_norm"]
+    logits = model(meta, cache).logits
+    assert torch.isfinite(logits).all() and k3_example_plugin.calls["rms_norm"] > before
+
+    from k3.model.model import K3ForCausalLM
+
+    reference = K3ForCausalLM(cfg, dtype=torch.float64)
+    load_checkpoint(reference, tiny_checkpoint("k3-tiny"), progress=False)
+    ref_cache = reference.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    assert torch.equal(reference(meta, ref_cache).logits, logits)        # same function, other provider
+
+
+def test_k3_platform_example_and_cli(capsys, monkeypatch):
+    monkeypatch.setenv("K3_PLATFORM", "example")
+    assert select_platform().name == "example"
+    assert main(["plugins", "--json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert data["selected"]["distribution"] == "k3-example-plugin"
+    assert data["kernels"]["elementwise.rms_norm"] == {"provider": "example", "fallback": False}
+    assert data["kernels"]["kda.chunked"] == {"provider": "reference", "fallback": True}

@@ -1,0 +1,197 @@
+"""The vendor plugins: entry points, detection reasons, forcing, capabilities read from the device."""
+
+import importlib
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from k3.plugin import PlatformError, PlatformInfo, select_platform
+from k3.plugin.manager import discover
+
+VENDORS = ("nvidia", "amd", "tpu", "ppu")
+VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
+SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
+CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
+
+
+def info(name, device="cpu"):
+    return PlatformInfo(name=name, plugin=name, distribution="k3", version="0", device=device, forced=False)
+
+
+def test_vendor_entry_points_are_installed():
+    found = {ep.name: ep for ep in entry_points(group="k3")}
+    missing = [v for v in VENDORS if v not in found]
+    assert not missing, (f"entry points {missing} of group 'k3' not found: reinstall k3 (pip install -e .), and "
+                         "delete a stale k3.egg-info in the repository root, which shadows the installed metadata")
+    for vendor in VENDORS:
+        assert found[vendor].value == f"k3.platforms.{vendor}.plugin" and found[vendor].dist.name == "k3"
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
+    module = importlib.import_module(f"k3.platforms.{vendor}.plugin")
+    assert module.K3_HOOKSPEC_VERSIONS == (1,)
+    record = discover(allow=[vendor]).records[vendor]
+    assert record.registered and record.distribution == "k3"
+    assert record.hooks == VENDOR_HOOKS          # no kernel yet: every entry falls back to the reference
+    path = Path(module.k3_conformance_expectations(platform=info(vendor)))
+    assert tomllib.loads(path.read_text())["xfail"] == []
+    assert module.k3_conformance_expectations(platform=info("reference")) is None
+    assert module.k3_capabilities(platform=info("reference")) is None
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="needs a CPU-only torch build (the CI machine)")
+@pytest.mark.parametrize("vendor, words", [
+    ("nvidia", ["CPU-only build", "CUDA build of torch", "pip install 'k3[nvidia]'", "triton"]),
+    ("amd", ["not a ROCm build", "pip install 'k3[amd]'"]),
+    ("tpu", ["torch_xla is not installed", "pip install 'k3[tpu]'", "own environment", "torch 2.9"]),
+])
+def test_cpu_machine_forcing_a_vendor_is_one_sentence_naming_the_install(vendor, words):
+    detection = importlib.import_module(f"k3.platforms.{vendor}.detect").detect()
+    assert not detection.available and not detection.forceable
+    with pytest.raises(PlatformError) as err:
+        select_platform(vendor, env={})
+    message = str(err.value)
+    assert message.startswith(f"platform '{vendor}' is unavailable: ") and "\n" not in message
+    for word in words:
+        assert word in message
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="needs a CPU-only torch build (the CI machine)")
+def test_ppu_is_forceable_on_the_cpu():
+    from k3.platforms.ppu.detect import detect
+
+    found = detect()
+    assert not found.available and found.forceable and found.device == "cpu" and "--platform ppu" in found.reason
+    platform = select_platform("ppu", env={})
+    assert platform.info.forced and platform.info.device == "cpu" and platform.info.distribution == "k3"
+    assert platform.capabilities.vendor == "t-head" and platform.capabilities.has("bf16")
+    assert set(platform.kernels.providers.values()) == {"reference"}
+    assert platform.config_defaults() == {"gpu_memory_utilization": 0.9}
+    assert [p.name for p in platform.conformance_expectations()] == ["conformance.toml"]
+    assert platform.records["nvidia"].blocked and not platform.records["reference"].blocked
+
+
+def test_k3_platform_and_k3_plugins_env():
+    assert select_platform(env={"K3_PLATFORM": "ppu"}).name == "ppu"
+    platform = select_platform(env={"K3_PLUGINS": "ppu"})
+    assert platform.records["nvidia"].reason == "left out by K3_PLUGINS" and not platform.records["nvidia"].registered
+    assert platform.records["ppu"].registered and platform.records["reference"].registered
+    with pytest.raises(PlatformError, match="unknown platform 'nvidia'"):
+        select_platform(env={"K3_PLUGINS": "ppu", "K3_PLATFORM": "nvidia"})
+
+
+def _fake_torch(monkeypatch, *, cuda=None, hip=None, names=(), props=None):
+    import k3.platforms._probe as probe
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(probe, "cuda_device_names", lambda: list(names))
+    if props is not None:
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: props)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (props.major, props.minor))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))
+
+
+def test_nvidia_detection_branches(monkeypatch):
+    import k3.platforms._probe as probe
+    from k3.platforms.nvidia.detect import detect
+
+    _fake_torch(monkeypatch, hip="6.4")
+    assert "ROCm build" in detect().reason
+    _fake_torch(monkeypatch, cuda="12.8")
+    assert "sees no CUDA device" in detect().reason
+    _fake_torch(monkeypatch, cuda="12.8", names=["PPU-ZW810E"])
+    assert "T-HEAD PPU" in detect().reason
+    h200 = SimpleNamespace(major=9, minor=0, name="NVIDIA H200", total_memory=141 << 30)
+    _fake_torch(monkeypatch, cuda="12.8", names=["NVIDIA H200"], props=h200)
+    monkeypatch.setattr(probe, "has_module", lambda name: False)
+    found = detect()
+    assert not found.available and "triton is not installed" in found.reason and "k3[nvidia]" in found.reason
+    monkeypatch.setattr(probe, "has_module", lambda name: name == "triton")
+    found = detect()
+    assert found.available and found.device == "cuda" and "sm_90" in found.reason
+
+
+def test_ppu_detection_by_device_name(monkeypatch):
+    from k3.platforms.ppu.detect import detect, is_ppu_name
+
+    assert is_ppu_name("PPU-ZW810E") and is_ppu_name("T-Head Zhenwu M890") and not is_ppu_name("NVIDIA H200")
+    _fake_torch(monkeypatch, cuda="12.8", names=["PPU-ZW810E"])
+    found = detect()
+    assert found.available and found.device == "cuda" and found.forceable
+    _fake_torch(monkeypatch, cuda="12.8", names=["NVIDIA H200"])
+    found = detect()
+    assert not found.available and found.device == "cuda" and "not a T-HEAD PPU" in found.reason
+
+
+@pytest.mark.parametrize("major, minor, fp8, fp4", [(8, 0, None, False), (8, 9, "e4m3fn", False),
+                                                    (9, 0, "e4m3fn", False), (10, 0, "e4m3fn", True)])
+def test_nvidia_capabilities_from_compute_capability(monkeypatch, major, minor, fp8, fp4):
+    from k3.platforms.nvidia.capabilities import read
+
+    props = SimpleNamespace(major=major, minor=minor, name="NVIDIA X", total_memory=80 << 30)
+    _fake_torch(monkeypatch, cuda="12.8", names=["NVIDIA X"] * 8, props=props)
+    caps = read()
+    assert caps.arch == f"sm_{major}{minor}" and caps.fp8_dtype == fp8
+    assert caps.native_mxfp4 == caps.native_nvfp4 == fp4
+    assert caps.graph_capture and caps.device_count == 8 and caps.memory_bytes == 80 << 30 and caps.has("bf16")
+    from k3.platforms._probe import has_module
+
+    assert caps.triton == has_module("triton")
+
+
+@pytest.mark.parametrize("arch, fp8, mxfp4", [("gfx942:sramecc+:xnack-", "e4m3fnuz", False),
+                                              ("gfx950", "e4m3fn", True), ("gfx90a", None, False)])
+def test_amd_capabilities_from_gfx_arch(monkeypatch, arch, fp8, mxfp4):
+    from k3.platforms.amd.capabilities import read
+
+    props = SimpleNamespace(gcnArchName=arch, name="AMD Instinct", total_memory=192 << 30, major=9, minor=4)
+    _fake_torch(monkeypatch, hip="6.4", names=["AMD Instinct"], props=props)
+    caps = read()
+    assert caps.arch == arch.split(":")[0] and caps.fp8_dtype == fp8 and caps.native_mxfp4 == mxfp4
+    assert caps.hip_ipc and caps.dist_backend == "rccl" and caps.vendor == "amd"
+
+
+def test_amd_defaults_follow_the_recipe():
+    from k3.platforms.amd import plugin
+
+    assert plugin.k3_config_defaults(platform=info("amd")) == {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
+    assert plugin.k3_config_defaults(platform=info("nvidia")) is None
+
+
+@pytest.mark.parametrize("pjrt, words", [("CPU", "PJRT_DEVICE=CPU"), ("", "libtpu")])
+def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words):
+    import k3.platforms._probe as probe
+    from k3.platforms.tpu.detect import detect
+
+    torch_mm = ".".join(torch.__version__.split(".")[:2])
+    monkeypatch.setattr(probe, "dist_version", lambda d: f"{torch_mm}.0" if d in ("torch-xla", "torch_xla") else None)
+    monkeypatch.setattr(probe, "has_module", lambda name: name == "torch_xla")
+    monkeypatch.setenv("PJRT_DEVICE", pjrt)
+    found = detect()
+    assert not found.available and words in found.reason and found.device == "xla"
+
+
+def test_detection_imports_no_vendor_sdk():
+    script = (   # torch itself may import some of them (triton on a CUDA build): only new ones count
+        "import sys, importlib, torch, k3.plugin\n"
+        f"before = {{m for m in {SDKS!r} if m in sys.modules}}\n"
+        f"for v in {VENDORS!r}:\n"
+        "    for m in ('detect', 'capabilities', 'plugin'):\n"
+        "        importlib.import_module(f'k3.platforms.{v}.{m}')\n"
+        f"loaded = [m for m in {SDKS!r} if m in sys.modules and m not in before]\n"
+        "assert not loaded, f'imported at module level: {loaded}'\n"
+        f"for v in {VENDORS!r}:\n"
+        "    importlib.import_module(f'k3.platforms.{v}.detect').detect()\n"
+        f"loaded = [m for m in {SDKS!r} if m in sys.modules and m not in before]\n"
+        "assert not loaded, f'imported by detection: {loaded}'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
