@@ -24,8 +24,11 @@ class ForwardMetadata:
     cu_seqlens:     [N+1] int32, the sequences' boundaries in the packed axis.
     context_lens:   [N] int64, tokens already cached before this call (0: fresh KDA state).
     slot_mapping:   [T] int64, cache slot (page * page_size + offset) where each new token's
-                    latent and index key are written.
-    block_table:    [N, max_pages] int32, the sequence's pages in position order.
+                    latent and index key are written. Always a real slot: padding (bucketed
+                    shapes) points at a scratch page the planner reserves, never at -1 (a -1
+                    would wrap to the last slot of the last page).
+    block_table:    [N, max_pages] int32, the sequence's pages in position order, padded with
+                    any valid page (reads past seq_lens are masked).
     state_indices:  [N] int64, KDA state row of each sequence.
     logits_indices: [M] int64, tokens whose logits are computed.
     max_q_len:      host int, most new tokens of any sequence (1: a pure decode step).

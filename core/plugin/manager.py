@@ -89,10 +89,16 @@ def discover(allow: list[str] | None = None) -> Discovery:
             record.reason = (f"supports hookspec versions {tuple(versions or ())}, k3 needs {HOOKSPEC_VERSION} "
                              "(declare K3_HOOKSPEC_VERSIONS in the plugin)")
             continue
-        pm.register(plugin, name=ep.name)
+        try:
+            pm.register(plugin, name=ep.name)
+            pm.check_pending()          # a hook implementation matching no hookspec (a typo)
+        except pluggy.PluginValidationError as e:
+            if pm.is_registered(plugin):
+                pm.unregister(plugin)
+            record.reason = f"rejected: {e}"
+            continue
         record.registered = True
         record.hooks = _hooks_of(pm, plugin)
-    pm.check_pending()
     return found
 
 
@@ -100,7 +106,11 @@ def detect(found: Discovery) -> dict[str, Detection]:
     """platform name -> Detection, asking each registered plugin separately."""
     platforms: dict[str, Detection] = {}
     for impl in found.pm.hook.k3_detect_platform.get_hookimpls():
-        result = impl.function()
+        try:
+            result = impl.function()
+        except Exception as e:  # a broken detection must not take k3 down
+            found.records[impl.plugin_name].reason = f"detection failed: {type(e).__name__}: {e}"
+            continue
         if result is None:
             continue
         found.records[impl.plugin_name].detection = result

@@ -26,9 +26,16 @@ _MIDPOINTS = (
 )  # fmt: skip
 
 
+_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+
+
 def e2m1_table(*, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-    """The 16-entry code -> value table as a [16] tensor of `dtype`."""
-    return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    """The 16-entry code -> value table as a [16] tensor of `dtype`, built once per (dtype,
+    device): a table built from host data on every call breaks CUDA-graph capture."""
+    key = (dtype, str(torch.device(device) if device is not None else torch.device("cpu")))
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    return _TABLES[key]
 
 
 def e2m1_encode(x: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,17 @@ E8M0_BIAS = 127
 _E2M1_EMAX = 2  # exponent of E2M1's largest binade (4 and 6 are 1.x * 2^2)
 
 
+_E8M0_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+
+
 def _e8m0_table(dtype: torch.dtype, device) -> torch.Tensor:
-    """[256] byte -> 2^(byte - 127) in `dtype`; byte 255 -> NaN."""
-    exps = torch.arange(256, dtype=torch.float64, device=device) - E8M0_BIAS
-    table = torch.exp2(exps)  # exact powers of two (2^-127 is a normal float64)
-    table[255] = float("nan")
-    return table.to(dtype)
+    """[256] byte -> 2^(byte - 127) in `dtype`; byte 255 -> NaN. Built once per (dtype,
+    device) (graph capture), from exact powers of two computed on the host."""
+    key = (dtype, str(torch.device(device) if device is not None else torch.device("cpu")))
+    if key not in _E8M0_TABLES:
+        values = [2.0 ** (b - E8M0_BIAS) for b in range(255)] + [float("nan")]
+        _E8M0_TABLES[key] = torch.tensor(values, dtype=torch.float64).to(dtype).to(device)
+    return _E8M0_TABLES[key]
 
 
 def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +53,7 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = xb.abs().amax(dim=-1)  # [..., N/32]
     _, e = torch.frexp(amax)  # amax = m * 2^e, m in [0.5, 1)  =>  floor(log2(amax)) = e - 1
     shared_exp = (e - 1 - _E2M1_EMAX).clamp(-E8M0_BIAS, E8M0_BIAS)  # int32 [..., N/32]
-    scaled = xb * torch.exp2(-shared_exp.to(cd)).unsqueeze(-1)  # exact: power-of-two multiply
+    scaled = xb * torch.pow(2.0, -shared_exp.to(cd)).unsqueeze(-1)  # exact: power-of-two multiply
     codes = e2m1_encode(scaled).reshape(x.shape)  # uint8 [..., N]
     scales = (shared_exp + E8M0_BIAS).to(torch.uint8)
     return pack_nibbles(codes), scales

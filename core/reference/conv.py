@@ -80,8 +80,10 @@ def _conv_windows(xp: torch.Tensor, w: torch.Tensor, activation: str | None) -> 
     W = w.shape[1]
     if xp.shape[1] < W:  # an empty sequence
         return xp[:, :0]
-    win = xp.unfold(1, W, 1)  # [n, L, C, W]; tap W-1 is the current token
-    y = (win * w).sum(-1)  # [n, L, C]
+    L = xp.shape[1] - (W - 1)
+    # tap j reads the input j - (W-1) steps back; shifted slices (not unfold) lower on every
+    # backend, torch-xla included
+    y = sum(xp[:, j: j + L] * w[:, j] for j in range(W))  # [n, L, C]
     return F.silu(y) if activation == "silu" else y
 
 

@@ -275,7 +275,9 @@ def mla_decode(
     else:
         cu = cu_seqlens_q.long()
         t = torch.arange(T, device=dev)
-        seq_of = torch.searchsorted(cu[1:], t, right=True).clamp(max=N - 1)  # [T]
+        # sequence of each query token: how many sequence ends lie at or before it (a comparison
+        # sum rather than searchsorted, which some graph backends cannot lower)
+        seq_of = (cu[1:][None, :] <= t[:, None]).sum(-1).clamp(max=N - 1)  # [T]
         q_pos = lens[seq_of] - (cu[seq_of + 1] - t)  # last q_len tokens of the sequence
     allowed = allowed_mask(q_pos, lens[seq_of], max_kv=max_kv, topk_indices=topk_indices)
     visible = torch.arange(max_kv, device=dev) < lens[:, None]  # [N, max_kv]

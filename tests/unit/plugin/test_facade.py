@@ -136,3 +136,41 @@ def test_selection_priority_and_ties():
     assert info.forced
     with pytest.raises(PlatformError, match="same priority"):
         select(found_with(plugin("x", True, 3), plugin("y", True, 3)), None)
+
+
+def test_broken_third_party_plugins_are_recorded_not_fatal(monkeypatch):
+    """A plugin whose detection raises, or whose hook matches no hookspec, is reported with its
+    reason and left out; k3 keeps working."""
+    import types
+
+    import k3.plugin.manager as manager
+
+    raising = types.ModuleType("raising_plugin")
+    raising.K3_HOOKSPEC_VERSIONS = (1,)
+
+    @hookimpl
+    def k3_detect_platform():
+        raise RuntimeError("driver exploded")
+
+    raising.k3_detect_platform = k3_detect_platform
+    typo = types.ModuleType("typo_plugin")
+    typo.K3_HOOKSPEC_VERSIONS = (1,)
+
+    @hookimpl
+    def k3_kda_kernel(platform):
+        return None
+
+    typo.k3_kda_kernel = k3_kda_kernel
+
+    class EP:
+        def __init__(self, name, module):
+            self.name, self.module, self.dist = name, module, None
+
+        def load(self):
+            return self.module
+
+    monkeypatch.setattr(manager, "entry_points", lambda group: [EP("raising", raising), EP("typo", typo)])
+    platform = select_platform()
+    assert platform.name == "reference"
+    assert "detection failed: RuntimeError: driver exploded" in platform.records["raising"].reason
+    assert not platform.records["typo"].registered and "k3_kda_kernel" in platform.records["typo"].reason
