@@ -17,6 +17,7 @@ from k3.cache.block_pool import BlockPool
 from k3.cache.capacity import plan_capacity
 from k3.cache.plan import default_block_size, row_layout
 from k3.cache.pool import CachePool
+from k3.cache.prefix import PrefixCache
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.engine.stop import StopStringMatcher
@@ -51,6 +52,9 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # CPU: cache memory (default: min(2 GiB, RAM / 8))
     gpu_memory_utilization: float = 0.9
     seed: int = 0                             # seeds the draws of requests without a seed
+    enable_prefix_caching: bool = False
+    prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
+    kda_checkpoint_interval: int = 0          # extra KDA checkpoints every N tokens (0: prompt ends only)
     load_progress: bool = True
 
 
@@ -87,11 +91,20 @@ class LLMEngine:
         cache_len = (num_rows - 1) * block
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
                                  cache_len)
+        self.prefix_cache = None
+        if config.enable_prefix_caching:
+            unit = config.prefix_match_unit or min(64, block)
+            if config.kda_checkpoint_interval % unit:
+                raise ValueError(f"kda_checkpoint_interval ({config.kda_checkpoint_interval}) must be a multiple "
+                                 f"of the prefix-match unit ({unit})")
+            self.prefix_cache = PrefixCache(self.pool, block_size=block, unit=unit,
+                                            needs_checkpoints=bool(cfg.kda_layer_ids))
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len, block_size=block,
-            adaptive_token_limit=self._adaptive_token_limit(cfg)), self.pool)
-        self.runner = ModelRunner(self.model, self.cache.views, block_size=block, device=self.device)
+            adaptive_token_limit=self._adaptive_token_limit(cfg),
+            checkpoint_interval=config.kda_checkpoint_interval), self.pool, self.prefix_cache)
+        self.runner = ModelRunner(self.model, self.cache, block_size=block, device=self.device)
         self.stop_token_ids = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, list[str]] = {}           # parent id -> child request ids (n > 1)
@@ -161,6 +174,19 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def prefix_cache_stats(self) -> dict:
+        """Prefix-cache counters (zeros when it is off) and the rows its checkpoints hold."""
+        cache = self.prefix_cache
+        if cache is None:
+            return {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0,
+                    "prefix_cache_reused_tokens_total": 0, "prefix_cache_checkpoint_rows": 0,
+                    "prefix_cache_checkpoint_bytes": 0, "prefix_cache_rows": 0}
+        return {"prefix_cache_queries_total": cache.stats.queries, "prefix_cache_hits_total": cache.stats.hits,
+                "prefix_cache_reused_tokens_total": cache.stats.reused_tokens,
+                "prefix_cache_checkpoint_rows": cache.num_checkpoint_rows,
+                "prefix_cache_checkpoint_bytes": cache.num_checkpoint_rows * self.layout.row_bytes,
+                "prefix_cache_rows": cache.num_cached_rows}
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:

@@ -36,6 +36,10 @@ class Request:
     stop_reason: str | int | None = None    # the stop string or token id that ended it
     first_token_time: float | None = None
     num_preemptions: int = 0
+    # prefix caching
+    prefix_hit_tokens: int = 0              # tokens reused from the cache at admission
+    prefix_units: int = 0                   # units of this request registered in the cache
+    checkpoint_targets: list[int] = field(default_factory=list)
 
     @property
     def all_token_ids(self) -> list[int]:

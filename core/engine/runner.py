@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.contract import ForwardMetadata
 
 from .sampler import SamplerOutput, SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
@@ -26,6 +26,8 @@ class StepBatch:
 def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatch:
     """ForwardMetadata of a scheduled step (logits only for requests that complete)."""
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
+    max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
+    ckpt_pos, ckpt_rows = [], []
     max_rows = max(len(s.request.rows) for s in out.scheduled)
     table = []
     for i, s in enumerate(out.scheduled):
@@ -38,6 +40,9 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         lens.append(len(tokens))
         context.append(start)
         table.append(r.rows + [r.rows[-1]] * (max_rows - len(r.rows)))    # pad with a valid row
+        pad = max_ckpt - len(s.checkpoints)
+        ckpt_pos.append([p for p, _ in s.checkpoints] + [-1] * pad)
+        ckpt_rows.append([row for _, row in s.checkpoints] + [r.state_row] * pad)
         if s.completes:
             logits_at.append(len(ids) - 1)
             sample_rows.append(i)
@@ -54,6 +59,9 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         logits_indices=torch.tensor(logits_at, dtype=torch.long, device=device),
         max_q_len=max(lens),
     )
+    if max_ckpt:
+        meta.checkpoint_positions = torch.tensor(ckpt_pos, dtype=torch.long, device=device)
+        meta.checkpoint_state_indices = torch.tensor(ckpt_rows, dtype=torch.long, device=device)
     return StepBatch(meta=meta, sample_rows=sample_rows)
 
 
@@ -98,13 +106,17 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
 
 
 class ModelRunner:
-    """Runs scheduled steps on one rank's model and cache views (rank 0 also samples)."""
+    """Runs scheduled steps on one rank's model and cache (rank 0 also samples)."""
 
-    def __init__(self, model, views: CacheViews, *, block_size: int, device):
-        self.model, self.views, self.block_size, self.device = model, views, block_size, device
+    def __init__(self, model, cache, *, block_size: int, device):
+        self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
 
-    def forward(self, meta: ForwardMetadata):
-        return self.model(meta, self.views)
+    def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
+        """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
+        blocks), then run the model."""
+        for src, dst in row_copies:
+            self.cache.copy_row(src, dst)
+        return self.model(meta, self.cache.views)
 
     def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None) -> tuple[list[int], SamplerOutput | None]:
         """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples).
@@ -114,8 +126,8 @@ class ModelRunner:
         """
         step = build_metadata(out, block_size=self.block_size, device=self.device)
         if broadcast is not None:
-            broadcast(step.meta)
-        logits = self.forward(step.meta).logits
+            broadcast(step.meta, out.row_copies)
+        logits = self.forward(step.meta, out.row_copies).logits
         if not step.sample_rows:
             return [], None
         sampling = build_sampling(out, step.sample_rows, vocab_size=logits.shape[1], device=self.device)

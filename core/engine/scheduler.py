@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from k3.cache.block_pool import BlockPool
+from k3.cache.prefix import PrefixCache
 
 from .request import Request, RequestStatus
 
@@ -30,12 +31,14 @@ class SchedulerConfig:
     block_size: int
     adaptive_max_requests: int = 2
     adaptive_token_limit: int = 0        # 0: no adaptive budget
+    checkpoint_interval: int = 0         # prefix caching: extra KDA checkpoints every N tokens (0: none)
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
     num_new_tokens: int                  # tokens this step computes for it
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)   # (position, state row) to save
 
     @property
     def completes(self) -> bool:
@@ -47,6 +50,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    row_copies: list[tuple[int, int]] = field(default_factory=list)    # (src, dst) before the forward
 
     @property
     def num_tokens(self) -> int:
@@ -54,8 +58,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool):
-        self.config, self.pool = config, pool
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, prefix_cache: PrefixCache | None = None):
+        self.config, self.pool, self.prefix_cache = config, pool, prefix_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -87,11 +91,19 @@ class Scheduler:
     def _rows_needed(self, request: Request, num_new: int) -> int:
         return math.ceil((request.num_computed_tokens + num_new) / self.config.block_size) - len(request.rows)
 
+    def _allocate(self, n: int) -> list[int] | None:
+        """n rows, evicting cached prefixes when the pool is short."""
+        rows = self.pool.allocate(n)
+        if rows is None and self.prefix_cache is not None:
+            self.prefix_cache.evict(n - self.pool.num_free)
+            rows = self.pool.allocate(n)
+        return rows
+
     def _grow(self, request: Request, num_new: int) -> bool:
         need = self._rows_needed(request, num_new) + (1 if request.state_row is None else 0)
         if need <= 0:
             return True
-        rows = self.pool.allocate(need)
+        rows = self._allocate(need)
         if rows is None:
             return False
         if request.state_row is None:
@@ -103,6 +115,7 @@ class Scheduler:
         self.running.remove(request)
         self.release(request)
         request.status, request.num_computed_tokens = RequestStatus.WAITING, 0
+        request.prefix_hit_tokens = request.prefix_units = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -130,17 +143,91 @@ class Scheduler:
                 budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not out.preempted:
             request = self.waiting[0]
+            if self.prefix_cache is not None and request.num_computed_tokens == 0 and request.state_row is None:
+                self._reuse_prefix(request, out)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if not self._grow(request, num_new):
+                self._undo_prefix(request, out)
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
+        if self.prefix_cache is not None:
+            for s in out.scheduled:
+                s.checkpoints = self._plan_checkpoints(s.request, s.num_new_tokens)
         return out
 
+    # ----------------------------------------------------------------- prefix caching
+    def _reuse_prefix(self, request: Request, out: SchedulerOutput) -> None:
+        """Start a request from its longest cached prefix: share the full rows read-only, copy
+        the partly used last row and the KDA checkpoint into rows of its own."""
+        cache = self.prefix_cache
+        tokens = request.all_token_ids
+        request.checkpoint_targets = self._checkpoint_targets(len(tokens))
+        hit = cache.lookup(tokens)
+        if hit.tokens == 0:
+            return
+        full, partial = hit.tokens // self.config.block_size, hit.tokens % self.config.block_size != 0
+        self.pool.incref(hit.rows[:full])
+        own = self._allocate(1 + partial)
+        if own is None:
+            self.pool.free(hit.rows[:full])
+            return
+        request.rows = hit.rows[:full]
+        request.state_row = own[0]
+        if hit.checkpoint_row is not None:
+            out.row_copies.append((hit.checkpoint_row, own[0]))
+        if partial:
+            request.rows.append(own[1])
+            out.row_copies.append((hit.rows[full], own[1]))
+        request.num_computed_tokens = request.prefix_hit_tokens = hit.tokens
+        request.prefix_units = hit.tokens // cache.unit
+        request.checkpoint_targets = [p for p in request.checkpoint_targets if p > hit.tokens]
+
+    def _undo_prefix(self, request: Request, out: SchedulerOutput) -> None:
+        """A request that could not be admitted gives its prefix rows back (it retries later)."""
+        if request.prefix_hit_tokens:
+            out.row_copies = [c for c in out.row_copies if c[1] not in request.rows + [request.state_row]]
+            self.release(request)
+            request.num_computed_tokens = request.prefix_hit_tokens = 0
+
+    def _checkpoint_targets(self, num_tokens: int) -> list[int]:
+        """KDA checkpoint positions of a prompt: its last full unit before the last token
+        (floor((len - 1) / unit) * unit), plus every `checkpoint_interval` tokens."""
+        unit = self.prefix_cache.unit
+        last = (num_tokens - 1) // unit * unit
+        targets = {last} if last > 0 else set()
+        interval = self.config.checkpoint_interval
+        if interval:
+            targets |= set(range(interval, last + 1, interval))
+        return sorted(targets)
+
+    def _plan_checkpoints(self, request: Request, num_new: int) -> list[tuple[int, int]]:
+        """State rows for the checkpoints that fall inside this step's tokens (skipped when
+        the pool is short: a checkpoint is an optimisation)."""
+        if not self.prefix_cache.needs_checkpoints:
+            return []
+        start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
+        plan = []
+        for pos in [p for p in request.checkpoint_targets if start < p <= end]:
+            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos):
+                continue
+            rows = self.pool.allocate(1)
+            if rows is not None:
+                plan.append((pos, rows[0]))
+        return plan
+
     def commit(self, out: SchedulerOutput) -> None:
-        """After the forward: the scheduled tokens are in the cache."""
+        """After the forward: the scheduled tokens are in the cache (and, with prefix caching,
+        their full units and checkpoints are registered)."""
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            if self.prefix_cache is None:
+                continue
+            tokens = r.all_token_ids
+            r.prefix_units = self.prefix_cache.register(tokens, r.rows, r.num_computed_tokens, r.prefix_units)
+            for pos, row in s.checkpoints:
+                self.prefix_cache.add_checkpoint(tokens, pos, row)

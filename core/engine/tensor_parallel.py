@@ -26,33 +26,43 @@ from .engine import EngineConfig, LLMEngine
 
 _STEP, _STOP = 1, 0
 _FIELDS = ("input_ids", "positions", "cu_seqlens", "context_lens", "slot_mapping", "state_indices", "logits_indices")
+_HEADER = 9
 
 
-def _send(meta: ForwardMetadata | None, device) -> None:
+def _send(meta: ForwardMetadata | None, device, row_copies=()) -> None:
+    """Rank 0: the step's metadata and row copies to every other rank (None: stop)."""
     if meta is None:
-        dist.broadcast(torch.tensor([_STOP, 0, 0, 0, 0, 0, 0], device=device), src=0)
+        dist.broadcast(torch.zeros(_HEADER, dtype=torch.long, device=device), src=0)
         return
     n, pages = meta.block_table.shape
-    header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], 0],
-                          device=device)
+    c = 0 if meta.checkpoint_positions is None else meta.checkpoint_positions.shape[1]
+    header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
+                           len(row_copies), 0], device=device)
     dist.broadcast(header, src=0)
-    payload = torch.cat([getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()])
-    dist.broadcast(payload.to(device), src=0)
+    parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
+    if c:
+        parts += [meta.checkpoint_positions.flatten(), meta.checkpoint_state_indices.flatten()]
+    parts.append(torch.tensor([x for pair in row_copies for x in pair], dtype=torch.long, device=device))
+    dist.broadcast(torch.cat([p.to(device) for p in parts]), src=0)
 
 
-def _receive(device) -> ForwardMetadata | None:
-    header = torch.empty(7, dtype=torch.long, device=device)
+def _receive(device) -> tuple[ForwardMetadata, list[tuple[int, int]]] | None:
+    header = torch.empty(_HEADER, dtype=torch.long, device=device)
     dist.broadcast(header, src=0)
-    cmd, max_q_len, t, n, pages, m, _ = header.tolist()
+    cmd, max_q_len, t, n, pages, m, c, copies, _ = header.tolist()
     if cmd == _STOP:
         return None
-    sizes = [t, t, n + 1, n, t, n, m, n * pages]
+    sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies]
     payload = torch.empty(sum(sizes), dtype=torch.long, device=device)
     dist.broadcast(payload, src=0)
     parts = payload.split(sizes)
-    fields = dict(zip(_FIELDS, parts[:-1]))
+    fields = dict(zip(_FIELDS, parts[:7]))
     fields["cu_seqlens"] = fields["cu_seqlens"].int()
-    return ForwardMetadata(block_table=parts[-1].view(n, pages).int(), max_q_len=max_q_len, **fields)
+    meta = ForwardMetadata(block_table=parts[7].view(n, pages).int(), max_q_len=max_q_len, **fields)
+    if c:
+        meta.checkpoint_positions, meta.checkpoint_state_indices = parts[8].view(n, c), parts[9].view(n, c)
+    pairs = parts[10].tolist()
+    return meta, list(zip(pairs[0::2], pairs[1::2]))
 
 
 def _init(rank: int, world: int, init_file: str, config: EngineConfig):
@@ -70,8 +80,8 @@ def _init(rank: int, world: int, init_file: str, config: EngineConfig):
 
 def _worker(rank: int, world: int, init_file: str, config: EngineConfig) -> None:
     engine = _init(rank, world, init_file, config)
-    while (meta := _receive(engine.device)) is not None:
-        engine.runner.forward(meta)
+    while (step := _receive(engine.device)) is not None:
+        engine.runner.forward(*step)
     dist.destroy_process_group()
 
 
@@ -89,7 +99,7 @@ def start_tensor_parallel(config: EngineConfig) -> LLMEngine:
         for p in procs:
             p.kill()
         raise
-    engine.broadcast = lambda meta: _send(meta, engine.device)
+    engine.broadcast = lambda meta, row_copies: _send(meta, engine.device, row_copies)
 
     def shutdown():
         if not dist.is_initialized():

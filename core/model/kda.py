@@ -98,12 +98,13 @@ class KDAMixer(K3Module):
         # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
         # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
         decode = meta.max_q_len == 1
-        checkpoints = None if decode else checkpoint_offsets(meta)
-        emit = {} if checkpoints is None else {"checkpoint_offsets": checkpoints[0]}
+        checkpoints = checkpoint_offsets(meta)
+        emit = {} if checkpoints is None or decode else {"checkpoint_offsets": checkpoints[0]}
         if per_position_states and checkpoints is not None:
             raise NotImplementedError("KDA checkpoints are emitted on the chunked path, not with per-position states")
         if decode:
             y, conv_out = k.kda.short_conv(qkv.unsqueeze(1), conv_w, conv_state=conv_in)   # [N, 1, 3P]
+            conv_ckpts = [] if checkpoints is None else [[conv_in, conv_out]]          # offsets 0 and 1
         else:
             y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in,
                                                          cu_seqlens=cu, **emit)
@@ -125,15 +126,22 @@ class KDAMixer(K3Module):
             states = states.reshape(t, *states.shape[2:])
         elif decode:
             o, s1 = k.kda.recurrent(*args, initial_state=s0)
+            state_ckpts = [] if checkpoints is None else [[s0, s1]]
         else:
             o, s1, *state_ckpts = k.kda.chunked(*args, initial_state=s0, **varlen, **emit)
         view.recurrent[rows] = s1.to(view.recurrent.dtype)
         if checkpoints is not None:     # prefix caching: states at unit boundaries, same pass
-            _, valid, dest = checkpoints
+            offsets, valid, dest = checkpoints
             for c in range(valid.shape[1]):
                 keep = valid[:, c]
-                view.recurrent[dest[keep, c]] = state_ckpts[0][c][keep].to(view.recurrent.dtype)
-                view.conv[dest[keep, c]] = conv_ckpts[0][c][keep]
+                if decode:              # a one-token step: offset 0 is the state before it, 1 after
+                    pick = offsets[:, c] == 1
+                    state = torch.where(pick[:, None, None, None], s1, s0)
+                    conv = torch.where(pick[:, None, None], conv_out, conv_in)
+                else:
+                    state, conv = state_ckpts[0][c], conv_ckpts[0][c]
+                view.recurrent[dest[keep, c]] = state[keep].to(view.recurrent.dtype)
+                view.conv[dest[keep, c]] = conv[keep]
         o = o.reshape(t, hl, hd)
 
         gate = self.output_gate(x).view(t, hl, hd)
