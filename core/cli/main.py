@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checkpoint, generate, info, plan, plugins
+from . import checkpoint, conformance, generate, info, plan, plugins
 from .common import CliError, fail
 
 # (module, help) per subcommand; a module provides add_arguments(parser) and run(args) -> int.
@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "generate": (generate, "generate text for one prompt or chat turn on the CPU reference path"),
     "plan": (plan, "the packed cache plan and its capacity for a memory budget"),
     "plugins": (plugins, "plugins, platforms, kernel providers"),
+    "conformance": (conformance, "check a platform against the reference"),
 }
 
 

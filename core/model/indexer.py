@@ -53,12 +53,13 @@ class DSAIndexer(K3Module):
             n, pages = meta.block_table.shape
             page = view.values.shape[1]
             rows = meta.block_table.long()
-            keys = k.dequantize_keys(view.values[rows].reshape(n * pages * page, dim),
-                                     view.scales[rows].reshape(n * pages * page), fmt=view.fmt)
+            keys = k.dequantize_keys(view.values[rows].reshape(n * pages * page, -1),
+                                     view.scales[rows].reshape(n * pages * page, *view.scales.shape[2:]),
+                                     fmt=view.fmt, dtype=compute_dtype(x))
             scores = k.decode_scores(q, head_weights, keys.view(n, pages * page, dim), meta.seq_lens)
             return k.topk(scores, topk=cfg.index_topk)
         key_values, cu_kv = gather_sequences(view.values, meta.block_table, meta.seq_lens)
         key_scales, _ = gather_sequences(view.scales, meta.block_table, meta.seq_lens)
-        keys = k.dequantize_keys(key_values, key_scales, fmt=view.fmt)
+        keys = k.dequantize_keys(key_values, key_scales, fmt=view.fmt, dtype=compute_dtype(x))
         scores = k.scores(q, head_weights, keys, cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv)
         return k.topk(scores, topk=cfg.index_topk)

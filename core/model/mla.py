@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
+from k3.dtypes import compute_dtype
 from k3.plugin.contract import CacheViews, ForwardMetadata
 from k3.plugin.types import KernelSet
 
@@ -91,6 +92,7 @@ class MLAMixer(K3Module):
                               qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)
         o = o.reshape(t, hl * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
-            gate = torch.sigmoid(F.linear(x, self.g_proj).float())
-            o = (o.float() * gate).to(x.dtype)
+            cd = compute_dtype(x)             # fp32, fp64 for a float64 model
+            gate = torch.sigmoid(F.linear(x, self.g_proj).to(cd))
+            o = (o.to(cd) * gate).to(x.dtype)
         return self.parallel.all_reduce(F.linear(o, self.o_proj))

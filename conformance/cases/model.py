@@ -1,0 +1,123 @@
+"""The end-to-end model: the platform's kernels (`Platform.build_model`, the loader,
+`k3_process_weights`) against the reference kernels, on tiny random checkpoints made on the fly.
+
+- model.greedy: three requests of different lengths (one longer than K3.1 Pro tiny's DSA
+  top-16) generate greedily with the reference kernels (whole-prompt prefill, one batch); the
+  platform model is fed the same tokens with chunked prefill (7 tokens a call, mixed with
+  decode steps), other state rows and a different page shuffle, and its argmax must equal the
+  reference token at every step where the reference's top-1 / top-2 logit gap exceeds the
+  dtype's margin (the first divergence is named). The reference runs in the same dtype as
+  the platform: in float64 it is the oracle and the margin is ~0, so tokens must be equal; in
+  bf16 both models round at the same points and only kernel numerics differ. (Against a
+  float64 reference, bf16 tiny models flip tokens at gaps up to ~4 logits: random routers
+  have near-ties that bf16 rounding flips. Within one dtype, measured flips stayed below 1.7.)
+- model.batch_invariance: a request's tokens and logits alone equal those it gets in a batch
+  with two other requests (other slots, other pages), within the same margins.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from k3.checkpoint.loader import load_checkpoint
+from k3.config import K3Config
+from k3.model import K3ForCausalLM
+
+from .. import compare as cmp
+from ..driver import Request, prompts, run, tiny_checkpoint, top2_gap
+from ..inputs import TORCH_DTYPES
+from ..registry import Case, Sample, Tolerance, register
+
+PRESETS = ("k3-tiny", "k3.1-pro-tiny", "kimi-linear-tiny")
+STEPS, CHUNK, LENGTHS = 8, 7, [24, 9, 40]
+# a step is compared when the reference's top-1 / top-2 logit gap exceeds this (logit std ~ 8)
+MARGINS = {"float64": 1e-6, "float32": 0.5, "bfloat16": 2.0}
+# logits: the oracle in float64; a guard against garbage in the rounding dtypes (tokens decide)
+LOGIT_TOL = {"float64": Tolerance(1e-8, 1e-9), "float32": Tolerance(0.25, 0.5), "bfloat16": Tolerance(0.5, 1.0)}
+
+
+def _platform_model(ctx, preset: str, dtype: torch.dtype):
+    key = ("platform-model", preset, dtype)
+    if key not in ctx.cache:
+        path = tiny_checkpoint(ctx.workdir, preset)
+        model = ctx.platform.build_model(K3Config.from_pretrained(path), dtype=dtype)
+        load_checkpoint(model, path, progress=False)
+        ctx.platform.process_weights(model)
+        ctx.cache[key] = model
+    return ctx.cache[key]
+
+
+def _reference_traces(ctx, preset: str, dtype: torch.dtype, seed: int):
+    key = ("reference-traces", preset, dtype, seed)
+    if key not in ctx.cache:
+        path = tiny_checkpoint(ctx.workdir, preset)
+        model = K3ForCausalLM(K3Config.from_pretrained(path), dtype=dtype)
+        load_checkpoint(model, path, progress=False)
+        ctx.cache[key] = run(model, [Request(p) for p in prompts(seed, LENGTHS)], steps=STEPS, chunk=None,
+                             slots=[0, 1, 2], seed=seed)
+    return ctx.cache[key]
+
+
+def compare_tokens(name: str, got: list, want: list, margin: float) -> tuple[cmp.OutputResult, str]:
+    """got / want: Traces per request; want's logits give the gaps. Returns the result and a note."""
+    compared = near_ties = diverged = 0
+    first = ""
+    for r, (g, w) in enumerate(zip(got, want)):
+        gaps = top2_gap(w.stacked())
+        for step, (token, logits) in enumerate(zip(w.tokens, g.logits)):
+            if gaps[step] <= margin:
+                near_ties += 1
+                continue
+            compared += 1
+            mine = int(logits.argmax())
+            if mine != token:
+                diverged += 1
+                first = first or (f"request {r} step {step}: platform token {mine} != reference {token} "
+                                  f"(reference gap {gaps[step]:.3g} > margin {margin:g})")
+    note = f"{name}: compared {compared} steps, {near_ties} near-tie step(s) (gap <= {margin:g}) not compared"
+    result = cmp.OutputResult(name, "tokens", diverged == 0, diverged / max(compared, 1), None,
+                              Tolerance(0.0, 0.0), first)
+    return result, note
+
+
+def _logits(traces) -> torch.Tensor:
+    return torch.cat([t.stacked() for t in traces])
+
+
+def _greedy(ctx, item):
+    preset, dtype, seed = item.sample.params["preset"], TORCH_DTYPES[item.dtype], item.seed % 1000
+    want = _reference_traces(ctx, preset, dtype, seed)
+    model = _platform_model(ctx, preset, dtype)
+    requests = [Request(p, forced=t.tokens) for p, t in zip(prompts(seed, LENGTHS), want)]
+    got = run(model, requests, steps=STEPS, chunk=CHUNK, slots=[2, 0, 1], device=ctx.device, seed=seed + 1)
+    tokens, note = compare_tokens("tokens", got, want, MARGINS[item.dtype])
+    logits = cmp.close("logits", _logits(got), _logits(want), LOGIT_TOL[item.dtype])
+    return cmp.Outcome([tokens, logits], [note])
+
+
+def _batch_invariance(ctx, item):
+    preset, dtype, seed = item.sample.params["preset"], TORCH_DTYPES[item.dtype], item.seed % 1000
+    model = _platform_model(ctx, preset, dtype)
+    a, b, c = prompts(seed, LENGTHS)
+    alone = run(model, [Request(a)], steps=STEPS, chunk=CHUNK, slots=[0], device=ctx.device, seed=seed)
+    batch = run(model, [Request(b), Request(a, forced=alone[0].tokens), Request(c)], steps=STEPS, chunk=CHUNK,
+                slots=[3, 1, 0], device=ctx.device, seed=seed + 1)
+    tokens, note = compare_tokens("tokens", [batch[1]], alone, MARGINS[item.dtype])
+    logits = cmp.close("logits", batch[1].stacked(), alone[0].stacked(), LOGIT_TOL[item.dtype])
+    return cmp.Outcome([tokens, logits], [note])
+
+
+def _samples():
+    return tuple(Sample(f"{p}_prompts{'-'.join(map(str, LENGTHS))}_chunk{CHUNK}_gen{STEPS}", params={"preset": p})
+                 for p in PRESETS)
+
+
+register(Case(
+    "model.greedy", "model", "model.greedy", run=_greedy, dtypes=("float64", "float32", "bfloat16"),
+    smoke_dtype="float32", samples=_samples(),
+    doc="Greedy tokens of the platform's kernels equal the reference kernels' (chunked prefill)."))
+
+register(Case(
+    "model.batch_invariance", "model", "model.batch_invariance", run=_batch_invariance,
+    dtypes=("float64", "float32", "bfloat16"), smoke_dtype="float32", samples=_samples(),
+    doc="A request's greedy tokens do not change with its batch company."))

@@ -1,0 +1,107 @@
+"""Driving a whole model like an engine for the end-to-end cases: batched requests, chunked
+prefill mixed with decode steps, greedy or teacher-forced continuations, shuffled pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from k3.checkpoint.random_init import random_checkpoint
+from k3.checkpoint.writer import write_checkpoint
+from k3.config import K3Config
+from k3.plugin.contract import ForwardMetadata
+
+from .inputs import poison_freed_memory
+
+PAGE_SIZE = 16
+
+
+@dataclass
+class Request:
+    """prompt token ids; forced: the continuation to feed (teacher forcing), None = greedy."""
+
+    prompt: list[int]
+    forced: list[int] | None = None
+
+
+@dataclass
+class Trace:
+    """What one request saw: its generated tokens and the logits [steps, V] (float64, CPU) each
+    was chosen from."""
+
+    tokens: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+    def stacked(self) -> torch.Tensor:
+        return torch.stack(self.logits)
+
+
+def tiny_checkpoint(workdir: Path, preset: str, seed: int = 0) -> Path:
+    """A random checkpoint of a tiny preset, written once per directory."""
+    out = Path(workdir) / f"{preset}-seed{seed}"
+    if not (out / "config.json").exists():
+        cfg = K3Config.preset(preset)
+        write_checkpoint(out, cfg, random_checkpoint(cfg, seed=seed), max_shard_bytes=256 * 1024)
+    return out
+
+
+def prompts(seed: int, lengths: list[int], vocab: int = 384) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots: list[int], device="cpu",
+        seed: int = 0) -> list[Trace]:
+    """Generate `steps` tokens for every request, all in one batch.
+
+    Each call feeds every unfinished request either its next prompt chunk (`chunk` tokens;
+    None: the whole prompt) or its last token, so prefill chunks and decode steps share
+    batches; a call where every request decodes is a pure decode step. Requests use state row
+    slots[i] and pages from a seeded shuffle of the pool.
+    """
+    n = len(requests)
+    pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
+    rows = max(slots) + 1
+    cache = model.allocate_cache(num_state_rows=rows, num_pages=rows * pages_each, page_size=PAGE_SIZE, device=device)
+    perm = torch.randperm(rows * pages_each, generator=torch.Generator().manual_seed(seed))
+    table = perm.view(rows, pages_each).to(torch.int32)
+    fed = [0] * n                                       # prompt tokens fed so far
+    traces = [Trace() for _ in range(n)]
+    while True:
+        active = [i for i in range(n) if len(traces[i].tokens) < steps]
+        if not active:
+            return traces
+        pieces, context = [], []
+        for i in active:
+            prompt = requests[i].prompt
+            if fed[i] < len(prompt):
+                take = len(prompt) - fed[i] if chunk is None else min(chunk, len(prompt) - fed[i])
+                pieces.append(prompt[fed[i]: fed[i] + take])
+            else:
+                pieces.append([traces[i].tokens[-1]])
+            context.append(fed[i] + len(traces[i].tokens) - (0 if fed[i] < len(prompt) else 1))
+        meta = ForwardMetadata.build(pieces, context_lens=context, state_indices=[slots[i] for i in active],
+                                     block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
+                                     device=device)
+        poison_freed_memory(device)
+        with torch.no_grad():
+            logits = model(meta, cache).logits.detach().double().cpu()      # [len(active), V]
+        for row, i in enumerate(active):
+            prompt = requests[i].prompt
+            if fed[i] < len(prompt):
+                fed[i] += len(pieces[row])
+                if fed[i] < len(prompt):
+                    continue                            # mid-prompt chunk: no token yet
+            trace = traces[i]
+            trace.logits.append(logits[row])
+            forced = requests[i].forced
+            trace.tokens.append(forced[len(trace.tokens)] if forced else int(logits[row].argmax()))
+
+
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """[steps] top-1 minus top-2 logit of each row of [steps, V]."""
+    top = logits.topk(2, dim=-1).values
+    return top[:, 0] - top[:, 1]

@@ -1,0 +1,104 @@
+"""Expected failures of a platform: its plugins' conformance.toml files.
+
+    [[xfail]]
+    case = "kda.chunked/ragged3_*"   # glob on the test id "case/shape" (or a bare case name)
+    dtype = "bfloat16"               # optional glob, default "*"
+    reason = "fla-core's chunk kernel needs K >= 32 (issue 123)"   # required
+
+Globs are fnmatch patterns (`*`, `?`, `[seq]`). An entry matching no test of the registry (any
+tier, any dtype) is stale: it is listed in the report and the terminal summary. A file that
+does not parse, an entry without a reason or with an unknown key is an `ExpectationError`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+KEYS = {"case", "dtype", "reason"}
+
+
+class ExpectationError(ValueError):
+    """A conformance.toml that cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One [[xfail]] entry."""
+
+    case: str
+    dtype: str
+    reason: str
+    source: str               # "path/conformance.toml entry 3"
+
+    def matches(self, test_id: str, case_name: str, dtype: str) -> bool:
+        """test_id is "case/shape"; a pattern may name the case alone."""
+        return ((fnmatch.fnmatchcase(test_id, self.case) or fnmatch.fnmatchcase(case_name, self.case))
+                and fnmatch.fnmatchcase(dtype, self.dtype))
+
+    def to_dict(self) -> dict:
+        return {"case": self.case, "dtype": self.dtype, "reason": self.reason, "source": self.source}
+
+
+def parse(text: str, source: str) -> list[Expectation]:
+    """The [[xfail]] entries of one conformance.toml's text."""
+    if tomllib is None:
+        raise ExpectationError(f"{source}: reading conformance.toml on Python 3.10 needs tomli (pip install tomli)")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ExpectationError(f"{source}: not valid TOML: {e}") from None
+    unknown_tables = set(data) - {"xfail"}
+    if unknown_tables:
+        raise ExpectationError(f"{source}: unknown table(s) {sorted(unknown_tables)}; only [[xfail]] entries exist")
+    entries = data.get("xfail", [])
+    if not isinstance(entries, list):
+        raise ExpectationError(f"{source}: xfail must be an array of tables ([[xfail]])")
+    out = []
+    for n, entry in enumerate(entries, 1):
+        where = f"{source} entry {n}"
+        unknown = set(entry) - KEYS
+        if unknown:
+            raise ExpectationError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: case, dtype, reason")
+        if not isinstance(entry.get("case"), str) or not entry["case"].strip():
+            raise ExpectationError(f"{where}: case (a glob on the test id) is required")
+        reason = entry.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ExpectationError(f"{where} ({entry['case']}): reason is required")
+        dtype = entry.get("dtype", "*")
+        if not isinstance(dtype, str) or not dtype.strip():
+            raise ExpectationError(f"{where} ({entry['case']}): dtype must be a non-empty string")
+        out.append(Expectation(entry["case"].strip(), dtype.strip(), reason.strip(), where))
+    return out
+
+
+def load(paths) -> list[Expectation]:
+    """Every entry of every file, in order (a missing file is an error)."""
+    out = []
+    for path in paths:
+        path = Path(path)
+        if not path.is_file():
+            raise ExpectationError(f"{path}: conformance expectations file not found")
+        out += parse(path.read_text(), str(path))
+    return out
+
+
+def first_match(expectations: list[Expectation], item) -> Expectation | None:
+    """The first entry expecting this registry Item to fail."""
+    return next((e for e in expectations if e.matches(item.test_id, item.case.name, item.dtype)), None)
+
+
+def stale(expectations: list[Expectation], all_items) -> list[Expectation]:
+    """Entries matching none of the items (pass every item of every tier and dtype)."""
+    all_items = list(all_items)
+    return [e for e in expectations
+            if not any(e.matches(i.test_id, i.case.name, i.dtype) for i in all_items)]

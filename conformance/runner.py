@@ -1,0 +1,116 @@
+"""Running one test item: the platform's kernel against the float64 oracle.
+
+`run_item` dispatches to the case's own runner (cache views, the model) or to
+`run_kernel_item`, which calls the platform's entry on the platform device with the sample's
+inputs, runs the reference op on the same inputs upcast to float64 (the oracle) and in the
+kernel's dtype (the contract's output dtypes and shapes), and compares every output.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import compare as cmp
+from .inputs import TORCH_DTYPES, Inputs, clone, poison_freed_memory, synchronize, to_cpu, to_device, upcast64
+from .registry import Item
+
+
+@dataclass
+class RunContext:
+    """What runners get: the platform, its device, a scratch directory and a per-session cache
+    (tiny checkpoints, reference runs)."""
+
+    platform: Any
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="k3-conformance-")))
+    cache: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        return self.platform.info.device
+
+
+def resolve_entry(kernels, entry: str):
+    """The platform's callable for "family.entry"."""
+    family, name = entry.split(".", 1)
+    return getattr(getattr(kernels, family), name)
+
+
+def provider(platform, entry: str) -> str:
+    """Which plugin backs a kernel entry (from Platform.kernels.providers)."""
+    return platform.kernels.providers.get(entry, platform.info.plugin)
+
+
+def named_outputs(case, result, inputs: Inputs) -> dict[str, Any]:
+    """The case's outputs: its `outputs` function, else the returned tensor(s) out / out0, out1..."""
+    if case.outputs is not None:
+        return case.outputs(result, inputs.args, inputs.kwargs)
+    if isinstance(result, torch.Tensor):
+        return {"out": result}
+    out: dict[str, Any] = {}
+    for i, value in enumerate(result):
+        if isinstance(value, (list, tuple)):
+            out.update({f"out{i}.{j}": v for j, v in enumerate(value)})
+        else:
+            out[f"out{i}"] = value
+    return out
+
+
+def compare_outputs(item: Item, outs: dict, refs: dict, expected: dict, ref_inputs: Inputs) -> cmp.Outcome:
+    """Every reference output against the kernel's, with the case's and sample's comparators."""
+    case, tol = item.case, item.case.tolerance(item.dtype)
+    outcome = cmp.Outcome()
+    for name, ref in refs.items():
+        spec = item.sample.compare.get(name, case.compare.get(name))
+        if name not in outs:
+            outcome.outputs.append(cmp.OutputResult(name, "missing", False, message="the kernel did not return it"))
+            continue
+        out = outs[name]
+        wrong_dtype = cmp.dtype_check(name, out, expected[name].dtype)
+        if wrong_dtype:
+            outcome.outputs.append(wrong_dtype)
+            continue
+        if spec == "skip":
+            continue
+        if callable(spec):
+            outcome.outputs.append(spec(name, out, ref, tol, ref_inputs))
+        elif spec == "exact" or (spec is None and not ref.is_floating_point()):
+            outcome.outputs.append(cmp.exact(name, out, ref))
+        else:
+            outcome.outputs.append(cmp.close(name, out, ref, tol))
+    return outcome
+
+
+def run_kernel_item(ctx: RunContext, item: Item, inputs: Inputs | None = None) -> cmp.Outcome:
+    """One kernel call on the platform against the oracle (see the module docstring).
+    inputs: the call's inputs on the CPU (default: the sample's `make`)."""
+    case, dtype = item.case, TORCH_DTYPES[item.dtype]
+    if inputs is None:
+        inputs = item.sample.make(torch.Generator().manual_seed(item.seed), dtype)
+    kernel = resolve_entry(ctx.platform.kernels, case.entry)
+
+    dev_inputs = to_device(clone(inputs), ctx.device)
+    poison_freed_memory(ctx.device)
+    result = kernel(*dev_inputs.args, **dev_inputs.kwargs)
+    synchronize(ctx.device)
+    outs = to_cpu(named_outputs(case, result, dev_inputs))
+
+    ref_inputs = upcast64(inputs)
+    refs = named_outputs(case, case.reference(*ref_inputs.args, **ref_inputs.kwargs), ref_inputs)
+    if item.dtype == "float64":
+        expected = refs
+    else:                                   # the contract's dtypes: the reference in the kernel's dtype
+        same = clone(inputs)
+        expected = named_outputs(case, case.reference(*same.args, **same.kwargs), same)
+    return compare_outputs(item, outs, refs, expected, ref_inputs)
+
+
+def run_item(ctx: RunContext, item: Item) -> cmp.Outcome:
+    """Run one item with its case's runner (default: a single kernel call)."""
+    if item.case.run is not None:
+        return item.case.run(ctx, item)
+    return run_kernel_item(ctx, item)
