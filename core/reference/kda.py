@@ -20,7 +20,7 @@ from ..dtypes import compute_dtype, upcast
 from .conv import checkpoint_offsets_per_sequence, sequence_bounds
 from .kda_gate import kda_gate
 
-__all__ = ["kda_gate", "kda_recurrent", "kda_chunked"]
+__all__ = ["kda_gate", "kda_recurrent", "kda_chunked", "kda_rebuild_state"]
 
 
 @dataclass
@@ -94,11 +94,12 @@ def _prepare(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -> _Inputs:
 
 
 def _step(S, q, k, v, g, beta):
-    """One token for n (sequence, head) rows: S [n, HV, K, V]; q, k, g [n, HV, K]; v [n, HV, V]."""
+    """One token for n (sequence, head) rows: S [n, HV, K, V]; q, k, g [n, HV, K]; v [n, HV, V].
+    Returns (S, o, u): the new state, the output and the beta-scaled correction."""
     S = S * torch.exp(g)[..., None]  # decay along the key axis
     u = beta[..., None] * (v - torch.einsum("nhkv,nhk->nhv", S, k))  # [n, HV, V]
     S = S + k[..., None] * u[..., None, :]
-    return S, torch.einsum("nhkv,nhk->nhv", S, q)  # read after the update
+    return S, torch.einsum("nhkv,nhk->nhv", S, q), u  # read after the update
 
 
 def kda_recurrent(
@@ -112,6 +113,7 @@ def kda_recurrent(
     initial_state: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     output_per_position_states: bool = False,
+    output_corrections: bool = False,
 ):
     """Token-serial KDA (the oracle), vectorised over sequences and heads.
 
@@ -120,33 +122,81 @@ def kda_recurrent(
     cu_seqlens: integer [N+1] (B = 1) or None (N = B; then no host synchronisation).
     Computed in fp32 (fp64 if any input is float64). Returns (o [B, T, HV, V] in v.dtype,
     final_state [N, HV, K, V] in the compute dtype); with output_per_position_states also
-    states [B, T, HV, K, V] (compute dtype), the state after each token.
+    states [B, T, HV, K, V] (compute dtype), the state after each token; with
+    output_corrections also u [B, T, HV, V] (compute dtype), each token's beta-scaled
+    delta-rule correction, from which `kda_rebuild_state` rebuilds any prefix's state
+    (RecoverSSM-style speculative rollback). Extra outputs come in this order.
     """
     p = _prepare("kda_recurrent", q, k, v, g, beta, scale, initial_state, cu_seqlens)
     B, T, HV, K, V = p.shape
     S = p.state
     o = p.v.new_empty(B * T, HV, V)
     states = p.v.new_empty(B * T, HV, K, V) if output_per_position_states else None
+    corrections = p.v.new_empty(B * T, HV, V) if output_corrections else None
     if cu_seqlens is None:  # every sequence has T tokens: rows b*T + t, a strided view
         views = [x.view(B, T, *x.shape[1:]) for x in (p.q, p.k, p.v, p.g, p.beta, o)]
         qv, kv, vv, gv, bv, ov = views
         sv = None if states is None else states.view(B, T, HV, K, V)
+        uv = None if corrections is None else corrections.view(B, T, HV, V)
         for t in range(T):
-            S, ov[:, t] = _step(S, qv[:, t], kv[:, t], vv[:, t], gv[:, t], bv[:, t])
+            S, ov[:, t], u = _step(S, qv[:, t], kv[:, t], vv[:, t], gv[:, t], bv[:, t])
             if sv is not None:
                 sv[:, t] = S
+            if uv is not None:
+                uv[:, t] = u
     else:
         lengths = [e - b for b, e in p.bounds]
         for t in range(max(lengths)):
             act = [n for n, length in enumerate(lengths) if length > t]
             seq = torch.tensor(act, device=S.device)
             rows = torch.tensor([p.bounds[n][0] + t for n in act], device=S.device)
-            s, o[rows] = _step(S[seq], p.q[rows], p.k[rows], p.v[rows], p.g[rows], p.beta[rows])
+            s, o[rows], u = _step(S[seq], p.q[rows], p.k[rows], p.v[rows], p.g[rows], p.beta[rows])
             S[seq] = s
             if states is not None:
                 states[rows] = s
+            if corrections is not None:
+                corrections[rows] = u
     out = (o.view(B, T, HV, V).to(v.dtype), S)
-    return out if states is None else (*out, states.view(B, T, HV, K, V))
+    if states is not None:
+        out = (*out, states.view(B, T, HV, K, V))
+    if corrections is not None:
+        out = (*out, corrections.view(B, T, HV, V))
+    return out
+
+
+def kda_rebuild_state(
+    initial_state: torch.Tensor,
+    k: torch.Tensor,
+    g: torch.Tensor,
+    u: torch.Tensor,
+    num_kept: torch.Tensor,
+) -> torch.Tensor:
+    """The state after the first num_kept[n] of L recorded tokens, rebuilt in closed form:
+
+        S_n = diag(e^{G_n}) S_0 + sum_{t < n} diag(e^{G_n - G_t}) k_t u_t^T,  G_t = g_1 + ... + g_t
+
+    initial_state [N, HV, K, V] (the state before the tokens); k [N, L, HV, K] the L2-normalised
+    keys (expanded to the value heads); g [N, L, HV, K] log decays; u [N, L, HV, V] the
+    corrections `kda_recurrent(..., output_corrections=True)` returns; num_kept [N] int in
+    [0, L]. Exact because every kept correction was computed along the same trajectory
+    (speculative decoding: rebuild the state at the accepted length, RecoverSSM). No host
+    synchronisation. Returns [N, HV, K, V] in the compute dtype (fp32, fp64 for float64).
+    """
+    if k.dim() != 4 or g.shape != k.shape or u.shape[:3] != k.shape[:3] or initial_state.dim() != 4:
+        raise ValueError(f"kda_rebuild_state: k, g [N, L, HV, K], u [N, L, HV, V] and initial_state "
+                         f"[N, HV, K, V] expected, got {tuple(k.shape)}, {tuple(g.shape)}, {tuple(u.shape)}, "
+                         f"{tuple(initial_state.shape)}")
+    cd = compute_dtype(initial_state, k, g, u)
+    s0, kk, gg, uu = (upcast(x, cd) for x in (initial_state, k, g, u))
+    n, length = k.shape[:2]
+    G = gg.cumsum(1)                                                     # [N, L, HV, K] inclusive
+    kept = num_kept.to(k.device).long()
+    last = (kept - 1).clamp(min=0)
+    Gn = G.gather(1, last[:, None, None, None].expand(n, 1, *G.shape[2:]))[:, 0]     # [N, HV, K]
+    Gn = torch.where((kept > 0)[:, None, None], Gn, torch.zeros_like(Gn))
+    live = torch.arange(length, device=k.device)[None, :] < kept[:, None]             # [N, L]
+    decay = torch.exp((Gn[:, None] - G).masked_fill(~live[:, :, None, None], float("-inf")))  # 0 when dropped
+    return torch.exp(Gn)[..., None] * s0 + torch.einsum("nlhk,nlhv->nhkv", decay * kk, uu)
 
 
 def _chunk(S0, q, k, v, g, beta):

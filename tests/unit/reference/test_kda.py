@@ -307,3 +307,27 @@ def test_bad_options_raise():
     for lb in (-6.0, 0.0):
         with pytest.raises(ValueError, match=r"lower_bound must be in \[-5, 0\)"):
             kda_gate(f, torch.zeros(2), lower_bound=lb)
+
+
+def test_rebuild_state_from_corrections_equals_per_position_states():
+    """RecoverSSM-style rollback: the closed-form rebuild from recorded corrections equals the
+    recurrence's per-position states at every kept length (0 = the initial state)."""
+    from k3.reference import kda_rebuild_state
+
+    g_ = torch.Generator().manual_seed(11)
+    n, length, h, hv, d = 3, 6, 2, 4, 8
+    q = l2_norm(torch.randn(n, length, h, d, generator=g_, dtype=torch.float64))
+    k = l2_norm(torch.randn(n, length, h, d, generator=g_, dtype=torch.float64))
+    v = torch.randn(n, length, hv, d, generator=g_, dtype=torch.float64)
+    g = -5 * torch.rand(n, length, hv, d, generator=g_, dtype=torch.float64)
+    beta = torch.rand(n, length, hv, generator=g_, dtype=torch.float64)
+    s0 = torch.randn(n, hv, d, d, generator=g_, dtype=torch.float64)
+    _, final, states, u = kda_recurrent(q, k, v, g, beta, initial_state=s0, output_per_position_states=True,
+                                        output_corrections=True)
+    k_hv = k.repeat_interleave(hv // h, dim=2)
+    for kept in ([0, 0, 0], [1, 3, 6], [6, 2, 4]):
+        rebuilt = kda_rebuild_state(s0, k_hv, g, u, torch.tensor(kept))
+        for i, m in enumerate(kept):
+            expected = s0[i] if m == 0 else states[i, m - 1]
+            torch.testing.assert_close(rebuilt[i], expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(kda_rebuild_state(s0, k_hv, g, u, torch.full((n,), length)), final, rtol=0, atol=1e-12)
