@@ -140,3 +140,23 @@ register(Case(
                _kda(batch=(2, 3), h=1, hv=2, k=32, v=16, init=False, per_position=True)),
     ),
     doc="Token-serial KDA (decode, speculative verify with per-position states)."))
+
+
+def _rebuild(*, n, length, hv, k, v, kept):
+    def make(g, dtype):
+        sd = state_dtype(dtype)
+        keys = l2_normalised(g, (n, length, hv, k), sd)
+        decays = uniform(g, (n, length, hv, k), -5.0, 0.0, sd)
+        corrections = randn(g, (n, length, hv, v), sd, 0.5)
+        return Inputs((randn(g, (n, hv, k, v), sd, 0.5), keys, decays, corrections,
+                       torch.tensor(kept, dtype=torch.int64)))
+    return make
+
+
+register(Case(
+    "kda.rebuild_state", "kda", "kda.rebuild_state", reference=ref.kda_rebuild_state,
+    samples=(
+        Sample("N4_L8_HV2_K16_V32_kept0-1-5-8", _rebuild(n=4, length=8, hv=2, k=16, v=32, kept=[0, 1, 5, 8])),
+        Sample("N2_L3_HV2_K128_V128_kept3-2", _rebuild(n=2, length=3, hv=2, k=128, v=128, kept=[3, 2])),
+    ),
+    doc="Closed-form KDA state after the first kept of L recorded tokens (speculative rollback)."))

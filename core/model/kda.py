@@ -16,6 +16,7 @@ from k3.config import K3Config
 from k3.plugin.contract import CacheViews, ForwardMetadata
 from k3.plugin.types import KernelSet
 
+from .kda_verify import commit_records, is_verify, verify
 from .module import K3Module
 from .parallel import ParallelContext
 
@@ -95,6 +96,26 @@ class KDAMixer(K3Module):
         conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
         s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
+        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
+        g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
+                       lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
+        beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
+        if is_verify(meta):
+            o, states = verify(self, meta, cache, qkv, conv_w, conv_in, s0, g, beta)
+        else:
+            o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, per_position_states)
+        gate = self.output_gate(x).view(t, hl, hd)
+        o = k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
+        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+
+    def heads(self, y: torch.Tensor):
+        """Conv output [.., 3P] -> L2-normalised q, k and v, each [T, H_local, K]."""
+        q, kk, v = y.reshape(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        return self.kernels.elementwise.l2_norm(q), self.kernels.elementwise.l2_norm(kk), v
+
+    def _recur(self, meta, view, qkv, conv_w, conv_in, s0, g, beta, per_position_states):
+        """Decode and prefill (with prefix-cache checkpoints): returns (o [T, H, V], states)."""
+        k, rows, cu, t = self.kernels, meta.state_indices, meta.cu_seqlens, qkv.shape[0]
         # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
         # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
         decode = meta.max_q_len == 1
@@ -109,14 +130,7 @@ class KDAMixer(K3Module):
             y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in,
                                                          cu_seqlens=cu, **emit)
         view.conv[rows] = conv_out
-        q, kk, v = y.reshape(t, 3, hl, hd).unbind(1)                             # [T, H, K] each
-        q, kk = k.elementwise.l2_norm(q), k.elementwise.l2_norm(kk)
-
-        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
-        g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
-                       lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
-        beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
-
+        q, kk, v = self.heads(y)
         shape = (t, 1) if decode else (1, t)                                     # [B, T] of the op
         args = tuple(z.reshape(*shape, *z.shape[1:]) for z in (q, kk, v, g, beta))
         varlen = {} if decode else {"cu_seqlens": cu}
@@ -142,8 +156,10 @@ class KDAMixer(K3Module):
                     state, conv = state_ckpts[0][c], conv_ckpts[0][c]
                 view.recurrent[dest[keep, c]] = state[keep].to(view.recurrent.dtype)
                 view.conv[dest[keep, c]] = conv[keep]
-        o = o.reshape(t, hl, hd)
+        return o.reshape(t, self.num_heads, self.head_dim), states
 
-        gate = self.output_gate(x).view(t, hl, hd)
-        o = k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
-        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+    def commit_records(self, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor,
+                       kept: torch.Tensor) -> None:
+        """Rollback "recover": rebuild the running state rows after `kept` verified tokens from
+        the records of `slots` (see k3.model.kda_verify)."""
+        commit_records(self, cache, slots, rows, kept)

@@ -162,6 +162,31 @@ class K3ForCausalLM(K3Module):
         out.logits = self.compute_logits(out.hidden_states[meta.logits_indices])
         return out
 
+    def commit_speculation(self, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor,
+                           kept: torch.Tensor) -> None:
+        """Rollback "recover": every KDA layer's running rows after `kept` verified tokens."""
+        for layer in self.model.layers:
+            if layer.is_kda:
+                layer.self_attn.commit_records(cache, slots, rows, kept)
+
+    def allocate_records(self, *, slots: int, tokens: int, device=None) -> list:
+        """Record buffers of the "recover" rollback: per KDA layer, `slots` x `tokens`."""
+        from k3.plugin.contract import KDARecordView
+
+        la = self.cfg.linear_attn
+        if la is None:
+            return []
+        hl = self.parallel.shard(la.num_heads, "linear_attn_config.num_heads")[1]
+        cd = torch.float64 if self.dtype == torch.float64 else torch.float32
+        d = la.head_dim
+        out = []
+        for _ in self.cfg.kda_layer_ids:
+            nan = lambda *shape, dtype=cd: torch.full(shape, float("nan"), dtype=dtype, device=device)  # noqa: E731
+            out.append(KDARecordView(keys=nan(slots, tokens, hl, d), decays=nan(slots, tokens, hl, d),
+                                     corrections=nan(slots, tokens, hl, d),
+                                     qkv=nan(slots, tokens, 3 * hl * d, dtype=self.dtype)))
+        return out
+
     def allocate_cache(self, *, num_state_rows: int, num_pages: int, page_size: int, device=None,
                        kv_cache_dtype: torch.dtype | None = None, index_key_format: str = "fp8") -> CacheViews:
         """Separate cache tensors per layer for this rank (tests, the single-request loop), all

@@ -36,9 +36,15 @@ class ForwardMetadata:
                     start) after which the KDA state is also saved, -1 = none (prefix caching);
     checkpoint_state_indices: [N, C] int64 or None: the state rows receiving them.
     spec_lens:      [N] int32 or None: draft tokens each sequence verifies in this call (its
-                    q_len is 1 + spec_len; 0 = not speculating).
+                    q_len is 1 + spec_len; 0 = not speculating). A verifying sequence's running
+                    KDA state row is left as it was (the commit after acceptance writes it).
     num_accepted:   [N] int32 or None: drafts accepted in the sequence's previous verify step
                     (the KDA state commit reads it).
+    spec_state_indices: [N, S] int64 or None (rollback "states"): row t receives the KDA state
+                    (every layer, recurrent and conv) after the verifying sequence's token t.
+    spec_record_slots: [N] int64 or None (rollback "recover"): the slot of `CacheViews.
+                    kda_records` receiving the sequence's per-token keys, decays, corrections
+                    and pre-conv inputs.
     """
 
     input_ids: torch.Tensor
@@ -54,6 +60,8 @@ class ForwardMetadata:
     checkpoint_state_indices: torch.Tensor | None = None
     spec_lens: torch.Tensor | None = None
     num_accepted: torch.Tensor | None = None
+    spec_state_indices: torch.Tensor | None = None
+    spec_record_slots: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -150,10 +158,26 @@ class KDAStateView:
 
 
 @dataclass
+class KDARecordView:
+    """One KDA layer's speculative-verify records (rollback "recover", RecoverSSM-style), per
+    record slot and verified token t < L (compute dtype; qkv in the activation dtype):
+    keys [slots, L, H_local, K] (L2-normalised), decays [slots, L, H_local, K] (log),
+    corrections [slots, L, H_local, V] (beta-scaled), qkv [slots, L, 3 * H_local * K] (pre-conv).
+    """
+
+    keys: torch.Tensor
+    decays: torch.Tensor
+    corrections: torch.Tensor
+    qkv: torch.Tensor
+
+
+@dataclass
 class CacheViews:
     """Every layer's view for one rank: `kda[i]` for the i-th KDA layer, `latent[j]` and
-    `index_keys[j]` (None without DSA) for the j-th MLA layer."""
+    `index_keys[j]` (None without DSA) for the j-th MLA layer; `kda_records[i]` when the
+    engine verifies speculative tokens with the "recover" rollback."""
 
     kda: list[KDAStateView]
     latent: list[LatentCacheView]
     index_keys: list[IndexKeyCacheView] | None
+    kda_records: list[KDARecordView] | None = None

@@ -121,6 +121,7 @@ class KDAKernels(KernelTable):
     short_conv: Callable | None = _op("k3.reference.short_conv")
     chunked: Callable | None = _op("k3.reference.kda_chunked")
     recurrent: Callable | None = _op("k3.reference.kda_recurrent")
+    rebuild_state: Callable | None = _op("k3.reference.kda_rebuild_state")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,74 @@
+"""Speculative verification in a KDA layer, and the commit after acceptance.
+
+A verifying sequence runs its 1 + k tokens through the recurrence token by token, but its
+running state row is left as it was: the tokens after the first rejection must leave no
+trace. What is kept for the commit depends on the rollback strategy:
+- "states": the state after every token (recurrent and conv) goes to a row of its own
+  (`meta.spec_state_indices`); the commit copies the accepted one into the running row.
+- "recover" (RecoverSSM-style): per token only the key, decay, correction and pre-conv input go
+  to the record slot (`meta.spec_record_slots`); the commit rebuilds the state in closed form
+  (`kda.rebuild_state`) and slides the conv window. About 6/K of a state per token.
+Sequences in the same batch that do not speculate are computed and stored as usual.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from k3.plugin.contract import CacheViews, ForwardMetadata
+
+
+def is_verify(meta: ForwardMetadata) -> bool:
+    return meta.spec_lens is not None and bool((meta.spec_lens > 0).any())
+
+
+def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in, s0, g, beta):
+    """The KDA recurrence of a batch with verifying sequences; returns (o [T, H, V], None)."""
+    k, rows, cu = mixer.kernels, meta.state_indices, meta.cu_seqlens
+    view = cache.kda[mixer.kda_index]
+    spec = meta.spec_lens > 0                                                   # [N]
+    lens = meta.q_lens
+    states_mode = meta.spec_state_indices is not None
+    emit = {}
+    if states_mode:     # the conv window after each token t < S (clamped to the sequence)
+        width = meta.spec_state_indices.shape[1]
+        offsets = torch.minimum(torch.arange(1, width + 1, device=lens.device)[None, :], lens[:, None])
+        emit = {"checkpoint_offsets": offsets}
+    y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu, **emit)
+    q, kk, v = mixer.heads(y)
+    args = (q.unsqueeze(0), kk.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
+    o, s1, states, u = k.kda.recurrent(*args, initial_state=s0, cu_seqlens=cu, output_per_position_states=True,
+                                       output_corrections=True)
+    keep = ~spec                                                                # sequences stored as usual
+    view.conv[rows[keep]] = conv_out[keep]
+    view.recurrent[rows[keep]] = s1[keep].to(view.recurrent.dtype)
+    starts = cu[:-1].long()
+    for n in spec.nonzero().flatten().tolist():
+        length, start = int(lens[n]), int(starts[n])
+        if states_mode:
+            dest = meta.spec_state_indices[n, :length]
+            view.recurrent[dest] = states[0, start:start + length].to(view.recurrent.dtype)
+            view.conv[dest] = torch.stack([c[n] for c in conv_ckpts[0][:length]])
+        else:
+            rec = cache.kda_records[mixer.kda_index]
+            slot = int(meta.spec_record_slots[n])
+            if length > rec.keys.shape[1]:
+                raise ValueError(f"{length} verified tokens exceed the record slots' {rec.keys.shape[1]}")
+            heads = rec.keys.shape[2]
+            rec.keys[slot, :length] = kk[start:start + length].repeat_interleave(heads // kk.shape[1], dim=1)
+            rec.decays[slot, :length] = g[start:start + length]
+            rec.corrections[slot, :length] = u[0, start:start + length]
+            rec.qkv[slot, :length] = qkv[start:start + length]
+    return o[0], None
+
+
+def commit_records(mixer, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor) -> None:
+    """Rebuild the running rows after `kept` [M] tokens from the records of `slots` [M]."""
+    view, rec = cache.kda[mixer.kda_index], cache.kda_records[mixer.kda_index]
+    s0 = view.recurrent[rows]
+    state = mixer.kernels.kda.rebuild_state(s0, rec.keys[slots], rec.decays[slots], rec.corrections[slots], kept)
+    view.recurrent[rows] = state.to(view.recurrent.dtype)
+    window = view.conv.shape[2]                                                 # W - 1
+    full = torch.cat([view.conv[rows], rec.qkv[slots].transpose(1, 2).to(view.conv.dtype)], dim=2)  # [M, 3P, W-1+L]
+    index = kept.long()[:, None] + torch.arange(window, device=rows.device)[None, :]          # [M, W-1]
+    view.conv[rows] = full.gather(2, index[:, None, :].expand(-1, full.shape[1], -1))
