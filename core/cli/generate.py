@@ -10,15 +10,7 @@ import argparse
 import sys
 import time
 
-import torch
-
-from k3.engine.single import SamplingOptions, SingleSequenceGenerator
-from k3.engine.stop import StopStringMatcher
-
 from .common import CliError
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
@@ -33,11 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, metavar="S")
     parser.add_argument("--stop", action="append", default=[], metavar="S",
                         help="stop string (repeatable); may span tokens")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32", "float64"], default="auto",
                         help="activation dtype (auto: the checkpoint's)")
     parser.add_argument("--no-thinking", action="store_true", help="--chat: instruct mode (no reasoning)")
     parser.add_argument("--thinking-effort", choices=["low", "medium", "high", "max"], default=None,
                         help="--chat: K3 thinking effort")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help='speculative decoding, vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
+    parser.add_argument("--kv-cache-memory", type=float, default=0.25, metavar="GIB",
+                        help="cache memory on the CPU (default 0.25)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -51,18 +47,19 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--top-k must be >= 0 and --min-p in [0, 1]")
 
 
-def _load(args: argparse.Namespace):
-    from k3.checkpoint.loader import CheckpointError, load_model
+def _engine(args: argparse.Namespace):
+    """One-request engine on the selected platform (the CPU reference path by default)."""
+    from k3.checkpoint.loader import CheckpointError
     from k3.config import ConfigError
-    from k3.tokenizer import load_tokenizer
+    from k3.engine.engine import EngineConfig, LLMEngine
+    from k3.plugin import PlatformError
 
     try:
-        dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
-        model = load_model(args.model, dtype=dtype)
-        tokenizer = load_tokenizer(args.model)
-    except (CheckpointError, ConfigError, FileNotFoundError, ValueError) as e:
+        return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1,
+                                      kv_cache_memory_gib=args.kv_cache_memory,
+                                      speculative_config=args.speculative_config))
+    except (CheckpointError, ConfigError, FileNotFoundError, PlatformError, ValueError) as e:
         raise CliError(str(e)) from None
-    return model, tokenizer
 
 
 def _chat_prompt_ids(args, tokenizer) -> list[int]:
@@ -120,42 +117,43 @@ class _RawPrinter:
 
 
 def run(args: argparse.Namespace) -> int:
-    from k3.tokenizer import IncrementalDetokenizer
+    from k3.engine.params import SamplingParams
 
     _check(args)
-    model, tokenizer = _load(args)
+    engine = _engine(args)
+    tokenizer = engine.tokenizer
     if args.chat is not None:
         prompt_ids = _chat_prompt_ids(args, tokenizer)
         printer = (_ChatPrinter(sys.stdout, thinking=not args.no_thinking) if tokenizer.flavor == "k3"
                    else _RawPrinter(sys.stdout))
     else:
         prompt_ids, printer = tokenizer.encode(args.prompt, allow_special=True), _RawPrinter(sys.stdout)
-    options = SamplingOptions(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, min_p=args.min_p, seed=args.seed,
-                              stop_token_ids=tuple(model.cfg.eos_token_ids))
-    detok = IncrementalDetokenizer(tokenizer)
-    stops = StopStringMatcher(args.stop)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop,
+                            skip_special_tokens=False)
     start = time.perf_counter()
-    first = None
-    count, finish = 0, "length"
     try:
-        for step in SingleSequenceGenerator(model).generate(prompt_ids, options):
-            first = first or time.perf_counter()
-            count += 1
-            if step.finished == "stop":
-                finish = "stop"
-                break
-            printer.write(stops.push(detok.step([step.token])))
-            if stops.stopped is not None:
-                finish = "stop"
-                break
+        engine.add_request("generate", prompt_ids, params)
     except ValueError as e:
         raise CliError(str(e)) from None
-    if stops.stopped is None:
-        printer.write(stops.push(detok.finish()) + stops.flush())
+    first = last = None
+    shown = ""
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            completion = out.outputs[0]
+            if completion.token_ids and first is None:
+                first = time.perf_counter()
+            printer.write(completion.text[len(shown):])
+            shown = completion.text
+            last = out
     printer.close()
     end = time.perf_counter()
+    completion = last.outputs[0]
+    count = len(completion.token_ids)
     decode = (count - 1) / (end - first) if first and count > 1 and end > first else 0.0
+    spec = engine.spec_stats()
+    extra = f", mean acceptance length {spec['spec_mean_acceptance_length']:.2f}" if spec else ""
     print(f"k3: {len(prompt_ids)} prompt tokens, {count} generated, time to first token "
-          f"{(first or end) - start:.3f} s, decode {decode:.1f} tokens/s, finish: {finish}", file=sys.stderr)
+          f"{(first or end) - start:.3f} s, decode {decode:.1f} tokens/s{extra}, finish: {completion.finish_reason}",
+          file=sys.stderr)
     return 0

@@ -29,6 +29,7 @@ from .params import SamplingParams
 from .request import Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerConfig
+from .spec.config import SpeculativeConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 _LATENT_AUTO = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
@@ -55,6 +56,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
     kda_checkpoint_interval: int = 0          # extra KDA checkpoints every N tokens (0: prompt ends only)
+    speculative_config: str | dict | None = None   # vLLM's --speculative-config JSON
     load_progress: bool = True
 
 
@@ -114,6 +116,12 @@ class LLMEngine:
         self._rng = random.Random(config.seed)
         self.broadcast = None                             # set by the tensor-parallel driver
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "generation_tokens_total": 0}
+        self.speculation = None
+        spec = SpeculativeConfig.parse(config.speculative_config)
+        if spec is not None:
+            from .spec.driver import Speculation
+
+            self.speculation = Speculation(spec, self)
 
     # ------------------------------------------------------------------ sizing
     def _cache_bytes(self, cfg: K3Config, tp: int) -> int:
@@ -169,6 +177,8 @@ class LLMEngine:
             request = self.requests.pop(child, None)
             if request is not None and not request.finished:
                 self.scheduler.finish(request, "abort")
+            if request is not None and self.speculation is not None:
+                self.speculation.release(request)
             self._streams.pop(child, None)
         self.prompts.pop(request_id, None)
 
@@ -191,27 +201,49 @@ class LLMEngine:
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         """Run one scheduled forward; returns the outputs of every request that progressed."""
+        if self.speculation is not None:
+            self.speculation.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        if self.speculation is not None:
+            self.speculation.prepare(out)
         not_yet = [self.stop_token_ids if s.request.params.min_tokens > len(s.request.output_token_ids) else set()
                    for s in out.scheduled]
-        rows, samples = self.runner.run(out, not_yet, broadcast=self.broadcast)
-        self.scheduler.commit(out)
+        rows, samples, spec_logits = self.runner.run(out, not_yet, broadcast=self.broadcast)
+        verified = self.speculation.accept(out, spec_logits) if self.speculation is not None else {}
+        self.scheduler.commit(out, self.speculation.kept if verified else None)
         touched = set()
+        now = time.monotonic()
+        for request_id, (tokens, logprobs) in verified.items():
+            request = self.requests[request_id]
+            for token, logprob in zip(tokens, logprobs):
+                if request.finished:
+                    break
+                self._append(request, token, logprob, None, now)
+            touched.add(request_id)
         if samples is not None:
             tokens = samples.tokens.tolist()
             logprobs = samples.logprobs.tolist()
             tops = None
             if samples.top_ids is not None:
                 tops = list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
-            now = time.monotonic()
             for j, row in enumerate(rows):
                 request = out.scheduled[row].request
                 self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
                 touched.add(request.request_id)
         parents = dict.fromkeys(self.parent_of[child] for child in touched)
         return [self._output(p) for p in parents]
+
+    def apply_kda_commit(self, *, row_copies=(), records=None) -> None:
+        """Commit verified KDA states on every rank (row copies, or a record rebuild)."""
+        if row_copies:
+            self.runner.apply_row_copies(list(row_copies))
+        if records is not None:
+            self.model.commit_speculation(self.cache.views, *records)
+
+    def spec_stats(self) -> dict:
+        return {} if self.speculation is None else self.speculation.stats.to_dict()
 
     def _append(self, request: Request, token: int, logprob: float, top, now: float) -> None:
         request.output_token_ids.append(token)
@@ -245,7 +277,9 @@ class LLMEngine:
         result = build_output(parent, self.prompts[parent], children, [self._streams[c][2] for c in self.groups[parent]])
         if result.finished:
             for c in self.groups.pop(parent):
-                self.requests.pop(c, None)
+                request = self.requests.pop(c, None)
+                if request is not None and self.speculation is not None:
+                    self.speculation.release(request)
                 self._streams.pop(c, None)
                 self.parent_of.pop(c, None)
             self.prompts.pop(parent, None)

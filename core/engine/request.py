@@ -40,6 +40,11 @@ class Request:
     prefix_hit_tokens: int = 0              # tokens reused from the cache at admission
     prefix_units: int = 0                   # units of this request registered in the cache
     checkpoint_targets: list[int] = field(default_factory=list)
+    # speculative decoding: drafts for the next verify step, and the rows / slot it uses
+    spec_tokens: list[int] = field(default_factory=list)
+    spec_probs: object = None               # [k, V] draft distributions, or None (one-hot)
+    spec_rows: list[int] = field(default_factory=list)
+    record_slot: int | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -21,18 +21,29 @@ from .scheduler import SchedulerOutput
 class StepBatch:
     meta: ForwardMetadata
     sample_rows: list[int]         # indices into scheduled of the requests that sample a token
+    sample_logits: list[int]       # their rows in the logits
+    spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
 
 
 def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatch:
-    """ForwardMetadata of a scheduled step (logits only for requests that complete)."""
+    """ForwardMetadata of a scheduled step (logits only for requests that complete; every
+    position of a verifying request)."""
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
+    sample_logits: list[int] = []
+    spec_rows: dict[int, slice] = {}
+    spec_lens, spec_states, record_slots = [], [], []
+    max_spec = max(len(s.spec_tokens) for s in out.scheduled)
     max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
     ckpt_pos, ckpt_rows = [], []
     max_rows = max(len(s.request.rows) for s in out.scheduled)
     table = []
     for i, s in enumerate(out.scheduled):
         r, start = s.request, s.request.num_computed_tokens
-        tokens = r.all_token_ids[start: start + s.num_new_tokens]
+        tokens = s.tokens
+        spec = len(s.spec_tokens)
+        spec_lens.append(spec)
+        spec_states.append((r.spec_rows + [r.state_row] * (1 + max_spec))[: 1 + max_spec])
+        record_slots.append(r.record_slot if r.record_slot is not None else 0)
         ids += tokens
         pos = range(start, start + len(tokens))
         positions += pos
@@ -43,7 +54,11 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         pad = max_ckpt - len(s.checkpoints)
         ckpt_pos.append([p for p, _ in s.checkpoints] + [-1] * pad)
         ckpt_rows.append([row for _, row in s.checkpoints] + [r.state_row] * pad)
-        if s.completes:
+        if spec:
+            spec_rows[i] = slice(len(logits_at), len(logits_at) + len(tokens))
+            logits_at += range(len(ids) - len(tokens), len(ids))
+        elif s.completes:
+            sample_logits.append(len(logits_at))
             logits_at.append(len(ids) - 1)
             sample_rows.append(i)
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
@@ -62,7 +77,13 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
     if max_ckpt:
         meta.checkpoint_positions = torch.tensor(ckpt_pos, dtype=torch.long, device=device)
         meta.checkpoint_state_indices = torch.tensor(ckpt_rows, dtype=torch.long, device=device)
-    return StepBatch(meta=meta, sample_rows=sample_rows)
+    if max_spec:
+        meta.spec_lens = torch.tensor(spec_lens, dtype=torch.int32, device=device)
+        if any(s.request.spec_rows for s in out.scheduled):
+            meta.spec_state_indices = torch.tensor(spec_states, dtype=torch.long, device=device)
+        else:
+            meta.spec_record_slots = torch.tensor(record_slots, dtype=torch.long, device=device)
+    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, spec_rows=spec_rows)
 
 
 def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device) -> SamplingBatch:
@@ -118,8 +139,9 @@ class ModelRunner:
             self.cache.copy_row(src, dst)
         return self.model(meta, self.cache.views)
 
-    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None) -> tuple[list[int], SamplerOutput | None]:
-        """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples).
+    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None):
+        """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples,
+        {row: logits [1 + k, V]} of the verifying requests).
 
         stop_ids: per scheduled request, the token ids it must not emit yet (min_tokens).
         broadcast: called with the metadata before the forward (tensor parallel ranks follow).
@@ -128,8 +150,10 @@ class ModelRunner:
         if broadcast is not None:
             broadcast(step.meta, out.row_copies)
         logits = self.forward(step.meta, out.row_copies).logits
+        spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
         if not step.sample_rows:
-            return [], None
+            return [], None, spec_logits
+        logits = logits[step.sample_logits]
         sampling = build_sampling(out, step.sample_rows, vocab_size=logits.shape[1], device=self.device)
         blocked = [stop_ids[i] for i in step.sample_rows]
         if any(blocked):
@@ -138,4 +162,8 @@ class ModelRunner:
                 if ids:
                     allowed[row, torch.tensor(sorted(ids), device=self.device)] = False
             sampling.allowed = allowed
-        return step.sample_rows, sample_batch(logits, sampling)
+        return step.sample_rows, sample_batch(logits, sampling), spec_logits
+
+    def apply_row_copies(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:
+            self.cache.copy_row(src, dst)

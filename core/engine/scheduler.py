@@ -41,9 +41,21 @@ class ScheduledRequest:
     checkpoints: list[tuple[int, int]] = field(default_factory=list)   # (position, state row) to save
 
     @property
+    def spec_tokens(self) -> list[int]:
+        """Drafts this step verifies (after the request's last token)."""
+        return self.request.spec_tokens if self.num_new_tokens > 1 else []
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens this step computes."""
+        start = self.request.num_computed_tokens
+        return (self.request.all_token_ids + self.spec_tokens)[start: start + self.num_new_tokens]
+
+    @property
     def completes(self) -> bool:
         """After this step every known token is computed: a new token is sampled."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(self.spec_tokens)
 
 
 @dataclass
@@ -133,6 +145,11 @@ class Scheduler:
             if request not in self.running or budget <= 0:
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.spec_tokens:          # a verify step: the last token and every draft, or none
+                if num_new == 1 and 1 + len(request.spec_tokens) <= budget:
+                    num_new += len(request.spec_tokens)
+                else:
+                    request.spec_tokens, request.spec_probs = [], None
             while not self._grow(request, num_new):
                 victim = self.running[-1]
                 self._preempt(victim, out)
@@ -219,12 +236,13 @@ class Scheduler:
                 plan.append((pos, rows[0]))
         return plan
 
-    def commit(self, out: SchedulerOutput) -> None:
+    def commit(self, out: SchedulerOutput, kept: dict[str, int] | None = None) -> None:
         """After the forward: the scheduled tokens are in the cache (and, with prefix caching,
-        their full units and checkpoints are registered)."""
+        their full units and checkpoints are registered). kept: request id -> tokens of a verify
+        step that stay (1 + accepted drafts); the rest of its step is discarded."""
         for s in out.scheduled:
             r = s.request
-            r.num_computed_tokens += s.num_new_tokens
+            r.num_computed_tokens += (kept or {}).get(r.request_id, s.num_new_tokens)
             if self.prefix_cache is None:
                 continue
             tokens = r.all_token_ids

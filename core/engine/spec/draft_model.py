@@ -1,0 +1,148 @@
+"""Draft-model proposer: a separate small K3-architecture checkpoint with the same tokenizer.
+
+The draft keeps its own packed cache. Per verify step, for every speculating request it
+catches up on the tokens it has not seen (the accepted drafts and the last sampled token, one
+batched forward), then decodes k - 1 more steps, drafting k tokens. Its KDA state after each
+processed input is saved to a scratch row, so after verification it resumes from the state at
+the accepted length (the "states" rollback, applied to the draft). `draft_sample_method`
+"greedy" drafts argmaxes (one-hot q); "probabilistic" samples from the draft's distribution
+under the request's sampling transform and returns those distributions as q.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from k3.cache.block_pool import BlockPool
+from k3.cache.plan import default_block_size, row_layout
+from k3.cache.pool import CachePool
+from k3.checkpoint.loader import load_checkpoint
+from k3.config import K3Config
+from k3.engine.sampler import uniform_noise
+from k3.plugin.contract import ForwardMetadata
+
+from .ngram import Proposal
+from .rejection import target_probs
+
+_DRAFT_STREAM = 0xD4AF7
+
+
+@dataclass
+class _DraftSeq:
+    rows: list[int] = field(default_factory=list)       # attention rows
+    state_row: int | None = None
+    scratch: list[int] = field(default_factory=list)     # state after each drafted input
+    computed: int = 0                                    # tokens whose draft KV/state is valid
+    proposed_from: int = 0                               # tokens at the last proposal
+
+
+class DraftModelProposer:
+    def __init__(self, config, engine):
+        self.k = config.num_speculative_tokens
+        self.greedy = config.draft_sample_method == "greedy"
+        target = engine.model_config
+        cfg = K3Config.from_pretrained(config.model)
+        if cfg.vocab_size != target.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from the target's "
+                             f"({target.vocab_size}): a draft must share the tokenizer")
+        self.device = engine.device
+        dtype = engine.model.dtype
+        self.model = engine.platform.build_model(cfg, dtype=dtype, parallel=engine.model.parallel)
+        load_checkpoint(self.model, config.model, progress=False)
+        act = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+               torch.float64: "float64"}[dtype]
+        latent = engine.kv_cache_dtype
+        tp = self.model.parallel.world_size
+        self.block = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=latent,
+                                        index_cache_dtype="fp8", activation_dtype=act)
+        layout = row_layout(cfg, block_size=self.block, tensor_parallel_size=tp, kv_cache_dtype=latent,
+                            index_cache_dtype="fp8", activation_dtype=act)
+        rows_per_seq = math.ceil(engine.max_model_len / self.block) + 1 + self.k
+        num_rows = engine.config.max_num_seqs * rows_per_seq
+        self.cache = CachePool(cfg, layout, num_rows, activation_dtype=act, kv_cache_dtype=latent,
+                               index_cache_dtype="fp8", tensor_parallel_size=tp, device=self.device)
+        self.pool = BlockPool(num_rows)
+        self.seqs: dict[str, _DraftSeq] = {}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _seq(self, request) -> _DraftSeq:
+        seq = self.seqs.get(request.request_id)
+        if seq is None:
+            seq = self.seqs[request.request_id] = _DraftSeq()
+            rows = self._allocate(1 + self.k)
+            seq.state_row, seq.scratch = rows[0], rows[1:]
+        return seq
+
+    def _allocate(self, n: int) -> list[int]:
+        rows = self.pool.allocate(n)
+        if rows is None:
+            raise RuntimeError("the draft model's cache is full (it is sized for max_num_seqs max-length requests)")
+        return rows
+
+    def release(self, request) -> None:
+        seq = self.seqs.pop(request.request_id, None)
+        if seq is not None:
+            self.pool.free(seq.rows + [seq.state_row] + seq.scratch)
+
+    # ------------------------------------------------------------------ drafting
+    def _forward(self, seqs: list[_DraftSeq], pieces: list[list[int]]) -> torch.Tensor:
+        """One batched draft forward; returns each sequence's last-position logits."""
+        for seq, piece in zip(seqs, pieces):
+            need = math.ceil((seq.computed + len(piece)) / self.block) - len(seq.rows)
+            if need > 0:
+                seq.rows += self._allocate(need)
+        width = max(len(s.rows) for s in seqs)
+        table = torch.tensor([s.rows + [s.rows[-1]] * (width - len(s.rows)) for s in seqs], dtype=torch.int32)
+        meta = ForwardMetadata.build(pieces, context_lens=[s.computed for s in seqs],
+                                     state_indices=[s.state_row for s in seqs], block_table=table,
+                                     page_size=self.block, device=self.device)
+        logits = self.model(meta, self.cache.views).logits
+        for seq, piece in zip(seqs, pieces):
+            seq.computed += len(piece)
+        return logits
+
+    def _draw(self, logits: torch.Tensor, requests, step: int) -> tuple[list[int], torch.Tensor | None]:
+        if self.greedy:
+            return logits.argmax(-1).tolist(), None
+        probs = torch.stack([target_probs(row[None], r.params)[0] for row, r in zip(logits, requests)])
+        seeds = torch.tensor([r.seed ^ _DRAFT_STREAM for r in requests])
+        steps = torch.tensor([len(r.output_token_ids) + step for r in requests])
+        race = -torch.log(uniform_noise(seeds, steps, probs.shape[1]))
+        return (probs / race.to(probs.device)).argmax(-1).tolist(), probs
+
+    def propose_batch(self, batch: list[tuple]) -> list[Proposal]:
+        if not batch:
+            return []
+        requests = [r for r, _ in batch]
+        seqs = [self._seq(r) for r in requests]
+        steps = max(limit for _, limit in batch)
+        pieces = [r.all_token_ids[s.computed:] for r, s in zip(requests, seqs)]
+        drafts: list[list[int]] = [[] for _ in batch]
+        probs: list[list[torch.Tensor]] = [[] for _ in batch]
+        logits = self._forward(seqs, pieces)
+        for j in range(steps):
+            for seq in seqs:                   # the state after the input just processed
+                self.cache.copy_row(seq.state_row, seq.scratch[j])
+            tokens, q = self._draw(logits, requests, j)
+            for i, token in enumerate(tokens):
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q[i])
+            if j + 1 < steps:
+                logits = self._forward(seqs, [[t] for t in tokens])
+        for (r, limit), seq in zip(batch, seqs):
+            seq.proposed_from = r.num_tokens
+        return [Proposal(d[:limit], None if self.greedy else torch.stack(p[:limit]).cpu())
+                for (_, limit), d, p in zip(batch, drafts, probs)]
+
+    def accepted(self, request, num_accepted: int) -> None:
+        """Resume the draft at the accepted length: the state after input j = min(n, k - 1)."""
+        seq = self.seqs.get(request.request_id)
+        if seq is None:
+            return
+        j = min(num_accepted, seq.computed - seq.proposed_from)
+        self.cache.copy_row(seq.scratch[j], seq.state_row)
+        seq.computed = seq.proposed_from + j

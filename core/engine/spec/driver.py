@@ -1,0 +1,161 @@
+"""The speculative decoding loop inside the engine: propose, verify in one target pass,
+accept exactly, commit the KDA state at the accepted length.
+
+Per step: every running request in its decode phase gets up to k drafts from the proposer;
+the scheduler verifies them as 1 + k tokens in the same forward as everyone else (requests
+without drafts decode one token); acceptance uses the request's own sampling transform; the
+KDA rows are committed at the accepted length before anything else runs (a row copy with the
+"states" rollback, a closed-form rebuild with "recover"). Attention pages need nothing: the
+rejected positions are past the sequence length and are overwritten later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..scheduler import SchedulerOutput
+from .config import SpeculativeConfig
+from .ngram import NgramProposer
+from .rejection import verify
+
+
+@dataclass
+class SpecStats:
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)   # position i: times draft i was accepted
+    proposed_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens produced per verify step (accepted drafts + the one sampled token)."""
+        return (self.accepted_tokens + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+    def to_dict(self) -> dict:
+        return {"spec_verify_steps_total": self.verify_steps, "spec_draft_tokens_total": self.draft_tokens,
+                "spec_accepted_tokens_total": self.accepted_tokens,
+                "spec_mean_acceptance_length": round(self.mean_acceptance_length, 4),
+                "spec_acceptance_per_position": [a / p if p else 0.0 for a, p in
+                                                 zip(self.accepted_per_position, self.proposed_per_position)]}
+
+
+class Speculation:
+    def __init__(self, config: SpeculativeConfig, engine):
+        self.config, self.engine = config, engine
+        k = config.num_speculative_tokens
+        self.stats = SpecStats(accepted_per_position=[0] * k, proposed_per_position=[0] * k)
+        if config.method == "ngram":
+            self.proposer = NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max)
+        elif config.method == "draft_model":
+            from .draft_model import DraftModelProposer
+
+            self.proposer = DraftModelProposer(config, engine)
+        else:
+            from .dspark import DSparkProposer
+
+            self.proposer = DSparkProposer(config, engine)
+        if config.kda_rollback == "recover":
+            engine.cache.views.kda_records = engine.model.allocate_records(
+                slots=engine.config.max_num_seqs, tokens=k + 1, device=engine.device)
+
+    # ------------------------------------------------------------------ propose
+    @staticmethod
+    def eligible(request) -> bool:
+        """Speculation keeps the output distribution only where acceptance sees the same
+        transform as sampling: no penalties, token masks, logprobs or pending min_tokens."""
+        p = request.params
+        return (request.num_computed_tokens == request.num_tokens - 1 and not p.uses_penalties
+                and p.allowed_tokens is None and p.logprobs is None and p.min_tokens <= len(request.output_token_ids))
+
+    def propose(self, running: list) -> None:
+        engine = self.engine
+        batch = []
+        for request in running:
+            request.spec_tokens, request.spec_probs = [], None
+            if not self.eligible(request):
+                continue
+            left = request.params.max_tokens - len(request.output_token_ids) if request.params.max_tokens else 1 << 30
+            limit = min(left - 1, engine.max_model_len - request.num_tokens - 1, self.config.num_speculative_tokens)
+            if limit > 0:
+                batch.append((request, limit))
+        self.pending = {}
+        for (request, _), proposal in zip(batch, self.proposer.propose_batch(batch)):
+            if proposal.tokens:
+                request.spec_tokens, request.spec_probs = proposal.tokens, proposal.probs
+                self.pending[request.request_id] = request
+
+    def release(self, request) -> None:
+        """The request finished or was aborted: the proposer drops what it keeps for it."""
+        self.proposer.release(request)
+
+    # ------------------------------------------------------------------ verify
+    def prepare(self, out: SchedulerOutput) -> None:
+        """Rows ("states") or record slots ("recover") for this step's verifying requests."""
+        slot = 0
+        for s in out.scheduled:
+            r = s.request
+            if not s.spec_tokens:
+                continue
+            if self.config.kda_rollback == "states":
+                rows = self.engine.pool.allocate(1 + len(s.spec_tokens))
+                if rows is None:       # the pool is short: this request decodes one token instead
+                    r.spec_tokens, r.spec_probs, s.num_new_tokens = [], None, 1
+                    continue
+                r.spec_rows = rows
+            else:
+                r.record_slot = slot
+                slot += 1
+
+    def accept(self, out: SchedulerOutput, spec_logits: dict[int, torch.Tensor]) -> dict[str, tuple[list[int], list[float]]]:
+        """Verify every verifying request, commit its KDA rows; returns request id -> (tokens to
+        append, their raw logprobs). Also fills `self.kept` for the scheduler's commit."""
+        engine = self.engine
+        self.kept: dict[str, int] = {}
+        pending, self.pending = getattr(self, "pending", {}), {}
+        results, copies, freed = {}, [], []
+        rec_slots, rec_rows, rec_kept = [], [], []
+        for i, logits in spec_logits.items():
+            s = out.scheduled[i]
+            r = s.request
+            drafts = s.spec_tokens
+            n_acc, token = verify(logits.float(), drafts, r.spec_probs, r.params, seed=r.seed,
+                                  step=len(r.output_token_ids))
+            kept = 1 + n_acc
+            self.kept[r.request_id] = kept
+            if self.config.kda_rollback == "states":
+                copies.append((r.spec_rows[kept - 1], r.state_row))
+                freed += r.spec_rows
+                r.spec_rows = []
+            else:
+                rec_slots.append(r.record_slot)
+                rec_rows.append(r.state_row)
+                rec_kept.append(kept)
+                r.record_slot = None
+            pending.pop(r.request_id, None)
+            tokens = drafts[:n_acc] + [token]
+            logprobs = torch.log_softmax(logits[: len(tokens)].float(), -1)
+            results[r.request_id] = (tokens, [float(logprobs[j, t]) for j, t in enumerate(tokens)])
+            self.proposer.accepted(r, n_acc)
+            st = self.stats
+            st.verify_steps += 1
+            st.draft_tokens += len(drafts)
+            st.accepted_tokens += n_acc
+            for j in range(len(drafts)):
+                st.proposed_per_position[j] += 1
+                st.accepted_per_position[j] += j < n_acc
+            r.spec_tokens, r.spec_probs = [], None
+        for request in pending.values():        # proposed, but not verified this step
+            self.proposer.accepted(request, 0)
+            request.spec_tokens, request.spec_probs = [], None
+        if copies:
+            engine.apply_kda_commit(row_copies=copies)
+            engine.pool.free(freed)
+        if rec_rows:
+            device = engine.device
+            engine.apply_kda_commit(records=(torch.tensor(rec_slots, device=device),
+                                             torch.tensor(rec_rows, device=device),
+                                             torch.tensor(rec_kept, device=device)))
+        return results

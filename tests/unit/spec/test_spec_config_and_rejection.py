@@ -1,0 +1,73 @@
+"""--speculative-config parsing, and the exactness of verification: greedy semantics and the
+preserved sampling distribution."""
+
+import math
+
+import pytest
+import torch
+
+from k3.engine.params import SamplingParams
+from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
+from k3.engine.spec.rejection import target_probs, verify
+
+
+def test_parse_vllm_shape_and_defaults():
+    c = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert (c.prompt_lookup_min, c.prompt_lookup_max, c.draft_sample_method, c.kda_rollback) == (1, 4, "greedy", "states")
+    c = SpeculativeConfig.parse({"method": "draft_model", "model": "/x", "num_speculative_tokens": 5,
+                                 "draft_sample_method": "probabilistic", "kda_rollback": "recover"})
+    assert c.kda_rollback == "recover" and SpeculativeConfig.parse(None) is None
+
+
+@pytest.mark.parametrize("value,key", [
+    ('{"method": "ngram", "num_speculative_tokens": 3, "attention_backend": "X"}', "attention_backend"),
+    ('{"method": "eagle3", "num_speculative_tokens": 3}', "method"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
+    ('{"method": "draft_model", "num_speculative_tokens": 2}', "model"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "kda_rollback": "replay"}', "kda_rollback"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "block"}', "rejection_sample_method"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
+     "prompt_lookup_max"),
+    ("{not json", "JSON"),
+])
+def test_bad_configs_name_the_key(value, key):
+    with pytest.raises(SpeculativeConfigError, match=key):
+        SpeculativeConfig.parse(value)
+
+
+def test_greedy_accepts_while_drafts_are_argmax():
+    logits = torch.tensor([[0.0, 5, 1], [4, 0, 1], [0, 0, 9], [1, 2, 0]])
+    greedy = SamplingParams(temperature=0)
+    assert verify(logits, [1, 0, 2], None, greedy, seed=0, step=0) == (3, 1)     # all accepted, bonus 1
+    assert verify(logits, [1, 2, 2], None, greedy, seed=0, step=0) == (1, 0)     # second rejected -> argmax 0
+    assert verify(logits, [0, 0, 2], None, greedy, seed=0, step=0) == (0, 1)
+
+
+def test_sampled_distribution_is_preserved():
+    """5,000 verify calls of one draft token from q: the emitted first token is distributed as
+    p (the target after temperature), every frequency within 4.5 sigma."""
+    p_logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    q = torch.tensor([[0.05, 0.5, 0.3, 0.1, 0.05]], dtype=torch.float64)
+    params = SamplingParams(temperature=0.8)
+    p = target_probs(p_logits[:1], params)[0]
+    n, counts = 5_000, torch.zeros(5, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(n):
+        draft = int(torch.multinomial(q[0], 1, generator=gen))
+        n_acc, token = verify(p_logits, [draft], q, params, seed=trial, step=trial % 7)
+        counts[draft if n_acc == 1 else token] += 1
+    freq = counts / n
+    for i in range(5):
+        sigma = math.sqrt(p[i] * (1 - p[i]) / n)
+        assert abs(freq[i] - p[i]) < 4.5 * sigma, (i, freq[i].item(), p[i].item())
+
+
+def test_identical_draft_is_always_accepted():
+    logits = torch.randn(4, 7, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    q = target_probs(logits[:3], params).float()
+    accepted = 0
+    for seed in range(200):
+        drafts = [int(torch.multinomial(q[i], 1, generator=torch.Generator().manual_seed(seed * 3 + i))) for i in range(3)]
+        accepted += verify(logits, drafts, q, params, seed=seed, step=0)[0]
+    assert accepted == 600
