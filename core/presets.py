@@ -218,6 +218,25 @@ def k3_slice() -> dict[str, Any]:
     return _nest(text, media_placeholder=163605)
 
 
+def k3_tiny_dspark() -> dict[str, Any]:
+    """A DSpark-style draft (`k3_dspark`) for k3-tiny: 2 MLA layers with RoPE, taps after target
+    layers 1, 4 and 6, a 4-token query block, a rank-16 Markov head; the mask token is a
+    reserved special token of the compact vocabulary."""
+    return {
+        "model_type": "k3_dspark", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "intermediate_size": 128, "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 50000.0,
+        "vocab_size": COMPACT_VOCAB_SIZE, "target_hidden_size": 64, "target_layer_ids": [1, 4, 6],
+        "block_size": 4, "mask_token_id": compact_special_id(163700), "markov_rank": 16, "dtype": "bfloat16",
+    }
+
+
+# Draft models (speculative decoding) for the presets above: `k3 checkpoint init` writes them.
+DRAFT_PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
+    "k3-tiny-dspark": k3_tiny_dspark,
+}
+
+
 PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "kimi-k3": kimi_k3,
     "kimi-k3.1-pro": kimi_k3_1_pro,

@@ -108,6 +108,33 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
     return report
 
 
+def load_plain(module, model_dir: str | Path) -> LoadReport:
+    """Fill a K3Module whose checkpoint names are its own (no prefixes, no sharding, no
+    experts), e.g. a DSpark draft. Same errors as load_checkpoint."""
+    from .names import CanonicalName
+
+    model_dir = Path(model_dir)
+    tensors = dict(module.named_parameters())
+    tensors.update(module.named_buffers())
+    targets = {template: (tensors[param], spec) for template, param, spec in module.weight_specs()}
+    seen: set = set()
+    unexpected: list[str] = []
+    report = LoadReport()
+    for path in shard_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key not in targets:
+                    unexpected.append(key)
+                    continue
+                _load_one(f, key, CanonicalName(key), *targets[key], seen)
+                report.tensors_read += 1
+    missing = [f"{t} ({_describe(spec, param.dtype)})" for t, (param, spec) in targets.items() if (t, None) not in seen]
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {model_dir} does not match its config: missing {missing[:_MAX_LISTED]}, "
+                              f"unexpected {unexpected[:_MAX_LISTED]}")
+    return report
+
+
 def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set) -> None:
     seen_key = (name.template, name.expert)
     if seen_key in seen:

@@ -92,3 +92,14 @@ def random_checkpoint(cfg: K3Config, *, seed: int = 0) -> Iterator[tuple[str, to
     for template, shape, dtype, expert in checkpoint_tensor_specs(cfg):
         name = published_name(template, cfg, expert)
         yield name, random_tensor(template, shape, dtype, seed=seed, name=name, cfg=cfg)
+
+
+def random_draft_checkpoint(raw_config: dict, *, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of a random DSpark draft checkpoint (names as DSparkDraft loads them)."""
+    from k3.model.dspark import DSparkConfig, DSparkDraft
+
+    cfg = DSparkConfig.from_dict(raw_config)
+    draft = DSparkDraft(cfg, dtype=torch.float32, device="meta")
+    dtype = _DTYPES[cfg.dtype]
+    for template, _, spec in draft.weight_specs():
+        yield template, random_tensor(template, spec.full_shape, dtype, seed=seed, name=template, cfg=None)

@@ -11,7 +11,7 @@ from tqdm import tqdm
 from k3.checkpoint.random_init import checkpoint_tensor_specs, random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
-from k3.presets import PRESETS
+from k3.presets import DRAFT_PRESETS, PRESETS
 
 from .common import CliError
 
@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init = sub.add_parser("init", help="write a random-weight checkpoint of a preset",
                           description="Write a deterministic random-weight checkpoint (HF layout: config.json, "
                                       "sharded safetensors with an index, generation_config.json, tokenizer).")
-    init.add_argument("--preset", required=True, choices=list(PRESETS))
+    init.add_argument("--preset", required=True, choices=[*PRESETS, *DRAFT_PRESETS],
+                      help="a model preset, or a draft preset (k3-tiny-dspark: a DSpark draft for k3-tiny)")
     init.add_argument("--out", required=True, metavar="DIR", help="output directory (created)")
     init.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     init.add_argument("--max-shard-size", type=float, default=2.0, metavar="GIB",
@@ -64,8 +65,31 @@ def _numel(shape) -> int:
     return n
 
 
+def init_draft_checkpoint(preset: str, out: Path, *, seed: int = 0) -> Path:
+    """Write a random draft checkpoint (config.json + safetensors) of a draft preset."""
+    import json
+
+    from k3.checkpoint.random_init import random_draft_checkpoint
+    from k3.checkpoint.writer import INDEX_FILE
+    from safetensors.torch import save_file
+
+    raw = DRAFT_PRESETS[preset]()
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = dict(random_draft_checkpoint(raw, seed=seed))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / INDEX_FILE).unlink(missing_ok=True)
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.preset in DRAFT_PRESETS:
+        if (out / "config.json").exists() and not args.force:
+            raise CliError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+        init_draft_checkpoint(args.preset, out, seed=args.seed)
+        print(f"k3: wrote the {args.preset} draft (seed {args.seed}) to {out}", file=sys.stderr)
+        return 0
     cfg = K3Config.preset(args.preset)
     total = sum(_numel(shape) * dtype.itemsize for _, shape, dtype, _ in checkpoint_tensor_specs(cfg))
     if total > LARGE_CHECKPOINT_BYTES and not args.force:

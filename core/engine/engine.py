@@ -211,8 +211,14 @@ class LLMEngine:
         not_yet = [self.stop_token_ids if s.request.params.min_tokens > len(s.request.output_token_ids) else set()
                    for s in out.scheduled]
         rows, samples, spec_logits = self.runner.run(out, not_yet, broadcast=self.broadcast)
+        starts = [s.request.num_computed_tokens for s in out.scheduled]
         verified = self.speculation.accept(out, spec_logits) if self.speculation is not None else {}
         self.scheduler.commit(out, self.speculation.kept if verified else None)
+        if self.runner.taps is not None:        # a DSpark draft reads the committed tokens' features
+            for i, s in enumerate(out.scheduled):
+                kept = s.request.num_computed_tokens - starts[i]
+                first = self.runner.token_starts[i]
+                self.speculation.observe(s.request, starts[i], self.runner.taps[first:first + kept])
         touched = set()
         now = time.monotonic()
         for request_id, (tokens, logprobs) in verified.items():

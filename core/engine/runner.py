@@ -131,13 +131,16 @@ class ModelRunner:
 
     def __init__(self, model, cache, *, block_size: int, device):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        self.tap_layers: tuple[int, ...] = ()      # target layers a DSpark draft reads
+        self.taps: torch.Tensor | None = None       # last forward's taps [T, n * d], layer order
+        self.token_starts: list[int] = []           # last forward: first packed token of each request
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
         blocks), then run the model."""
         for src, dst in row_copies:
             self.cache.copy_row(src, dst)
-        return self.model(meta, self.cache.views)
+        return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
     def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None):
         """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples,
@@ -149,7 +152,10 @@ class ModelRunner:
         step = build_metadata(out, block_size=self.block_size, device=self.device)
         if broadcast is not None:
             broadcast(step.meta, out.row_copies)
-        logits = self.forward(step.meta, out.row_copies).logits
+        result = self.forward(step.meta, out.row_copies)
+        logits = result.logits
+        self.token_starts = step.meta.cu_seqlens[:-1].tolist()
+        self.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1) if self.tap_layers else None
         spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
         if not step.sample_rows:
             return [], None, spec_logits

@@ -91,6 +91,10 @@ class Speculation:
         """The request finished or was aborted: the proposer drops what it keeps for it."""
         self.proposer.release(request)
 
+    def observe(self, request, start: int, taps) -> None:
+        """The target committed tokens [start, start + len(taps)) (DSpark context features)."""
+        self.proposer.observe(request, start, taps)
+
     # ------------------------------------------------------------------ verify
     def prepare(self, out: SchedulerOutput) -> None:
         """Rows ("states") or record slots ("recover") for this step's verifying requests."""
