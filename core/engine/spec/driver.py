@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..scheduler import SchedulerOutput
-from .config import SpeculativeConfig
+from .config import SpeculativeConfig, SpeculativeConfigError
 from .ngram import NgramProposer
 from .rejection import verify
 
@@ -44,6 +44,9 @@ class SpecStats:
 
 class Speculation:
     def __init__(self, config: SpeculativeConfig, engine):
+        if engine.model.parallel.world_size > 1:
+            raise SpeculativeConfigError("speculative decoding with tensor parallel size > 1 is not implemented yet "
+                                         "(the KDA commit is not broadcast to worker ranks)")
         self.config, self.engine = config, engine
         k = config.num_speculative_tokens
         self.stats = SpecStats(accepted_per_position=[0] * k, proposed_per_position=[0] * k)
