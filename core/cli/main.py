@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import checkpoint, conformance, generate, info, plan, plugins
+from . import checkpoint, conformance, generate, info, plan, plugins, serve
 from .common import CliError, fail
 
 # (module, help) per subcommand; a module provides add_arguments(parser) and run(args) -> int.
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "info": (info, "architecture summary of a preset or a checkpoint"),
     "checkpoint": (checkpoint, "make checkpoints (random weights for tests and benchmarks)"),
     "generate": (generate, "generate text for one prompt or chat turn on the CPU reference path"),
+    "serve": (serve, "the OpenAI-compatible server (vLLM-style flags)"),
     "plan": (plan, "the packed cache plan and its capacity for a memory budget"),
     "plugins": (plugins, "plugins, platforms, kernel providers"),
     "conformance": (conformance, "check a platform against the reference"),

@@ -1,10 +1,17 @@
 """AsyncEngine: the LLMEngine stepped by a background thread, with per-request asyncio
-streams for the server. A request whose stream is closed early (client disconnect,
-cancellation) is aborted at once, which frees its cache rows."""
+streams for the server.
+
+Only the engine thread touches the LLMEngine. Callers hand it commands through an inbox
+(add a request, abort one) that it drains before every step, so an event loop never waits
+for a step in flight: with many clients, new requests and streamed tokens keep flowing while
+the model runs. A request whose stream is closed early (client disconnect, cancellation) is
+aborted before the next step, which frees its cache rows.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import threading
 import traceback
 from collections.abc import AsyncIterator
@@ -18,15 +25,34 @@ class EngineDeadError(RuntimeError):
     """The engine loop failed; the message carries the original error."""
 
 
+def _post(loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Run fn(*args) on `loop`; False when that loop is closed (its caller is gone)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():  # the caller went away meanwhile
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.05):
         self.engine = engine
-        self._lock = threading.Lock()
+        self._inbox: collections.deque = collections.deque()   # ("add", ...) / ("abort", request_id)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle_wait_s = idle_wait_s
         self.dead: str | None = None
+        self._snapshot = self._read_stats()
         self._thread = threading.Thread(target=self._loop, name="k3-engine", daemon=True)
         self._thread.start()
 
@@ -40,13 +66,14 @@ class AsyncEngine:
         the engine refuses (too long, bad ids) before anything is generated."""
         if self.dead:
             raise EngineDeadError(self.dead)
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            self.engine.add_request(request_id, prompt, params)
-            self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        accepted = loop.create_future()
+        self._inbox.append(("add", request_id, prompt, params, loop, queue, accepted))
         self._wake.set()
         finished = False
         try:
+            await accepted
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -58,17 +85,16 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            self._streams.pop(request_id, None)
-            self.engine.abort_request(request_id)
+        """Abort a request (no-op when it is unknown or done); its rows are free before the
+        engine's next step. Never blocks."""
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
 
     def stats(self) -> dict:
-        """A consistent snapshot of the engine's counters and cache use."""
-        with self._lock:
-            e = self.engine
-            return {**e.stats, "running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
-                    "preemptions_total": e.scheduler.num_preemptions, "cache_rows": e.pool.num_rows,
-                    "cache_rows_free": e.pool.num_free}
+        """A consistent snapshot of the engine's counters and cache use, taken between steps.
+        Rows held only by the prefix cache (`prefix_cache_rows`, `prefix_cache_checkpoint_rows`)
+        are not free, but are evicted when a request needs them."""
+        return dict(self._snapshot)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -78,6 +104,13 @@ class AsyncEngine:
         if stop:
             stop()
 
+    # ------------------------------------------------------------------ engine thread
+    def _read_stats(self) -> dict:
+        e = self.engine
+        return {**e.stats, "running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
+                "preemptions_total": e.scheduler.num_preemptions, "cache_rows": e.pool.num_rows,
+                "cache_rows_free": e.pool.num_free, **e.prefix_cache_stats(), **e.spec_stats()}
+
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)
         if target is None:
@@ -85,24 +118,52 @@ class AsyncEngine:
         loop, queue = target
         if isinstance(item, RequestOutput) and item.finished or isinstance(item, BaseException):
             self._streams.pop(request_id, None)
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+        if not _post(loop, queue.put_nowait, item):  # nobody can read it any more
+            self._streams.pop(request_id, None)
+            self.engine.abort_request(request_id)
+
+    def _drain(self) -> None:
+        """Apply queued adds and aborts, in order."""
+        while self._inbox:
+            command = self._inbox.popleft()
+            if command[0] == "abort":
+                self._streams.pop(command[1], None)
+                self.engine.abort_request(command[1])
+                continue
+            _, request_id, prompt, params, loop, queue, accepted = command
+            try:
+                self.engine.add_request(request_id, prompt, params)
+            except Exception as e:  # refused: the caller raises it
+                _post(loop, _settle, accepted, e)
+                continue
+            if _post(loop, _settle, accepted, None):
+                self._streams[request_id] = (loop, queue)
+            else:
+                self.engine.abort_request(request_id)
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        for request_id in list(self._streams):
+            self._deliver(request_id, error)
+            self.engine.abort_request(request_id)
+        while self._inbox:
+            command = self._inbox.popleft()
+            if command[0] == "add":
+                _post(command[4], _settle, command[6], error)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
-                with self._lock:
-                    busy = self.engine.has_unfinished_requests()
-                    outputs = self.engine.step() if busy else []
-                    for out in outputs:
-                        self._deliver(out.request_id, out)
+                self._drain()
+                busy = self.engine.has_unfinished_requests()
+                outputs = self.engine.step() if busy else []
+                self._snapshot = self._read_stats()  # before delivery: a finished stream sees its rows free
+                for out in outputs:
+                    self._deliver(out.request_id, out)
             except Exception as e:  # the engine is unusable: fail every open stream, refuse new work
                 self.dead = f"engine step failed: {type(e).__name__}: {e}"
                 traceback.print_exc()
-                with self._lock:
-                    for request_id in list(self._streams):
-                        self._deliver(request_id, EngineDeadError(self.dead))
-                        self.engine.abort_request(request_id)
+                self._fail_all(EngineDeadError(self.dead))
                 return
-            if not busy:
+            if not busy and not self._inbox:
                 self._wake.wait(self._idle_wait_s)
-                self._wake.clear()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 # A logits processor / token bitmask hook: called with the request's output token ids so far,
 # returns the token ids allowed next (structured output, forced tool choice), or None for all.
 AllowedTokensFn = Callable[[Sequence[int]], "Sequence[int] | None"]
+INT64 = 2 ** 63
 
 
 class SamplingParamsError(ValueError):
@@ -58,7 +59,8 @@ class SamplingParams:
         need(isinstance(self.n, int) and 1 <= self.n <= 16, "n", f"must be an integer in [1, 16], got {self.n!r}")
         need(0 <= self.temperature <= 100, "temperature", f"must be in [0, 100], got {self.temperature!r}")
         need(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p!r}")
-        need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be -1, 0 or positive, got {self.top_k!r}")
+        need(isinstance(self.top_k, int) and 0 <= self.top_k < INT64, "top_k",
+             f"must be -1, 0 or a positive integer below 2**63, got {self.top_k!r}")
         need(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p!r}")
         need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
              "max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
@@ -71,7 +73,9 @@ class SamplingParams:
              "logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs!r}")
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
-        need(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
+        # Seeds go to int64 tensors; sample i of n uses seed + i.
+        need(self.seed is None or (isinstance(self.seed, int) and -INT64 <= self.seed < INT64 - self.n), "seed",
+             f"must be an integer in [-2**63, 2**63 - n), got {self.seed!r}")
 
     @property
     def uses_penalties(self) -> bool:

@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,6 +80,8 @@ def _init(rank: int, world: int, init_file: str, config: EngineConfig):
 
 
 def _worker(rank: int, world: int, init_file: str, config: EngineConfig) -> None:
+    # Ctrl-C reaches the whole process group: rank 0 stops the workers through the broadcast.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     engine = _init(rank, world, init_file, config)
     while (step := _receive(engine.device)) is not None:
         engine.runner.forward(*step)

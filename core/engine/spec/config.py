@@ -43,6 +43,9 @@ class SpeculativeConfig:
         if unknown:
             raise SpeculativeConfigError(f"speculative config key {unknown[0]!r} is not implemented by k3 "
                                          f"(known: {', '.join(sorted(known))})")
+        for required in ("method", "num_speculative_tokens"):
+            if required not in value:
+                raise SpeculativeConfigError(f"speculative config key {required!r} is required")
         config = cls(**value)
         config.validate()
         return config

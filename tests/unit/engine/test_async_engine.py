@@ -1,6 +1,7 @@
 """AsyncEngine: concurrent streams, early close aborts and frees rows, refusals raise."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -51,6 +52,9 @@ def test_closing_a_stream_aborts_and_frees(engine):
         await stream.aclose()
 
     asyncio.run(main())
+    deadline = time.monotonic() + 5  # the abort is applied before the engine's next step
+    while engine.stats()["cache_rows_free"] != start and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert engine.stats()["cache_rows_free"] == start and engine.stats()["running"] == 0
 
 

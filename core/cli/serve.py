@@ -1,0 +1,255 @@
+"""`k3 serve`: the OpenAI-compatible server (k3.serve) on one checkpoint.
+
+Flags follow vLLM's where they mean the same. Options the user leaves out take the selected
+platform's defaults (`Platform.config_defaults()`), then k3's. Every startup problem (no
+checkpoint, platform unavailable, an option k3 does not implement yet, port in use) is one
+line on stderr and exit code 2. When the server listens, stderr gets one line:
+`k3: serving NAME on http://HOST:PORT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+
+from .common import CliError, fail
+from .plan import add_cache_arguments
+
+DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
+          "float32": "float32", "float": "float32", "float64": "float64"}
+
+
+class Default:
+    """A flag's built-in default, told apart from a value the user typed (platform defaults
+    replace only these)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
+    parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="name(s) clients pass as `model` (default: --model as given); the first is reported")
+    parser.add_argument("--api-key", default=os.environ.get("K3_API_KEY"),
+                        help="require `Authorization: Bearer KEY` on /v1 routes (default: $K3_API_KEY)")
+    parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
+                        help="activation dtype (auto: the checkpoint's)")
+    parser.add_argument("--load-format", choices=["auto", "safetensors"], default="auto",
+                        help="checkpoint format (both: safetensors)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the draws of requests without a seed")
+    parser.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="requests in one batch (default 64)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N",
+                        help="tokens in one forward (default 2048)")
+    parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
+                        help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
+                             "from --gpu-memory-utilization")
+    add_cache_arguments(parser)
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="reuse the cache of shared prompt prefixes (resumed only at KDA checkpoints)")
+    parser.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
+                        help="prefix caching: tokens per hashed unit, divides the block size (default min(64, block))")
+    parser.add_argument("--kda-checkpoint-interval", type=int, default=0, metavar="N",
+                        help="prefix caching: also save KDA states every N prompt tokens, a multiple of the unit "
+                             "(default 0: at the end of each prompt's last full unit only)")
+    parser.add_argument("--speculative-config", metavar="JSON", default=None, help='speculative decoding, vLLM\'s JSON shape (docs/speculative.md)')
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="parse tool calls of requests with tools (needs --tool-call-parser)")
+    parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
+    parser.add_argument("--reasoning-parser", choices=["kimi_k3"], default=None,
+                        help="split the think channel into reasoning_content")
+    parser.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                        help="auto: request defaults from the checkpoint's generation_config.json; vllm: none")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="accepted for vLLM command lines; k3 never runs code from a checkpoint")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    for action in parser._actions:
+        action.help = SERVE_HELP.get(action.dest, action.help)
+        if action.dest in PLATFORM_TUNABLE:  # let platform defaults tell unset options from set ones
+            action.default = Default(action.default)
+
+
+# Help of the shared cache flags where serving reads them differently from `k3 plan`.
+SERVE_HELP = {
+    "max_model_len": "context limit, prompt + output (default: the smaller of the config's and what the cache holds)",
+    "gpu_memory": "a `k3 plan` option: refused (the server reads the accelerator's memory)",
+    "decode_context_parallel_size": "not implemented yet: only 1",
+    "tensor_parallel_size": "ranks, one process each (default 1)",
+    "gpu_memory_utilization": "fraction of accelerator memory for weights + cache (default 0.9)",
+}
+
+
+# Options a platform's config_defaults() may set (by dest name).
+PLATFORM_TUNABLE = ("dtype", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory", "kv_cache_dtype",
+                    "index_cache_dtype", "gpu_memory_utilization", "max_model_len", "block_size",
+                    "tensor_parallel_size")
+
+
+def apply_defaults(args: argparse.Namespace, platform_defaults: dict) -> None:
+    """Unset options take the platform's default, else k3's (in place)."""
+    for name in PLATFORM_TUNABLE:
+        value = getattr(args, name, None)
+        if isinstance(value, Default):
+            setattr(args, name, platform_defaults.get(name, value.value))
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse what is not implemented or inconsistent before anything loads."""
+    if not args.enable_prefix_caching and (args.prefix_match_unit is not None or args.kda_checkpoint_interval):
+        raise CliError("--prefix-match-unit and --kda-checkpoint-interval need --enable-prefix-caching")
+    if args.speculative_config:
+        from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
+
+        try:
+            SpeculativeConfig.parse(args.speculative_config)
+        except SpeculativeConfigError as e:
+            raise CliError(f"--speculative-config: {e}") from None
+    if args.decode_context_parallel_size != 1:
+        raise CliError("--decode-context-parallel-size: decode context parallelism is not implemented yet")
+    if args.gpu_memory is not None:
+        raise CliError("--gpu-memory is a `k3 plan` option; k3 serve reads the accelerator's memory "
+                       "(use --gpu-memory-utilization)")
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise CliError("--enable-auto-tool-choice needs --tool-call-parser kimi_k3")
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be in [0, 65535], got {args.port}")
+    for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--max-num-seqs", args.max_num_seqs),
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+        if isinstance(value, int) and value < 1:
+            raise CliError(f"{flag} must be at least 1, got {value}")
+    if args.api_key == "":
+        raise CliError("--api-key is empty")
+    if not (Path(args.model) / "config.json").is_file():
+        raise CliError(f"{args.model} is not a checkpoint directory (no config.json there)")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound socket (bound before the model loads, so a busy port fails fast)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def build_engine(args: argparse.Namespace):
+    """The LLMEngine for the flags (platform defaults applied), or CliError."""
+    from k3.checkpoint.loader import CheckpointError
+    from k3.config import ConfigError, K3Config
+    from k3.engine.engine import EngineConfig, LLMEngine
+    from k3.plugin import PlatformError, select_platform
+
+    try:
+        platform = select_platform(args.platform)
+        apply_defaults(args, platform.config_defaults())
+        config = EngineConfig(
+            model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
+            tensor_parallel_size=args.tensor_parallel_size, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+            block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
+            kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
+            prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
+            speculative_config=args.speculative_config)
+        problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
+        if problems:
+            raise CliError(f"platform {platform.name}: {'; '.join(problems)}")
+        if platform.info.forced:
+            print(f"k3: platform {platform.name} was not detected; running its forced path on {platform.info.device}",
+                  file=sys.stderr)
+        if args.tensor_parallel_size > 1:
+            from k3.engine.tensor_parallel import start_tensor_parallel
+
+            return start_tensor_parallel(config)
+        return LLMEngine(config, platform=platform)
+    except (PlatformError, ConfigError, CheckpointError, OSError, ValueError, NotImplementedError) as e:
+        raise CliError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
+def _uvicorn_server(app, log_level: str):
+    """A uvicorn server that stops gracefully on SIGINT / SIGTERM and then returns, so the
+    engine (and tensor-parallel workers) shut down, instead of re-raising the signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            getattr(self, "_captured_signals", []).clear()
+
+    return Server(uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5))
+
+
+def run(args: argparse.Namespace) -> int:
+    from k3.engine.async_engine import AsyncEngine
+    from k3.serve import build_app, generation_defaults
+
+    _check_flags(args)
+    sock = _listen(args.host, args.port)
+    async_engine = None
+    try:
+        async_engine = AsyncEngine(build_engine(args))
+        names = args.served_model_name or [args.model]
+        try:
+            app = build_app(async_engine, served_model_name=names, api_key=args.api_key,
+                            enable_auto_tool_choice=args.enable_auto_tool_choice,
+                            tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                            sampling_defaults=generation_defaults(args.model) if args.generation_config == "auto"
+                            else None)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+        server = _uvicorn_server(app, args.uvicorn_log_level)
+        host, port = sock.getsockname()[:2]
+        url_host = f"[{host}]" if ":" in host else host
+
+        async def serve() -> None:
+            task = asyncio.ensure_future(server.serve(sockets=[sock]))
+            while not server.started and not task.done():
+                await asyncio.sleep(0.02)
+            if server.started:
+                print(f"k3: serving {names[0]} on http://{url_host}:{port}", file=sys.stderr, flush=True)
+            await task
+            if not server.started:
+                raise CliError("the HTTP server did not start (see the log above)")
+
+        try:
+            asyncio.run(serve())
+        except KeyboardInterrupt:
+            pass
+        return 0
+    finally:
+        sock.close()
+        if async_engine is not None:
+            async_engine.shutdown()
+
+
+def vendor_main(vendor: str, argv: list[str] | None = None) -> int:
+    """`k3-serve-<vendor>`: `k3 serve --platform <vendor>` with that vendor's defaults; exit 2
+    with the platform's one-sentence reason when it cannot run here."""
+    from k3.plugin import PlatformError, select_platform
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--platform" or a.startswith("--platform=") for a in argv):
+        return fail(f"k3-serve-{vendor} always serves on the {vendor} platform; use `k3 serve --platform NAME` "
+                    "for another")
+    if not any(a in ("-h", "--help") for a in argv):
+        try:
+            select_platform(vendor)
+        except PlatformError as e:
+            return fail(str(e))
+    from .main import main
+
+    return main(["serve", "--platform", vendor, *argv])

@@ -1,0 +1,16 @@
+"""k3.serve: the OpenAI-compatible HTTP server (FastAPI + uvicorn) over an AsyncEngine.
+
+    app = build_app(AsyncEngine(LLMEngine(config)), served_model_name="k3-tiny")
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{id},
+GET /health, GET /metrics, GET /version. `k3 serve` (k3.cli.serve) builds the engine, the app
+and the uvicorn server from vLLM-style flags; docs/serving.md documents both.
+
+Modules, one concern each: protocol (request bodies), responses (response bodies), errors
+(OpenAI error bodies), sampling (request -> SamplingParams, usage, logprobs), streaming (SSE,
+several prompts, disconnects), chat, completions, models (+ health), metrics, state, app.
+"""
+
+from .app import build_app, generation_defaults
+
+__all__ = ["build_app", "generation_defaults"]

@@ -1,0 +1,69 @@
+"""The FastAPI application of `k3 serve`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from . import chat, completions, metrics, models
+from .errors import install_error_handlers
+from .sampling import DEFAULT_KEYS
+from .state import ServerState
+
+TOOL_CALL_PARSERS = ("kimi_k3",)
+REASONING_PARSERS = ("kimi_k3",)
+
+
+def generation_defaults(model_dir: str | Path) -> dict[str, Any]:
+    """Request defaults from the checkpoint's generation_config.json (temperature, top_p, top_k,
+    min_p, repetition_penalty), as vLLM's `--generation-config auto` applies them."""
+    path = Path(model_dir) / "generation_config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: config[k] for k in DEFAULT_KEYS if isinstance(config.get(k), (int, float))
+            and not isinstance(config.get(k), bool)}
+
+
+def build_app(engine, *, served_model_name: str | list[str], api_key: str | None = None,
+              enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+              reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None) -> FastAPI:
+    """The OpenAI-compatible app over a running `AsyncEngine`.
+
+    served_model_name: the name(s) clients pass as `model` (the first is reported back).
+    api_key: when set, /v1 routes need `Authorization: Bearer KEY` (/health, /metrics do not).
+    enable_auto_tool_choice + tool_call_parser="kimi_k3": tool calls in K3 output become
+    `tool_calls` (else they stay in the content). reasoning_parser="kimi_k3": the think
+    channel becomes `reasoning_content`. Both parsers read K3 XTML: ValueError for a model
+    with another chat format. sampling_defaults: request defaults (see generation_defaults).
+    The caller owns the engine (shut it down after the server stops).
+    """
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("served_model_name must be a non-empty name or list of names")
+    if tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+        raise ValueError(f"unknown tool call parser {tool_call_parser!r} (known: {', '.join(TOOL_CALL_PARSERS)})")
+    if reasoning_parser not in (None, *REASONING_PARSERS):
+        raise ValueError(f"unknown reasoning parser {reasoning_parser!r} (known: {', '.join(REASONING_PARSERS)})")
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ValueError("enable_auto_tool_choice needs a tool call parser (kimi_k3)")
+    flavor = engine.tokenizer.flavor
+    if (tool_call_parser or reasoning_parser) and flavor != "k3":
+        raise ValueError(f"the kimi_k3 parsers read K3 XTML output, but this model uses the {flavor.upper()} chat "
+                         "format (its parsers are not implemented yet): leave the parser options out")
+    state = ServerState(engine=engine, model_names=names, api_key=api_key,
+                        parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
+                        parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}))
+    from k3 import __version__
+
+    app = FastAPI(title="k3", version=__version__,
+                  description="OpenAI-compatible API of k3 (Kimi K3-architecture models). See docs/serving.md.")
+    app.state.k3 = state
+    install_error_handlers(app)
+    for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,51 @@
+"""GET /v1/models, /v1/models/{model}, /health and /version."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from .errors import APIError
+from .responses import ERROR_RESPONSES, ErrorResponse, ModelCard, ModelList
+from .state import ServerState, get_state, require_api_key
+
+router = APIRouter()
+v1 = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+def _card(state: ServerState, name: str) -> ModelCard:
+    return ModelCard(id=name, created=state.created, root=state.model_path, max_model_len=state.max_model_len)
+
+
+@v1.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
+async def list_models(request: Request) -> ModelList:
+    """The served model names (every --served-model-name)."""
+    state = get_state(request)
+    return ModelList(data=[_card(state, name) for name in state.model_names])
+
+
+@v1.get("/v1/models/{model:path}", response_model=ModelCard,
+        responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]})
+async def get_model(model: str, request: Request) -> ModelCard:
+    """One served model, or 404."""
+    state = get_state(request)
+    state.check_model(model)
+    return _card(state, model)
+
+
+@router.get("/health", response_class=Response,
+            responses={200: {"description": "the engine is alive"},
+                       503: {"model": ErrorResponse, "description": "the engine has failed"}})
+async def health(request: Request) -> Response:
+    """200 while the engine loop runs, 503 once it has failed."""
+    dead = get_state(request).engine.dead
+    if dead:
+        raise APIError(503, f"the engine has failed: {dead}", code="engine_dead")
+    return Response(status_code=200)
+
+
+@router.get("/version")
+async def version() -> dict:
+    """The k3 version."""
+    from k3 import __version__
+
+    return {"version": __version__}

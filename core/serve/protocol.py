@@ -1,0 +1,175 @@
+"""Request bodies of the OpenAI-compatible API (pydantic models; FastAPI publishes them in
+/openapi.json, so the published schema states every type and range).
+
+Types are strict: a string where a number belongs, a number where a boolean belongs, NaN or
+Infinity are refused (HTTP 400), never coerced. The ranges mirror k3.engine.SamplingParams,
+which checks them again; what a schema cannot say (a tool result must answer a call, a prompt
+must fit the context) is checked by the handlers. Unknown top-level fields are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+INT64 = 2 ** 63
+MAX_PROMPTS = 64  # prompts in one /v1/completions request
+
+
+def _integral(value):
+    """JSON Schema's integers include 2.0: take a float with no fraction as an int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(**limits):
+    """A strict int with JSON Schema limits (ge, le, lt) that also takes 2.0 for 2."""
+    return Annotated[int, Field(**limits), BeforeValidator(_integral)]
+
+
+TokenId = integer(ge=0)
+NonEmpty = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = Field(False, description="send a last chunk with `usage` (and `choices: []`)")
+
+
+class FunctionSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="1-64 characters from A-Z a-z 0-9 _ . : -")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
+    strict: bool | None = Field(None, description="accepted; grammar enforcement is not implemented")
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value: dict | None) -> dict | None:
+        if value is None:
+            return value
+        if "type" in value and value["type"] != "object":
+            raise ValueError("must be a JSON Schema of type 'object'")
+        if "properties" in value and not isinstance(value["properties"], dict):
+            raise ValueError("'properties' must be an object")
+        required = value.get("required", [])
+        if not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+            raise ValueError("'required' must be a list of property names")
+        return value
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ToolCallFunction(_Strict):
+    name: NonEmpty
+    arguments: str | dict[str, Any] | None = Field(None, description="a JSON object (as a string)")
+
+
+class ToolCallIn(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class TextPart(_Strict):
+    type: Literal["text", "input_text", "output_text"] = Field(description="k3 chat takes text parts only")
+    text: str
+
+
+class ChatMessage(_Strict):
+    """One input message. `content`: a string, null, or a list of text parts."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = Field(None, description="earlier reasoning of an assistant turn")
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatTemplateKwargs(_Strict):
+    """Options of the K3 chat template (other keys are refused)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    thinking: bool | None = Field(None, description="thinking mode (default true); false: instruct mode")
+    enable_thinking: bool | None = Field(None, description="alias of thinking")
+    thinking_effort: Literal["low", "medium", "high", "max"] | None = Field(None, description="default max")
+
+
+class _Sampling(_Strict):
+    """Fields shared by chat and text completions. Defaults of temperature, top_p, top_k,
+    min_p and repetition_penalty: the checkpoint's generation_config.json, else vLLM's."""
+
+    model: str
+    n: integer(ge=1, le=16) = Field(1, description="choices per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=16)] | None = Field(
+        None, description="up to 16 strings; may span tokens")
+    seed: integer(ge=-INT64, lt=INT64 - 16) | None = None
+    temperature: float | None = Field(None, ge=0, le=100, description="0: greedy")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: integer(ge=-1, lt=INT64) | None = Field(None, description="-1 or 0: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    min_tokens: integer(ge=0) = 0
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = Field(None, description="not implemented: must be absent or empty")
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: integer(ge=1) | None = Field(None, description="deprecated alias of max_completion_tokens")
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="default: up to the context limit")
+    logprobs: bool = False
+    top_logprobs: integer(ge=0, le=20) | None = Field(None, description="needs logprobs=true")
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls it makes")
+    response_format: ResponseFormat | None = Field(None, description="rendered as an instruction, not enforced")
+    reasoning_effort: Literal["low", "medium", "high", "max"] | None = Field(
+        None, description="K3 thinking_effort (chat_template_kwargs.thinking_effort wins)")
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    skip_special_tokens: bool = Field(
+        True, description="K2-format models only: K3 output keeps its markers for the parsers")
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions. `prompt`: a string, token ids, or a list of either (a batch)."""
+
+    prompt: (NonEmpty | TokenIds | Annotated[list[NonEmpty], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    max_tokens: integer(ge=1) | None = Field(16, description="null: up to the context limit")
+    logprobs: integer(ge=0, le=20) | None = Field(None, description="top logprobs per token")
+    echo: bool = Field(False, description="not implemented: must be false")
+    suffix: str | None = Field(None, description="not implemented: must be absent")
+    best_of: integer(ge=1, le=16) | None = Field(None, description="only best_of == n is accepted")
+    skip_special_tokens: bool = True

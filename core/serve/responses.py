@@ -1,0 +1,130 @@
+"""Response bodies (pydantic models, published in /openapi.json).
+
+Non-streaming responses are built from these models; streamed chunks are plain dicts of the
+same shapes (`chat.completion.chunk`, `text_completion`), written as server-sent events.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, server_error")
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx answer: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object as a string")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = Field(None, description="the think channel (with --reasoning-parser)")
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: Literal["stop", "length", "tool_calls", "abort"] | None
+    stop_reason: str | int | None = Field(None, description="the stop string or token id that ended the choice")
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length", "abort"] | None
+    stop_reason: str | int | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "k3"
+    root: str = Field(description="the checkpoint directory")
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# OpenAPI `responses=` entries shared by the generation routes.
+ERROR_RESPONSES = {
+    400: {"model": ErrorResponse, "description": "invalid request"},
+    401: {"model": ErrorResponse, "description": "missing or wrong API key"},
+    404: {"model": ErrorResponse, "description": "unknown model"},
+    503: {"model": ErrorResponse, "description": "the engine has failed"},
+}
+STREAMING_RESPONSES = {**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}},
+                                                "description": "a completion, or server-sent events with stream=true"}}

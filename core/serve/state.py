@@ -1,0 +1,70 @@
+"""What every route reads: the engine, the served names, the parser switches, the metrics."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from .errors import APIError
+from .metrics import Metrics
+
+
+@dataclass
+class ServerState:
+    engine: Any                      # AsyncEngine (or anything with its interface)
+    model_names: list[str]           # the first is reported in responses
+    api_key: str | None = None
+    parse_tool_calls: bool = False   # --enable-auto-tool-choice with --tool-call-parser kimi_k3
+    parse_reasoning: bool = False    # --reasoning-parser kimi_k3
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics = None          # type: ignore[assignment]
+
+    def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = Metrics(self.engine)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.engine.model_config.vocab_size
+
+    @property
+    def model_path(self) -> str:
+        return str(self.engine.engine.config.model)
+
+    def check_model(self, name: str) -> str:
+        """The reported model name; 404 for a name this server does not serve."""
+        if name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves "
+                                f"{', '.join(repr(n) for n in self.model_names)}.", param="model",
+                           code="model_not_found")
+        return self.model_names[0]
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.k3
+
+
+async def require_api_key(request: Request) -> None:
+    """Dependency of the /v1 routes: `Authorization: Bearer KEY` when the server has a key."""
+    key = get_state(request).api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise APIError(401, "Missing API key: send `Authorization: Bearer KEY`.", code="invalid_api_key")
+    if not secrets.compare_digest(token.strip().encode(), key.encode()):
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

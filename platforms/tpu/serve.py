@@ -1,0 +1,18 @@
+"""`k3-serve-tpu`: `k3 serve --platform tpu` with the tpu plugin's serving defaults.
+
+Refuses (exit 2, the platform's one-sentence reason) when the tpu platform cannot run here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from k3.cli.serve import vendor_main
+
+    return vendor_main("tpu", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
