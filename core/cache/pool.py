@@ -76,3 +76,26 @@ class CachePool:
     def copy_row(self, src: int, dst: int) -> None:
         """Move one block (all layers) in one copy."""
         self.backing[dst].copy_(self.backing[src])
+
+
+def kernel_page_table(block_table: torch.Tensor, *, block_size: int, kernel_page: int) -> torch.Tensor:
+    """Translate a block table of rows [N, R] into kernel page ids [N, R * J], J = block_size /
+    kernel_page: page k lives in row k // J at token offset (k % J) * kernel_page.
+
+    Kernels index small fixed pages (e.g. 64 tokens) while a row holds a whole block; this is
+    the translation the engine applies before each step, so kernels never see the row format.
+    """
+    if block_size % kernel_page:
+        raise ValueError(f"the kernel page ({kernel_page}) must divide the block size ({block_size})")
+    j = block_size // kernel_page
+    pages = block_table.long()[..., None] * j + torch.arange(j, device=block_table.device)
+    return pages.flatten(-2)
+
+
+def kernel_page_offsets(view_pages: torch.Tensor, pages: torch.Tensor, *, kernel_page: int) -> torch.Tensor:
+    """Element offsets (into the view's storage) of the first token of each kernel page:
+    row stride x (k // J) + token stride x kernel_page x (k % J). A kernel adds the token and
+    channel offsets within the page. view_pages: a layer's [rows, block, record] view."""
+    j = view_pages.shape[1] // kernel_page
+    row_stride, token_stride = view_pages.stride(0), view_pages.stride(1)
+    return view_pages.storage_offset() + (pages // j) * row_stride + (pages % j) * kernel_page * token_stride

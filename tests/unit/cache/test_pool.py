@@ -80,3 +80,30 @@ def test_unsupported_cache_dtype_is_refused():
     with pytest.raises(ValueError, match="nvfp4"):
         CachePool(cfg, layout, 2, activation_dtype="bfloat16", kv_cache_dtype="nvfp4", index_cache_dtype="fp8",
                   tensor_parallel_size=1)
+
+
+def test_kernel_page_addresses_reach_the_same_tokens():
+    """Reading a layer's latents through translated kernel pages (64-token pages inside
+    256-token rows) gives exactly what reading through the rows gives."""
+    from k3.cache.pool import kernel_page_offsets, kernel_page_table
+
+    cfg = K3Config.preset("k3-tiny")
+    layout = row_layout(cfg, block_size=256, tensor_parallel_size=1, kv_cache_dtype="fp32", index_cache_dtype="fp8",
+                        activation_dtype="float32")
+    pool = CachePool(cfg, layout, 6, activation_dtype="float32", kv_cache_dtype="fp32", index_cache_dtype="fp8",
+                     tensor_parallel_size=1)
+    pages = pool.views.latent[1].pages                                   # [6, 256, 40]
+    pages.copy_(torch.randn(pages.shape, generator=torch.Generator().manual_seed(0)))
+    table = torch.tensor([[4, 1, 3], [0, 5, 2]])
+    kernel = kernel_page_table(table, block_size=256, kernel_page=64)   # [2, 12]
+    assert kernel.shape == (2, 12) and kernel[0, :4].tolist() == [16, 17, 18, 19]
+    storage = torch.tensor([], dtype=torch.float32).set_(pages.untyped_storage())   # the backing storage as floats
+    offsets = kernel_page_offsets(pages, kernel, kernel_page=64)
+    for n in range(2):
+        for i in range(12):
+            start = int(offsets[n, i])
+            got = torch.stack([storage[start + t * pages.stride(1): start + t * pages.stride(1) + 40] for t in range(64)])
+            row, first = table[n, i // 4], (i % 4) * 64
+            assert torch.equal(got, pages[row, first:first + 64])
+    with pytest.raises(ValueError, match="divide"):
+        kernel_page_table(table, block_size=256, kernel_page=96)

@@ -1,0 +1,52 @@
+"""`k3 serve --tensor-parallel-size 2` on the CPU (two ranks over gloo) gives the same greedy
+tokens as size 1 (float64 tiny model), through the real command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+K3 = [str(Path(sys.executable).with_name("k3"))] if Path(sys.executable).with_name("k3").exists() else \
+    [sys.executable, "-m", "k3.cli.main"]
+
+
+def _serve(checkpoint, tp: int):
+    proc = subprocess.Popen([*K3, "serve", "--model", str(checkpoint), "--port", "0", "--dtype", "float64",
+                             "--kv-cache-memory", "0.02", "--tensor-parallel-size", str(tp),
+                             "--served-model-name", "tiny", "--uvicorn-log-level", "warning"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    for line in proc.stderr:
+        found = re.search(r"serving \S+ on (http://\S+)", line)
+        if found:
+            return proc, found.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError(f"k3 serve --tensor-parallel-size {tp} did not start")
+
+
+def _completion(url: str) -> list[str]:
+    body = json.dumps({"model": "tiny", "prompt": [[5, 6, 7, 8, 9, 10], [40, 41, 42]], "max_tokens": 8,
+                       "temperature": 0, "logprobs": 0}).encode()
+    request = urllib.request.Request(url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        choices = json.loads(response.read())["choices"]
+    return [c["logprobs"]["tokens"] for c in sorted(choices, key=lambda c: c["index"])]
+
+
+def test_tp2_serves_the_same_tokens(checkpoint):
+    results = []
+    for tp in (1, 2):
+        proc, url = _serve(checkpoint, tp)
+        try:
+            results.append(_completion(url))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    assert results[0] == results[1] and all(len(tokens) == 8 for tokens in results[0])
