@@ -11,6 +11,7 @@ import os
 import torch
 
 from k3 import reference as ref
+from k3.model.parallel import TorchDistributedCollectives
 
 from .markers import HOOKSPEC_VERSION, hookimpl
 from .types import (
@@ -51,30 +52,13 @@ def reference_tables() -> dict[str, object]:
     }
 
 
-class TorchDistributedBackend:
+class TorchDistributedBackend(TorchDistributedCollectives):
     """torch.distributed collectives (gloo on the CPU, NCCL/RCCL on GPUs): accepts everything."""
 
     name = "torch.distributed"
 
-    def __init__(self, group=None):
-        self.group = group
-
     def accepts(self, op: str, tensor: torch.Tensor) -> bool:
         return True
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=self.group)
-        return out
-
-    def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.cat(parts, dim=dim)
 
 
 @hookimpl(trylast=True)
