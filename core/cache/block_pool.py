@@ -7,15 +7,15 @@ from collections import deque
 
 
 class BlockPool:
-    """Rows 0..num_rows-1. Allocation is all-or-nothing; freeing returns a row once its
-    reference count drops to zero."""
+    """Rows first_row..first_row+num_rows-1. Allocation is all-or-nothing; freeing returns a
+    row once its reference count drops to zero."""
 
-    def __init__(self, num_rows: int):
+    def __init__(self, num_rows: int, *, first_row: int = 0):
         if num_rows < 1:
             raise ValueError(f"the cache has no rows ({num_rows}): give it more memory or a smaller block size")
-        self.num_rows = num_rows
-        self._free = deque(range(num_rows))
-        self._refs = [0] * num_rows
+        self.num_rows, self.first_row = num_rows, first_row
+        self._free = deque(range(first_row, first_row + num_rows))
+        self._refs = {r: 0 for r in range(first_row, first_row + num_rows)}
 
     @property
     def num_free(self) -> int:

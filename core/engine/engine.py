@@ -89,7 +89,18 @@ class LLMEngine:
         num_rows = self._cache_bytes(cfg, tp) // self.layout.row_bytes
         self.cache = CachePool(cfg, self.layout, num_rows, activation_dtype=act, kv_cache_dtype=self.kv_cache_dtype,
                                index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp, device=self.device)
-        self.pool = BlockPool(num_rows)
+        spec = SpeculativeConfig.parse(config.speculative_config)
+        # speculative "states" rollback: 1 + k scratch rows per running request, planned up front
+        reserved = 0
+        if spec is not None and spec.kda_rollback == "states" and cfg.kda_layer_ids:
+            reserved = config.max_num_seqs * (1 + spec.num_speculative_tokens)
+            if reserved >= num_rows:
+                raise ValueError(f"the cache holds {num_rows} rows, too few for the {reserved} speculative scratch "
+                                 f"rows of max_num_seqs {config.max_num_seqs} x (1 + {spec.num_speculative_tokens}): "
+                                 "give it more memory, lower max_num_seqs, or use kda_rollback \"recover\"")
+        self.pool = BlockPool(num_rows - reserved)
+        self.spec_pool = BlockPool(reserved, first_row=num_rows - reserved) if reserved else None
+        num_rows -= reserved
         cache_len = (num_rows - 1) * block
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
                                  cache_len)
@@ -117,7 +128,6 @@ class LLMEngine:
         self.broadcast = None                             # set by the tensor-parallel driver
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "generation_tokens_total": 0}
         self.speculation = None
-        spec = SpeculativeConfig.parse(config.speculative_config)
         if spec is not None:
             from .spec.driver import Speculation
 

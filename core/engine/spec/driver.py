@@ -107,8 +107,10 @@ class Speculation:
             if not s.spec_tokens:
                 continue
             if self.config.kda_rollback == "states":
-                rows = self.engine.pool.allocate(1 + len(s.spec_tokens))
-                if rows is None:       # the pool is short: this request decodes one token instead
+                # rows reserved up front: max_num_seqs x (1 + k), so a running request always has its own
+                pool = self.engine.spec_pool
+                rows = pool.allocate(1 + len(s.spec_tokens)) if pool is not None else None
+                if rows is None:       # a model without KDA layers needs no scratch rows
                     r.spec_tokens, r.spec_probs, s.num_new_tokens = [], None, 1
                     continue
                 r.spec_rows = rows
@@ -159,7 +161,7 @@ class Speculation:
             request.spec_tokens, request.spec_probs = [], None
         if copies:
             engine.apply_kda_commit(row_copies=copies)
-            engine.pool.free(freed)
+            engine.spec_pool.free(freed)
         if rec_rows:
             device = engine.device
             engine.apply_kda_commit(records=(torch.tensor(rec_slots, device=device),

@@ -122,7 +122,7 @@ def test_speculative_serving_streams_the_same_tokens(checkpoint):
     draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 2}' % checkpoint
     for spec in (None, draft):
         engine = AsyncEngine(LLMEngine(EngineConfig(model=str(checkpoint), dtype="float64", kv_cache_memory_gib=0.02,
-                                                    load_progress=False, speculative_config=spec)))
+                                                    max_num_seqs=8, load_progress=False, speculative_config=spec)))
         try:
             results.append(asyncio.run(tokens(engine)))
             stats = engine.stats()

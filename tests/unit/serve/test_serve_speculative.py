@@ -27,7 +27,7 @@ def test_speculative_chat_and_metrics(checkpoint):
     for name, spec in (("plain", None), ("spec", {"method": "draft_model", "model": str(checkpoint),
                                                    "num_speculative_tokens": 3})):
         engine = AsyncEngine(LLMEngine(EngineConfig(model=str(checkpoint), dtype="float64", kv_cache_memory_gib=0.02,
-                                                    max_model_len=1024, load_progress=False,
+                                                    max_model_len=1024, max_num_seqs=8, load_progress=False,
                                                     speculative_config=spec)))
         try:
             with LiveServer(build_app(engine, served_model_name=MODEL)) as server:

@@ -77,3 +77,20 @@ def test_probabilistic_identical_draft_accepts_and_is_reproducible(checkpoints):
     again, _ = _run(path, spec, params, PROMPTS[:3])
     assert first == again
     assert stats["spec_accepted_tokens_total"] == stats["spec_draft_tokens_total"] > 0
+
+
+def test_states_rollback_reserves_scratch_rows_up_front(checkpoints):
+    """The 1 + k scratch rows per running request come out of a separate pool, so the scheduler
+    never plans with rows that speculation will take; a cache too small for them is refused."""
+    path = checkpoints["k3.1-pro-tiny"]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "kda_rollback": "states"}
+    plain = LLMEngine(EngineConfig(model=str(path), dtype="float64", kv_cache_memory_gib=0.02, max_num_seqs=8,
+                                   load_progress=False))
+    spec_engine = LLMEngine(EngineConfig(model=str(path), dtype="float64", kv_cache_memory_gib=0.02, max_num_seqs=8,
+                                         load_progress=False, speculative_config=spec))
+    assert spec_engine.spec_pool.num_rows == 8 * (1 + 3)
+    assert spec_engine.pool.num_rows == plain.pool.num_rows - 8 * (1 + 3)
+    assert spec_engine.spec_pool.first_row == spec_engine.pool.num_rows      # disjoint row ranges
+    with pytest.raises(ValueError, match="too few for the .* speculative scratch rows"):
+        LLMEngine(EngineConfig(model=str(path), dtype="float64", kv_cache_memory_gib=0.02, max_num_seqs=256,
+                               load_progress=False, speculative_config=spec))
