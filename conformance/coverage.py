@@ -12,6 +12,8 @@ HOOK_FAMILIES = {
     "k3_quant_kernels": "quant",
     "k3_collective_backends": "collectives",
     "k3_process_weights": "model",          # the model cases call Platform.process_weights
+    "k3_allocate_cache": "model",           # the model cases run the platform on a packed CachePool
+    "k3_kda_state_layout": "model",         # ... whose KDA state rows use the platform's layout
 }
 
 TESTED_ELSEWHERE = (

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
+from k3.cache.plan import row_layout
+from k3.cache.pool import CachePool
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import CacheViews, ForwardMetadata
 
 from .inputs import poison_freed_memory
 
@@ -53,21 +55,44 @@ def prompts(seed: int, lengths: list[int], vocab: int = 384) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+_CACHE_DTYPES = {torch.float64: ("float64", "fp64"), torch.float32: ("float32", "fp32"),
+                 torch.bfloat16: ("bfloat16", "bf16")}
+
+
+def packed_cache(platform, model, num_rows: int) -> CacheViews:
+    """The engine's cache for `model`: one packed CachePool of `num_rows` rows of PAGE_SIZE
+    tokens, allocated by the platform (`k3_allocate_cache`), KDA state rows in the platform's
+    layout (`k3_kda_state_layout`), every view row-strided as the engine hands them to kernels."""
+    act, latent = _CACHE_DTYPES[model.dtype]
+    tp = model.parallel.world_size
+    layout = row_layout(model.cfg, block_size=PAGE_SIZE, tensor_parallel_size=tp, kv_cache_dtype=latent,
+                        index_cache_dtype="fp8", activation_dtype=act, alignment=platform.cache_alignment)
+    return CachePool.on_platform(platform, model.cfg, layout, num_rows, activation_dtype=act, kv_cache_dtype=latent,
+                                 index_cache_dtype="fp8", tensor_parallel_size=tp).views
+
+
 def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots: list[int], device="cpu",
-        seed: int = 0) -> list[Trace]:
+        seed: int = 0, platform=None) -> list[Trace]:
     """Generate `steps` tokens for every request, all in one batch.
 
     Each call feeds every unfinished request either its next prompt chunk (`chunk` tokens;
     None: the whole prompt) or its last token, so prefill chunks and decode steps share
     batches; a call where every request decodes is a pure decode step. Requests use state row
-    slots[i] and pages from a seeded shuffle of the pool.
+    slots[i] and pages from a seeded shuffle of the pool. With `platform`, the cache is the
+    engine's packed pool allocated by that platform (state rows first, then pages), else
+    separate contiguous tensors per layer (`model.allocate_cache`).
     """
     n = len(requests)
     pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
     rows = max(slots) + 1
-    cache = model.allocate_cache(num_state_rows=rows, num_pages=rows * pages_each, page_size=PAGE_SIZE, device=device)
     perm = torch.randperm(rows * pages_each, generator=torch.Generator().manual_seed(seed))
     table = perm.view(rows, pages_each).to(torch.int32)
+    if platform is None:
+        cache = model.allocate_cache(num_state_rows=rows, num_pages=rows * pages_each, page_size=PAGE_SIZE,
+                                     device=device)
+    else:                   # one row space: state rows 0..rows-1, pages after them
+        cache = packed_cache(platform, model, rows + rows * pages_each)
+        table = table + rows
     fed = [0] * n                                       # prompt tokens fed so far
     traces = [Trace() for _ in range(n)]
     while True:

@@ -1,5 +1,8 @@
 """The end-to-end model: the platform's kernels (`Platform.build_model`, the loader,
 `k3_process_weights`) against the reference kernels, on tiny random checkpoints made on the fly.
+The platform model runs on the engine's packed cache as the platform allocates it
+(`k3_allocate_cache`, KDA state rows in its `k3_kda_state_layout`): row-strided views, state
+rows and pages sharing one row space. The reference uses separate contiguous tensors.
 
 - model.greedy: three requests of different lengths (one longer than K3.1 Pro tiny's DSA
   top-16) generate greedily with the reference kernels (whole-prompt prefill, one batch); the
@@ -89,7 +92,8 @@ def _greedy(ctx, item):
     want = _reference_traces(ctx, preset, dtype, seed)
     model = _platform_model(ctx, preset, dtype)
     requests = [Request(p, forced=t.tokens) for p, t in zip(prompts(seed, LENGTHS), want)]
-    got = run(model, requests, steps=STEPS, chunk=CHUNK, slots=[2, 0, 1], device=ctx.device, seed=seed + 1)
+    got = run(model, requests, steps=STEPS, chunk=CHUNK, slots=[2, 0, 1], device=ctx.device, seed=seed + 1,
+              platform=ctx.platform)
     tokens, note = compare_tokens("tokens", got, want, MARGINS[item.dtype])
     logits = cmp.close("logits", _logits(got), _logits(want), LOGIT_TOL[item.dtype])
     return cmp.Outcome([tokens, logits], [note])
@@ -99,9 +103,10 @@ def _batch_invariance(ctx, item):
     preset, dtype, seed = item.sample.params["preset"], TORCH_DTYPES[item.dtype], item.seed % 1000
     model = _platform_model(ctx, preset, dtype)
     a, b, c = prompts(seed, LENGTHS)
-    alone = run(model, [Request(a)], steps=STEPS, chunk=CHUNK, slots=[0], device=ctx.device, seed=seed)
+    alone = run(model, [Request(a)], steps=STEPS, chunk=CHUNK, slots=[0], device=ctx.device, seed=seed,
+                platform=ctx.platform)
     batch = run(model, [Request(b), Request(a, forced=alone[0].tokens), Request(c)], steps=STEPS, chunk=CHUNK,
-                slots=[3, 1, 0], device=ctx.device, seed=seed + 1)
+                slots=[3, 1, 0], device=ctx.device, seed=seed + 1, platform=ctx.platform)
     tokens, note = compare_tokens("tokens", [batch[1]], alone, MARGINS[item.dtype])
     logits = cmp.close("logits", batch[1].stacked(), alone[0].stacked(), LOGIT_TOL[item.dtype])
     return cmp.Outcome([tokens, logits], [note])

@@ -30,7 +30,7 @@ class CachePool:
 
     def __init__(self, cfg: K3Config, layout: RowLayout, num_rows: int, *, activation_dtype: str,
                  kv_cache_dtype: str, index_cache_dtype: str, tensor_parallel_size: int, device=None,
-                 backing: torch.Tensor | None = None):
+                 backing: torch.Tensor | None = None, kda_state_layout: str = "hkv"):
         if kv_cache_dtype not in _LATENT_DTYPES:
             raise ValueError(f"kv cache dtype {kv_cache_dtype!r} cannot be served by the reference kernels yet "
                              f"(supported: {', '.join(_LATENT_DTYPES)})")
@@ -42,8 +42,16 @@ class CachePool:
         if tuple(backing.shape) != (num_rows, layout.row_bytes) or backing.dtype != torch.uint8:
             raise ValueError(f"backing tensor must be uint8 [{num_rows}, {layout.row_bytes}], got "
                              f"{backing.dtype} {tuple(backing.shape)}")
-        self.backing = backing
+        self.backing, self.kda_state_layout = backing, kda_state_layout
         self.views = self._build_views(_LATENT_DTYPES[kv_cache_dtype], _ACT[activation_dtype], tensor_parallel_size)
+
+    @classmethod
+    def on_platform(cls, platform, cfg: K3Config, layout: RowLayout, num_rows: int, **kwargs) -> "CachePool":
+        """A pool whose backing tensor the platform allocates (`k3_allocate_cache`) and whose
+        KDA state rows use the platform's layout (`k3_kda_state_layout`)."""
+        return cls(cfg, layout, num_rows, device=platform.info.device,
+                   backing=platform.allocate_cache(num_rows, layout.row_bytes),
+                   kda_state_layout=platform.kda_state_layout, **kwargs)
 
     def _build_views(self, latent_dtype, act_dtype, tp) -> CacheViews:
         cfg, layout, b = self.cfg, self.layout, self.backing
@@ -67,10 +75,12 @@ class CachePool:
         for layer in cfg.kda_layer_ids:
             heads = la.num_heads // tp
             rec, conv = regions[f"layer{layer}.recurrent"], regions[f"layer{layer}.conv"]
+            stored = _view(b, rec.offset, rec.nbytes, state_dtype, (heads, la.head_dim, la.head_dim))
             kda.append(KDAStateView(
-                recurrent=_view(b, rec.offset, rec.nbytes, state_dtype, (heads, la.head_dim, la.head_dim)),
+                recurrent=stored if self.kda_state_layout == "hkv" else stored.transpose(-1, -2),
                 conv=_view(b, conv.offset, conv.nbytes, act_dtype,
-                           (3 * heads * la.head_dim, la.short_conv_kernel_size - 1))))
+                           (3 * heads * la.head_dim, la.short_conv_kernel_size - 1)),
+                layout=self.kda_state_layout))
         return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
 
     def copy_row(self, src: int, dst: int) -> None:

@@ -85,10 +85,12 @@ class LLMEngine:
         block = config.block_size or default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
                                                         index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
         self.layout = row_layout(cfg, block_size=block, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
-                                 index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
+                                 index_cache_dtype=config.index_cache_dtype, activation_dtype=act,
+                                 alignment=self.platform.cache_alignment)
         num_rows = self._cache_bytes(cfg, tp) // self.layout.row_bytes
-        self.cache = CachePool(cfg, self.layout, num_rows, activation_dtype=act, kv_cache_dtype=self.kv_cache_dtype,
-                               index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp, device=self.device)
+        self.cache = CachePool.on_platform(self.platform, cfg, self.layout, num_rows, activation_dtype=act,
+                                           kv_cache_dtype=self.kv_cache_dtype,
+                                           index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp)
         spec = SpeculativeConfig.parse(config.speculative_config)
         # speculative "states" rollback: 1 + k scratch rows per running request, planned up front
         reserved = 0

@@ -144,17 +144,35 @@ class IndexKeyCacheView:
     fmt: str = "fp8"
 
 
+KDA_STATE_LAYOUTS = ("hkv", "hvk")
+
+
 @dataclass
 class KDAStateView:
-    """One KDA layer's per-sequence state rows, canonical layout.
+    """One KDA layer's per-sequence state rows.
 
-    recurrent: [num_rows, H_local, K, V] fp32 (fp64 for a float64 model);
+    recurrent: [num_rows, H_local, K, V] fp32 (fp64 for a float64 model), always indexed in
+               the canonical order; `layout` says how a row stores it. "hkv" (canonical): the
+               tensor is contiguous per row. "hvk": each head's state is stored transposed
+               ([V, K], as some decode kernels want it) and `recurrent` is a transposed,
+               strided view of that storage, so generic code (and the reference ops) reads
+               and writes it unchanged while a kernel that chose "hvk" uses `stored()`.
     conv:      [num_rows, 3 * H_local * K, W - 1] activation dtype: the last W-1 pre-conv
                inputs of the q, k, v channels, oldest first.
     """
 
     recurrent: torch.Tensor
     conv: torch.Tensor
+    layout: str = "hkv"
+
+    def __post_init__(self):
+        if self.layout not in KDA_STATE_LAYOUTS:
+            raise ValueError(f"unknown KDA state layout {self.layout!r}; known: {', '.join(KDA_STATE_LAYOUTS)}")
+
+    def stored(self) -> torch.Tensor:
+        """The recurrent rows in their storage order: [rows, H, K, V] for "hkv", [rows, H, V, K]
+        for "hvk" (row-strided; each row's heads contiguous)."""
+        return self.recurrent if self.layout == "hkv" else self.recurrent.transpose(-1, -2)
 
 
 @dataclass

@@ -7,12 +7,14 @@ provides an entry wins, the reference last) into the plain callables the model c
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .contract import KDA_STATE_LAYOUTS
 from .manager import Discovery, PluginRecord, allow_list, discover, select
 from .types import KERNEL_TABLES, Capabilities, KernelSet, PlatformInfo
 
@@ -98,6 +100,45 @@ class Platform:
 
         return K3ForCausalLM(cfg, kernels=self.kernels, parallel=parallel or self.parallel_context(),
                              dtype=dtype, device=self.info.device)
+
+    @property
+    def cache_alignment(self) -> int:
+        """Byte alignment of cache regions and rows: the planner's 256, or more where the
+        device asks (`Capabilities.cache_alignment_bytes`)."""
+        return math.lcm(256, max(1, self.capabilities.cache_alignment_bytes))
+
+    @property
+    def kda_state_layout(self) -> str:
+        """Element order inside a KDA state row ("hkv" canonical, or "hvk")."""
+        layout = self._pm.hook.k3_kda_state_layout(platform=self.info)
+        if layout not in KDA_STATE_LAYOUTS:
+            raise ValueError(f"k3_kda_state_layout returned {layout!r}; expected one of {', '.join(KDA_STATE_LAYOUTS)}")
+        return layout
+
+    def allocate_cache(self, num_rows: int, row_bytes: int) -> torch.Tensor:
+        """The backing tensor of a packed cache (`k3_allocate_cache`), checked against the plan:
+        uint8 [num_rows, row_bytes] on this platform's device, rows row_bytes apart, aligned."""
+        alignment = self.cache_alignment
+        if row_bytes % alignment:
+            raise ValueError(f"the planned row ({row_bytes} bytes) is not a multiple of the cache alignment "
+                             f"({alignment} bytes): plan rows with row_layout(..., alignment={alignment})")
+        backing = self._pm.hook.k3_allocate_cache(platform=self.info, num_rows=num_rows, row_bytes=row_bytes,
+                                                  alignment=alignment)
+        problems = []
+        if backing is None:
+            problems.append("no plugin allocated it")
+        else:
+            if backing.dtype != torch.uint8 or tuple(backing.shape) != (num_rows, row_bytes):
+                problems.append(f"got {backing.dtype} {tuple(backing.shape)}, expected uint8 {(num_rows, row_bytes)}")
+            elif num_rows and backing.stride() != (row_bytes, 1):
+                problems.append(f"rows are not packed: strides {backing.stride()}, expected {(row_bytes, 1)}")
+            if backing.device.type != torch.device(self.info.device).type:
+                problems.append(f"on {backing.device}, expected {self.info.device}")
+            if backing.data_ptr() % alignment:
+                problems.append(f"its first byte is not {alignment}-byte aligned")
+        if problems:
+            raise RuntimeError(f"k3_allocate_cache on platform {self.name!r}: " + "; ".join(problems))
+        return backing
 
     def process_weights(self, model) -> None:
         self._pm.hook.k3_process_weights(platform=self.info, model=model)

@@ -57,6 +57,32 @@ def k3_validate_config(platform, config, options):
     platform, as a list of one-sentence strings (empty: fine). Never raises."""
 
 
+# ------------------------------------------------------------------------------ the cache
+
+
+@hookspec(firstresult=True)
+def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
+    """Allocate the backing tensor of one rank's packed cache for the core planner's plan.
+
+    The planner fixes the row format and stride (every region aligned to `alignment` bytes,
+    `row_bytes` a multiple of it); the plugin chooses only where the memory comes from (a
+    pool, symmetric or registered memory for peer access...). Returns a uint8 tensor
+    [num_rows, row_bytes] on the platform's device whose rows are `row_bytes` apart and whose
+    first byte is `alignment`-aligned, every byte 0xFF (NaN in each cache float format, so
+    unwritten memory shows), or None to leave it to the next plugin. The reference
+    allocates with `torch.full`.
+    """
+
+
+@hookspec(firstresult=True)
+def k3_kda_state_layout(platform):
+    """The order inside a KDA state row this platform's kernels want: "hkv" (canonical
+    [H, K, V]) or "hvk" ([H, V, K]: each head transposed). The row's size and place are the
+    planner's; only the element order inside it changes. The core addresses the state through
+    `KDAStateView.recurrent` in canonical index order either way; a kernel reads
+    `KDAStateView.stored()`. None leaves it to the next plugin (the reference: "hkv")."""
+
+
 # -------------------------------------------------------------------------------- kernels
 
 

@@ -99,6 +99,19 @@ def k3_collective_backends(platform, group):
 
 
 @hookimpl(trylast=True)
+def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
+    # allocators align to 64 (CPU) or 512 bytes (CUDA): over-allocate and start at an aligned byte
+    raw = torch.full((num_rows * row_bytes + alignment,), 0xFF, dtype=torch.uint8, device=platform.device)
+    start = (-raw.data_ptr()) % alignment
+    return raw[start: start + num_rows * row_bytes].view(num_rows, row_bytes)
+
+
+@hookimpl(trylast=True)
+def k3_kda_state_layout(platform):
+    return "hkv"
+
+
+@hookimpl(trylast=True)
 def k3_process_weights(platform, model):
     return None
 

@@ -59,11 +59,11 @@ class DraftModelProposer:
         self.block = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=latent,
                                         index_cache_dtype="fp8", activation_dtype=act)
         layout = row_layout(cfg, block_size=self.block, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                            index_cache_dtype="fp8", activation_dtype=act)
+                            index_cache_dtype="fp8", activation_dtype=act, alignment=engine.platform.cache_alignment)
         rows_per_seq = math.ceil(engine.max_model_len / self.block) + 1 + self.k
         num_rows = engine.config.max_num_seqs * rows_per_seq
-        self.cache = CachePool(cfg, layout, num_rows, activation_dtype=act, kv_cache_dtype=latent,
-                               index_cache_dtype="fp8", tensor_parallel_size=tp, device=self.device)
+        self.cache = CachePool.on_platform(engine.platform, cfg, layout, num_rows, activation_dtype=act,
+                                           kv_cache_dtype=latent, index_cache_dtype="fp8", tensor_parallel_size=tp)
         self.pool = BlockPool(num_rows)
         self.seqs: dict[str, _DraftSeq] = {}
 

@@ -1,7 +1,8 @@
-"""k3-example-plugin: a third-party platform that overrides one kernel entry.
+"""k3-example-plugin: a third-party platform that overrides one kernel entry and chooses its
+cache memory and KDA state-row layout.
 
 The module is the plugin (entry point `example` in the `k3` group). It declares the hookspec
-versions it supports and implements four hooks; every other hook and kernel entry falls back
+versions it supports and implements six hooks; every other hook and kernel entry falls back
 to the reference plugin.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import functools
 import platform as _host
 
+import torch
+
 from k3 import hookimpl
 from k3 import reference as ref
 from k3.plugin import Capabilities, Detection, ElementwiseKernels
@@ -17,7 +20,8 @@ from k3.plugin import Capabilities, Detection, ElementwiseKernels
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = "example"
 
-calls = {"rms_norm": 0}            # how often the overriding kernel ran (tests read it)
+calls = {"rms_norm": 0, "allocate_cache": 0}    # how often each override ran (tests read it)
+CACHE_ALIGNMENT = 4096                           # the example device wants page-aligned rows
 
 
 @functools.wraps(ref.rms_norm)
@@ -40,7 +44,7 @@ def k3_capabilities(platform):
         return None
     return Capabilities(vendor="example", arch=_host.machine(), device_name="CPU (k3-example-plugin)",
                         device_count=1, dtypes=frozenset({"bfloat16", "float16", "float32", "float64"}),
-                        fp8_dtype="e4m3fn")
+                        fp8_dtype="e4m3fn", cache_alignment_bytes=CACHE_ALIGNMENT)
 
 
 @hookimpl
@@ -52,3 +56,20 @@ def k3_elementwise_kernels(platform):
 @hookimpl
 def k3_config_defaults(platform):
     return {"max_num_seqs": 4} if platform.name == NAME else None
+
+
+@hookimpl
+def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
+    """An over-allocated buffer, sliced so the first row starts `alignment`-aligned."""
+    if platform.name != NAME:
+        return None
+    calls["allocate_cache"] += 1
+    raw = torch.full((num_rows * row_bytes + alignment,), 0xFF, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % alignment
+    return raw[start: start + num_rows * row_bytes].view(num_rows, row_bytes)
+
+
+@hookimpl
+def k3_kda_state_layout(platform):
+    # each head's state stored transposed: the core must work unchanged through the views
+    return "hvk" if platform.name == NAME else None
