@@ -2,13 +2,17 @@
 
 usable = HBM per GPU x gpu_memory_utilization
 cache  = usable - weights per GPU (from the config and its quantisation, exact per rank)
-                - workspace (fixed 2 GiB + the prefill activations of one token budget,
-                  the AttnRes block bank included)
+                - workspace (fixed 2 GiB + the prefill activations of the largest forward
+                  the scheduler may run: max(max_num_batched_tokens, the adaptive limit of a
+                  lone request), the AttnRes block bank included)
 rows   = cache // row_bytes
-A max-length request needs ceil(max_len / (block x DCP)) attention rows plus its state rows
-(1 running + speculation), so concurrent = rows // that; the token capacity is what the
-attention rows left after those state rows hold, times DCP (each DCP rank stores every
-DCP-th token).
+         - speculative scratch rows (rollback "states": max_num_seqs x (1 + k), reserved
+           at start-up in a pool of their own)
+A max-length request needs ceil(max_len / (block x DCP)) attention rows plus its one state
+row, so concurrent = rows // that; the token capacity is what the attention rows left after
+those state rows hold, times DCP (each DCP rank stores every DCP-th token). Prefix caching
+reserves nothing: its KDA checkpoints take rows from the token capacity and are evicted
+least-recently-used with the blocks they belong to.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class CapacityReport:
     workspace_bytes: int
     cache_bytes: int
     num_rows: int
+    speculative_scratch_rows: int    # reserved at start-up (rollback "states"), not usable for tokens
+    prefix_checkpoint_rows_per_chunk: int   # taken from the token capacity while a chunk prefills
     max_model_len: int
     state_rows_per_request: int
     rows_per_max_len_request: int
@@ -70,19 +76,56 @@ def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def workspace_bytes(cfg: K3Config, max_num_batched_tokens: int) -> int:
-    """Fixed workspace plus one token budget of prefill activations (AttnRes bank + a few
-    hidden-sized temporaries per token)."""
-    per_token = cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
-    return FIXED_WORKSPACE + max_num_batched_tokens * per_token
+# Activations one forward may hold while a lone request prefills with a larger chunk than
+# max_num_batched_tokens (the scheduler's adaptive budget).
+ACTIVATION_BUDGET = {"cpu": 1 * GIB, "accelerator": 4 * GIB}
+
+
+def activation_bytes_per_token(cfg: K3Config) -> int:
+    """Prefill activations per token in flight: the AttnRes block bank plus a few hidden-sized
+    bf16 temporaries."""
+    return cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
+
+
+def prefill_token_limit(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: bool) -> int:
+    """Tokens one forward may take: max_num_batched_tokens, or more when the activation
+    budget allows it (used for a lone request's prefill)."""
+    budget = ACTIVATION_BUDGET["accelerator" if accelerator else "cpu"]
+    return max(max_num_batched_tokens, budget // activation_bytes_per_token(cfg))
+
+
+def workspace_bytes(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: bool = True) -> int:
+    """Fixed workspace plus the activations of the largest forward the scheduler may run."""
+    tokens = prefill_token_limit(cfg, max_num_batched_tokens, accelerator=accelerator)
+    return FIXED_WORKSPACE + tokens * activation_bytes_per_token(cfg)
+
+
+def speculative_scratch_rows(cfg: K3Config, *, max_num_seqs: int, num_speculative_tokens: int,
+                             kda_rollback: str = "states") -> int:
+    """State rows speculative decoding reserves up front: with the "states" rollback each
+    running request verifies k tokens into 1 + k scratch rows (the state before and after
+    each draft token), so max_num_seqs x (1 + k); "recover" keeps its records outside the
+    pool, and a model without KDA layers needs none."""
+    if not num_speculative_tokens or kda_rollback != "states" or not cfg.kda_layer_ids:
+        return 0
+    return max_num_seqs * (1 + num_speculative_tokens)
+
+
+def prefix_checkpoint_rows_per_chunk(cfg: K3Config, chunk_tokens: int, *, interval: int) -> int:
+    """Rows one prefill chunk takes for the KDA checkpoints it emits (every `interval` tokens,
+    plus the prompt's last full unit); 0 for a model without KDA layers."""
+    if not cfg.kda_layer_ids:
+        return 0
+    return (chunk_tokens // interval if interval else 0) + 1
 
 
 def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dtype: str = "fp8",
                   tensor_parallel_size: int = 1, decode_context_parallel_size: int = 1,
                   gpu_memory_bytes: int = int(DEFAULT_GPU_MEMORY_GIB * GIB), gpu_memory_utilization: float = 0.9,
                   max_model_len: int | None = None, block_size: int | None = None,
-                  max_num_batched_tokens: int = 8192, spec_state_rows_per_request: int = 0,
-                  alignment: int = 256) -> CapacityReport:
+                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, num_speculative_tokens: int = 0,
+                  kda_rollback: str = "states", prefix_caching: bool = False, kda_checkpoint_interval: int = 0,
+                  activation_dtype: str | None = None, alignment: int = 256) -> CapacityReport:
     tp, dcp = tensor_parallel_size, decode_context_parallel_size
     if tp < 1 or dcp < 1 or tp % dcp:
         raise ValueError(f"decode context parallel size {dcp} must divide tensor parallel size {tp}")
@@ -94,7 +137,7 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                                         index_cache_dtype=index_cache_dtype)
     layout: RowLayout = row_layout(cfg, block_size=block_size, tensor_parallel_size=tp,
                                    kv_cache_dtype=kv_cache_dtype, index_cache_dtype=index_cache_dtype,
-                                   alignment=alignment)
+                                   activation_dtype=activation_dtype, alignment=alignment)
     notes = []
     if layout.state_bytes > layout.attention_bytes:
         notes.append(f"block size {block_size} leaves attention rows {layout.state_bytes - layout.attention_bytes:,} "
@@ -109,10 +152,24 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                      "raise the tensor-parallel size or the memory")
         cache = 0
     rows = cache // layout.row_bytes
-    state_rows = 1 + spec_state_rows_per_request
+    scratch = speculative_scratch_rows(cfg, max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
+                                       kda_rollback=kda_rollback)
+    if scratch and rows and scratch >= rows:
+        notes.append(f"the {scratch:,} speculative scratch rows (max_num_seqs {max_num_seqs} x (1 + "
+                     f"{num_speculative_tokens})) take every one of the {rows:,} rows: the server would refuse to start")
+    token_rows = max(0, rows - scratch)
+    state_rows = 1
     per_request = math.ceil(max_len / (block_size * dcp)) + state_rows
-    concurrent = rows // per_request
-    capacity = max(0, rows - concurrent * state_rows) * block_size * dcp
+    concurrent = token_rows // per_request
+    capacity = max(0, token_rows - concurrent * state_rows) * block_size * dcp
+    checkpoint_rows = 0
+    if prefix_caching:
+        chunk = prefill_token_limit(cfg, max_num_batched_tokens, accelerator=True)
+        checkpoint_rows = prefix_checkpoint_rows_per_chunk(cfg, chunk, interval=kda_checkpoint_interval)
+        if checkpoint_rows:
+            notes.append(f"prefix caching reserves nothing: each cached KDA checkpoint takes one row from the token "
+                         f"capacity (evicted least-recently-used); a prefill chunk of up to {chunk:,} tokens takes "
+                         f"up to {checkpoint_rows:,} such rows as it runs")
     return CapacityReport(
         bytes_per_token_per_gpu=attention_bytes_per_token(cfg, kv_cache_dtype=kv_cache_dtype,
                                                           index_cache_dtype=index_cache_dtype),
@@ -122,6 +179,7 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         state_row_padding=layout.row_bytes - layout.state_bytes,
         gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization, usable_bytes=usable,
         weight_bytes_per_gpu=weights, workspace_bytes=workspace, cache_bytes=cache, num_rows=rows,
+        speculative_scratch_rows=scratch, prefix_checkpoint_rows_per_chunk=checkpoint_rows,
         max_model_len=max_len, state_rows_per_request=state_rows, rows_per_max_len_request=per_request,
         concurrent_max_len_requests=concurrent, capacity_tokens=capacity, tensor_parallel_size=tp,
         decode_context_parallel_size=dcp, kv_cache_dtype=kv_cache_dtype, index_cache_dtype=index_cache_dtype,

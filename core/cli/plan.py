@@ -27,6 +27,19 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context length to plan for (default: the config's)")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="tokens per row, a power of two (default: the smallest whose row holds a KDA state)")
+    parser.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="requests in one batch (default 64)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N",
+                        help="tokens in one forward (default 2048)")
+    parser.add_argument("--enable-prefix-caching", action="store_true",
+                        help="reuse the cache of shared prompt prefixes (resumed only at KDA checkpoints)")
+    parser.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
+                        help="prefix caching: tokens per hashed unit, divides the block size (default min(64, block))")
+    parser.add_argument("--kda-checkpoint-interval", type=int, default=0, metavar="N",
+                        help="prefix caching: also save KDA states every N prompt tokens, a multiple of the unit "
+                             "(default 0: at the end of each prompt's last full unit only)")
+    parser.add_argument("--speculative-config", metavar="JSON", default=None,
+                        help="speculative decoding, vLLM's JSON shape (docs/speculative.md); the plan reserves "
+                             "its scratch state rows")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,17 +60,30 @@ def local_gpu_memory_bytes() -> int:
     return memory if memory and platform.name != "reference" else int(DEFAULT_GPU_MEMORY_GIB * GIB)
 
 
+# `auto` latents follow the checkpoint dtype, as the engine does (fp32 / float64 test models)
+AUTO_LATENTS = {"bfloat16": "bf16", "float16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
 def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
-    kv = args.kv_cache_dtype
-    if kv == "auto":
-        kv = "bf16"  # every K3-architecture checkpoint is bf16; fp32 test models plan as bf16 records
+    from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
+
+    kv = AUTO_LATENTS[cfg.dtype] if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
     memory = int(args.gpu_memory * GIB) if args.gpu_memory is not None else local_gpu_memory_bytes()
+    try:
+        spec = SpeculativeConfig.parse(args.speculative_config)
+    except SpeculativeConfigError as e:
+        raise CliError(f"--speculative-config: {e}") from None
     try:
         return plan_capacity(cfg, kv_cache_dtype=kv, index_cache_dtype=args.index_cache_dtype,
                              tensor_parallel_size=args.tensor_parallel_size,
                              decode_context_parallel_size=args.decode_context_parallel_size,
                              gpu_memory_bytes=memory, gpu_memory_utilization=args.gpu_memory_utilization,
-                             max_model_len=args.max_model_len, block_size=args.block_size)
+                             max_model_len=args.max_model_len, block_size=args.block_size,
+                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+                             kda_rollback=spec.kda_rollback if spec else "states",
+                             prefix_caching=args.enable_prefix_caching,
+                             kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype)
     except ValueError as e:
         raise CliError(str(e)) from None
 
@@ -75,6 +101,7 @@ def render(r: CapacityReport, family: str) -> str:
         f"  - weights per GPU:  {g(r.weight_bytes_per_gpu)}",
         f"  - workspace:        {g(r.workspace_bytes)}",
         f"  = cache:            {g(r.cache_bytes)} = {r.num_rows:,} rows",
+        f"  - speculative scratch rows: {r.speculative_scratch_rows:,} (reserved at start-up)",
         f"  max-length request: {r.max_model_len:,} tokens = {r.rows_per_max_len_request - r.state_rows_per_request:,} "
         f"attention rows + {r.state_rows_per_request} state row(s)",
         f"  capacity:           {r.capacity_tokens:,} tokens; {r.concurrent_max_len_requests:,} concurrent "

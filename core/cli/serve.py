@@ -48,21 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-format", choices=["auto", "safetensors"], default="auto",
                         help="checkpoint format (both: safetensors)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the draws of requests without a seed")
-    parser.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="requests in one batch (default 64)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N",
-                        help="tokens in one forward (default 2048)")
     parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
                              "from --gpu-memory-utilization")
     add_cache_arguments(parser)
-    parser.add_argument("--enable-prefix-caching", action="store_true",
-                        help="reuse the cache of shared prompt prefixes (resumed only at KDA checkpoints)")
-    parser.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
-                        help="prefix caching: tokens per hashed unit, divides the block size (default min(64, block))")
-    parser.add_argument("--kda-checkpoint-interval", type=int, default=0, metavar="N",
-                        help="prefix caching: also save KDA states every N prompt tokens, a multiple of the unit "
-                             "(default 0: at the end of each prompt's last full unit only)")
-    parser.add_argument("--speculative-config", metavar="JSON", default=None, help='speculative decoding, vLLM\'s JSON shape (docs/speculative.md)')
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse tool calls of requests with tools (needs --tool-call-parser)")
     parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
@@ -247,9 +236,14 @@ def vendor_main(vendor: str, argv: list[str] | None = None) -> int:
                     "for another")
     if not any(a in ("-h", "--help") for a in argv):
         try:
-            select_platform(vendor)
+            platform = select_platform(vendor)
         except PlatformError as e:
             return fail(str(e))
+        if platform.info.forced:     # forceable (the PPU's torch-native path) but not detected here
+            reason = next((r.detection.reason for r in platform.records.values()
+                           if r.detection is not None and r.detection.name == vendor), "it was not detected")
+            return fail(f"platform {vendor!r} is unavailable: {reason}. k3-serve-{vendor} serves only where "
+                        f"the platform is detected; `k3 serve --platform {vendor}` runs the forced path")
     from .main import main
 
     return main(["serve", "--platform", vendor, *argv])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from k3.cache.block_pool import BlockPool
-from k3.cache.capacity import plan_capacity
+from k3.cache.capacity import plan_capacity, prefill_token_limit, speculative_scratch_rows
 from k3.cache.plan import default_block_size, row_layout
 from k3.cache.pool import CachePool
 from k3.cache.prefix import PrefixCache
@@ -81,7 +81,7 @@ class LLMEngine:
         self.platform.process_weights(self.model)
         tp = self.model.parallel.world_size
         self.kv_cache_dtype = _LATENT_AUTO[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
-        act = {v: k for k, v in _DTYPES.items()}[dtype]
+        act = self.activation_dtype = {v: k for k, v in _DTYPES.items()}[dtype]
         block = config.block_size or default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
                                                         index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
         self.layout = row_layout(cfg, block_size=block, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
@@ -94,9 +94,11 @@ class LLMEngine:
         spec = SpeculativeConfig.parse(config.speculative_config)
         # speculative "states" rollback: 1 + k scratch rows per running request, planned up front
         reserved = 0
-        if spec is not None and spec.kda_rollback == "states" and cfg.kda_layer_ids:
-            reserved = config.max_num_seqs * (1 + spec.num_speculative_tokens)
-            if reserved >= num_rows:
+        if spec is not None:
+            reserved = speculative_scratch_rows(cfg, max_num_seqs=config.max_num_seqs,
+                                                num_speculative_tokens=spec.num_speculative_tokens,
+                                                kda_rollback=spec.kda_rollback)
+            if reserved and reserved >= num_rows:
                 raise ValueError(f"the cache holds {num_rows} rows, too few for the {reserved} speculative scratch "
                                  f"rows of max_num_seqs {config.max_num_seqs} x (1 + {spec.num_speculative_tokens}): "
                                  "give it more memory, lower max_num_seqs, or use kda_rollback \"recover\"")
@@ -140,18 +142,17 @@ class LLMEngine:
         c = self.config
         if self.device.type == "cpu":
             return int(c.kv_cache_memory_gib * GIB) if c.kv_cache_memory_gib else default_cpu_cache_bytes()
-        report = plan_capacity(cfg, kv_cache_dtype="bf16", index_cache_dtype=c.index_cache_dtype,
+        report = plan_capacity(cfg, kv_cache_dtype=self.kv_cache_dtype, index_cache_dtype=c.index_cache_dtype,
                                tensor_parallel_size=tp, gpu_memory_bytes=self.platform.capabilities.memory_bytes,
                                gpu_memory_utilization=c.gpu_memory_utilization,
-                               max_num_batched_tokens=c.max_num_batched_tokens, block_size=self.layout.block_size)
+                               max_num_batched_tokens=c.max_num_batched_tokens, block_size=self.layout.block_size,
+                               activation_dtype=self.activation_dtype, alignment=self.platform.cache_alignment)
         return report.cache_bytes
 
     def _adaptive_token_limit(self, cfg: K3Config) -> int:
-        """Tokens one forward may take in flight: 1 GiB of activations on the CPU (8 GiB on an
-        accelerator), at about (AttnRes blocks + 6) hidden-sized bf16 vectors per token."""
-        per_token = cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
-        budget = (1 if self.device.type == "cpu" else 8) * GIB
-        return max(self.config.max_num_batched_tokens, budget // per_token)
+        """Tokens one forward may take in flight (a lone request's prefill chunk): the
+        activation budget the capacity plan's workspace reserves."""
+        return prefill_token_limit(cfg, self.config.max_num_batched_tokens, accelerator=self.device.type != "cpu")
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:

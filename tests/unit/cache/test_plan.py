@@ -86,3 +86,51 @@ def test_k3_plan_does_not_fit_exits_zero(capsys):
 def test_k3_plan_bad_block_size(capsys):
     assert main(["plan", "--preset", "k3-tiny", "--block-size", "100"]) == 2
     assert "power of two" in capsys.readouterr().err
+
+
+def test_speculative_scratch_rows_come_out_of_the_capacity():
+    plain = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB,
+                          max_num_seqs=16)
+    spec = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB,
+                         max_num_seqs=16, num_speculative_tokens=3)
+    recover = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB,
+                            max_num_seqs=16, num_speculative_tokens=3, kda_rollback="recover")
+    assert spec.speculative_scratch_rows == 16 * (1 + 3) and recover.speculative_scratch_rows == 0
+    assert spec.num_rows == plain.num_rows                                 # same memory, fewer rows for tokens
+    assert spec.concurrent_max_len_requests == (plain.num_rows - 64) // plain.rows_per_max_len_request
+    assert spec.capacity_tokens == (plain.num_rows - 64 - spec.concurrent_max_len_requests) * 4096
+    assert recover.capacity_tokens == plain.capacity_tokens
+
+
+def test_prefix_caching_reserves_nothing_and_says_what_checkpoints_take():
+    plain = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB)
+    cached = plan_capacity(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8, gpu_memory_bytes=288 * GIB,
+                           prefix_caching=True, kda_checkpoint_interval=4096)
+    assert cached.capacity_tokens == plain.capacity_tokens and plain.prefix_checkpoint_rows_per_chunk == 0
+    assert cached.prefix_checkpoint_rows_per_chunk >= 2 and any("prefix caching reserves nothing" in n
+                                                                for n in cached.notes)
+
+
+def test_workspace_covers_the_largest_forward_the_scheduler_runs():
+    from k3.cache.capacity import activation_bytes_per_token, prefill_token_limit, workspace_bytes
+
+    limit = prefill_token_limit(PRO, 2048, accelerator=True)
+    assert limit > 2048                                                    # a lone request prefills larger chunks
+    assert workspace_bytes(PRO, 2048) >= limit * activation_bytes_per_token(PRO)
+
+
+def test_k3_plan_on_a_checkpoint_follows_its_dtype_and_reserves_speculation(capsys, tmp_path):
+    from k3.cli.checkpoint import init_checkpoint
+
+    path = init_checkpoint("k3-tiny", tmp_path / "tiny", progress=False)
+    spec = '{"method": "ngram", "num_speculative_tokens": 2}'
+    assert main(["plan", "--model", str(path), "--gpu-memory", "16", "--max-num-seqs", "8",
+                 "--speculative-config", spec, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    from k3.config import K3Config
+
+    cfg = K3Config.from_pretrained(path)
+    assert out["kv_cache_dtype"] == {"float32": "fp32", "bfloat16": "bf16"}[cfg.dtype]
+    assert out["speculative_scratch_rows"] == 8 * 3 and out["capacity_tokens"] > 0
+    assert main(["plan", "--model", str(path), "--speculative-config", "{bad"]) == 2
+    assert "--speculative-config" in capsys.readouterr().err

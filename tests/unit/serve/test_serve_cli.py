@@ -47,7 +47,7 @@ def test_missing_checkpoint(capsys, tmp_path):
     _refused(capsys, ["serve", "--model", str(tmp_path / "none")], "not a checkpoint directory")
 
 
-@pytest.mark.parametrize("vendor", ["nvidia", "amd", "tpu"])
+@pytest.mark.parametrize("vendor", ["nvidia", "amd", "tpu", "ppu"])
 def test_vendor_entrypoint_refuses_when_absent(capsys, checkpoint, vendor):
     import importlib
 
@@ -55,6 +55,8 @@ def test_vendor_entrypoint_refuses_when_absent(capsys, checkpoint, vendor):
     assert serve.main(["--model", str(checkpoint)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"platform '{vendor}' is unavailable" in err[0]
+    if vendor == "ppu":           # forceable: the refusal says how to run the forced path anyway
+        assert "k3 serve --platform ppu" in err[0]
     assert serve.main(["--model", str(checkpoint), "--platform", "reference"]) == 2
 
 
