@@ -57,9 +57,15 @@ def shard_files(model_dir: Path) -> list[Path]:
     return files
 
 
+_SAFETENSORS_NAMES = {torch.uint8: "U8", torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+                      torch.float64: "F64"}
+
+
 def _describe(spec, dtype: torch.dtype) -> str:
-    kind = "uint8" if dtype == torch.uint8 else "a float dtype"
-    return f"shape {list(spec.full_shape)}, {kind}"
+    """The expected shape and dtype of a checkpoint tensor, as an error states them."""
+    if dtype == torch.uint8:
+        return f"shape {list(spec.full_shape)}, dtype U8"
+    return f"shape {list(spec.full_shape)}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
 
 
 def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> LoadReport:
@@ -143,7 +149,7 @@ def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set) -> None:
     view = f.get_slice(key)
     shape, dtype = tuple(view.get_shape()), view.get_dtype()
     if shape != spec.full_shape and shape not in spec.alt_shapes:
-        raise CheckpointError(f"tensor {key} has shape {list(shape)}, expected {list(spec.full_shape)}")
+        raise CheckpointError(f"tensor {key} has shape {list(shape)} ({dtype}), expected {_describe(spec, param.dtype)}")
     if param.dtype == torch.uint8 and dtype != "U8":
         raise CheckpointError(f"tensor {key} has dtype {dtype}, expected U8 (packed MXFP4 data or E8M0 scales)")
     if param.dtype != torch.uint8 and dtype not in _FLOAT_DTYPES:

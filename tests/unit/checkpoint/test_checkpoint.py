@@ -88,7 +88,7 @@ def test_mxfp4_experts_equal_the_bf16_weights_they_were_made_from(tiny_checkpoin
         assert torch.equal(w2.dequantize(torch.bfloat16, index=e), dense[f"{prefix}.{e}.w2.weight_packed"])
 
 
-def test_accepted_name_and_shape_variants(tiny_checkpoint, tmp_path):
+def test_accepted_name_and_shape_variants(tiny_checkpoint, tmp_path, capsys):
     cfg = K3Config.preset("k3-tiny")
     base = load_model(tiny_checkpoint("k3-tiny"), dtype=torch.float64, progress=False)
 
@@ -103,8 +103,11 @@ def test_accepted_name_and_shape_variants(tiny_checkpoint, tmp_path):
         t["vision_tower.encoder.weight"] = torch.zeros(2)           # skipped with a notice
         t["language_model.model.layers.99.self_attn.q_proj.weight"] = torch.zeros(2)   # MTP layer: skipped
 
+    capsys.readouterr()
     model = load_model(_rewrite(tiny_checkpoint("k3-tiny"), tmp_path, cfg, edit), dtype=torch.float64, progress=False)
     torch.testing.assert_close(_logits(model), _logits(base), rtol=0, atol=0)
+    notices = [line for line in capsys.readouterr().err.splitlines() if "vision" in line]
+    assert notices == ["k3: skipped 1 vision tensors (no vision tower yet)"]      # one notice
 
 
 def test_kimi_linear_dense_layer_saved_by_transformers(tiny_checkpoint, tmp_path):
@@ -124,11 +127,11 @@ BROKEN = {
     "missing": (lambda t: t.pop("language_model.model.layers.3.self_attn.q_b_proj.weight"),
                 r"missing tensor.*language_model\.model\.layers\.3\.self_attn\.q_b_proj\.weight \(shape \[96, 32\]"),
     "missing expert": (lambda t: t.pop("language_model.model.layers.1.block_sparse_moe.experts.5.w3.weight_scale"),
-                       r"experts\.5\.w3\.weight_scale \(shape \[32, 1\], uint8\)"),
+                       r"experts\.5\.w3\.weight_scale \(shape \[32, 1\], dtype U8\)"),
     "unexpected": (lambda t: t.__setitem__("language_model.model.layers.2.self_attn.bogus.weight", torch.zeros(3)),
                    r"unexpected tensor.*self_attn\.bogus\.weight"),
     "shape": (lambda t: t.__setitem__("language_model.model.norm.weight", torch.zeros(65, dtype=torch.bfloat16)),
-              r"language_model\.model\.norm\.weight has shape \[65\], expected \[64\]"),
+              r"language_model\.model\.norm\.weight has shape \[65\] \(BF16\), expected shape \[64\], dtype (BF16|F32)"),
     "dtype": (lambda t: t.__setitem__("language_model.model.layers.1.block_sparse_moe.experts.0.w1.weight_packed",
                                       torch.zeros(32, 16, dtype=torch.bfloat16)),
               r"experts\.0\.w1\.weight_packed has dtype BF16, expected U8"),

@@ -58,6 +58,17 @@ def test_real_preset_parameter_counts(tmp_path, capsys):
     from_dir = json.loads(capsys.readouterr().out)
     assert from_dir["total_parameters"] == k3["total_parameters"]
     assert from_dir["active_parameters"] == k3["active_parameters"]
+    # K3.1 Pro = K3 + a DSA indexer on each of the 24 MLA layers: wq_b [32*128, 1536], wk [128, 7168],
+    # k_norm weight and bias [128], weights_proj [32, 7168]; all active
+    assert main(["info", "--preset", "kimi-k3.1-pro", "--json"]) == 0
+    pro = json.loads(capsys.readouterr().out)
+    indexer = 24 * (32 * 128 * 1536 + 128 * 7168 + 2 * 128 + 32 * 7168)
+    assert pro["total_parameters"] - k3["total_parameters"] == indexer
+    assert pro["active_parameters"] - k3["active_parameters"] == indexer
+    # k3-slice: 12 layers of real K3 width (the single-GPU benchmark model)
+    assert main(["info", "--preset", "k3-slice", "--json"]) == 0
+    slice_ = json.loads(capsys.readouterr().out)
+    assert 55e9 < slice_["total_parameters"] < 58e9 and 14e9 < slice_["active_parameters"] < 15e9
     assert main(["info", "--preset", "kimi-linear-48b-a3b", "--json"]) == 0
     lin = json.loads(capsys.readouterr().out)
     assert 47e9 < lin["total_parameters"] < 50e9 and 2.8e9 < lin["active_parameters"] < 3.3e9   # "48B-A3B"
