@@ -1,4 +1,5 @@
-"""`k3 generate`: one prompt or chat turn on the CPU reference path, streamed to stdout.
+"""`k3 generate`: one prompt or chat turn, streamed to stdout (the CPU reference ops unless
+--platform or $K3_PLATFORM names another platform).
 
 stdout holds the generated text only (with --chat: reasoning, content and tool calls, each
 under its own label); the loading progress, statistics and notices go to stderr.
@@ -7,6 +8,7 @@ under its own label); the loading progress, statistics and notices go to stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -34,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='speculative decoding, vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
     parser.add_argument("--kv-cache-memory", type=float, default=0.25, metavar="GIB",
                         help="cache memory on the CPU (default 0.25)")
+    parser.add_argument("--platform", default=None, metavar="NAME",
+                        help="platform to run on (default: $K3_PLATFORM, else the CPU reference ops)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -48,14 +52,15 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _engine(args: argparse.Namespace):
-    """One-request engine on the selected platform (the CPU reference path by default)."""
+    """One-request engine on --platform, else $K3_PLATFORM, else the CPU reference ops."""
     from k3.checkpoint.loader import CheckpointError
     from k3.config import ConfigError
     from k3.engine.engine import EngineConfig, LLMEngine
     from k3.plugin import PlatformError
 
     try:
-        return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1,
+        platform = args.platform or os.environ.get("K3_PLATFORM") or "reference"
+        return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1, platform=platform,
                                       kv_cache_memory_gib=args.kv_cache_memory,
                                       speculative_config=args.speculative_config))
     except (CheckpointError, ConfigError, FileNotFoundError, PlatformError, ValueError) as e:

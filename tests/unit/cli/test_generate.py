@@ -102,3 +102,57 @@ def test_speculative_config_flag(tiny_dir, capsys):
     assert main(["generate", *base, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, '
                  '"block_size": 4}']) == 2
     assert "'block_size' is not implemented by k3" in capsys.readouterr().err
+
+
+def test_top_k_one_is_greedy_and_dtype_is_honoured(tiny_dir, capsys):
+    base = ["--model", str(tiny_dir), "--prompt", "The quick brown fox", "--max-tokens", "10", "--dtype", "float64"]
+    greedy, _ = _generate(capsys, *base, "--temperature", "0")
+    top1, _ = _generate(capsys, *base, "--temperature", "1.5", "--top-k", "1", "--seed", "3")
+    assert top1 == greedy
+    from k3 import LLM, SamplingParams
+
+    llm = LLM(str(tiny_dir), dtype="float64")
+    want = llm.generate(["The quick brown fox"], SamplingParams(max_tokens=10, temperature=0,
+                                                               skip_special_tokens=False))[0].outputs[0].text
+    assert greedy[:-1] == want                  # the float64 model, not the checkpoint's dtype
+
+
+def test_end_of_message_id_from_the_config_ends_generation(tiny_dir, tmp_path, capsys):
+    """The engine stops at the config's eos ids: make the 4th greedy token an end-of-message id."""
+    import json
+    import shutil
+
+    from k3 import LLM, SamplingParams
+
+    greedy = LLM(str(tiny_dir), dtype="float64").generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0))
+    tokens = greedy[0].outputs[0].token_ids
+    model = tmp_path / "eos"
+    shutil.copytree(tiny_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    for section in (config, config.get("text_config", {})):      # nested K3 configs carry it twice
+        section["eos_token_id"] = [tokens[3]]
+    (model / "config.json").write_text(json.dumps(config))
+    out = LLM(str(model), dtype="float64").generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0))[0]
+    first = tokens.index(tokens[3])
+    assert out.outputs[0].token_ids == tokens[: first + 1] and out.outputs[0].finish_reason == "stop"
+    _, err = _generate(capsys, "--model", str(model), "--prompt", "x", "--max-tokens", "64", "--temperature", "0",
+                       "--dtype", "float64")
+    assert "finish: stop" in err or "finish: length" in err
+
+
+def test_chat_printer_labels_tool_calls():
+    import io
+
+    from k3.cli.generate import _ChatPrinter
+
+    out = io.StringIO()
+    printer = _ChatPrinter(out, thinking=True)
+    for piece in ("Let me look", "<|close|>think<|sep|>", "<|open|>response<|sep|>Checking.",
+                  "<|close|>response<|sep|><|open|>tools<|sep|>", '<|open|>call tool="get_weather" index="1"<|sep|>',
+                  '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>',
+                  "<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>"):
+        printer.write(piece)
+    printer.close()
+    text = out.getvalue()
+    assert text.startswith("[reasoning]\nLet me look\n[content]\nChecking.")
+    assert '\n[tool call] get_weather {"city": "Paris"}\n' in text
