@@ -142,12 +142,18 @@ register(Case(
     doc="Token-serial KDA (decode, speculative verify with per-position states)."))
 
 
-def _rebuild(*, n, length, hv, k, v, kept):
+def _rebuild(*, n, length, hv, k, v, kept, unwritten_nan=False):
+    """unwritten_nan: record positions at or past each sequence's kept count hold NaN, as a
+    record slot's unwritten tail does when a verify step had fewer drafts than slots."""
     def make(g, dtype):
         sd = state_dtype(dtype)
         keys = l2_normalised(g, (n, length, hv, k), sd)
         decays = uniform(g, (n, length, hv, k), -5.0, 0.0, sd)
         corrections = randn(g, (n, length, hv, v), sd, 0.5)
+        if unwritten_nan:
+            dropped = torch.arange(length)[None, :] >= torch.tensor(kept)[:, None]         # [N, L]
+            for x in (keys, decays, corrections):
+                x[dropped] = float("nan")
         return Inputs((randn(g, (n, hv, k, v), sd, 0.5), keys, decays, corrections,
                        torch.tensor(kept, dtype=torch.int64)))
     return make
@@ -158,5 +164,7 @@ register(Case(
     samples=(
         Sample("N4_L8_HV2_K16_V32_kept0-1-5-8", _rebuild(n=4, length=8, hv=2, k=16, v=32, kept=[0, 1, 5, 8])),
         Sample("N2_L3_HV2_K128_V128_kept3-2", _rebuild(n=2, length=3, hv=2, k=128, v=128, kept=[3, 2])),
+        Sample("N3_L4_HV2_K16_V16_kept2-0-3_unwritten_tail_nan",
+               _rebuild(n=3, length=4, hv=2, k=16, v=16, kept=[2, 0, 3], unwritten_nan=True)),
     ),
     doc="Closed-form KDA state after the first kept of L recorded tokens (speculative rollback)."))

@@ -2,8 +2,9 @@
 
 Prompts are hashed as a chain of prefix-match units (`unit` tokens, dividing the row's block
 size): unit k's key covers every token before its end, so equal keys mean equal prefixes.
-Each cached unit names the row holding its latent and index-key pages; the cache holds one
-pool reference per row it uses, so rows outlive the request that wrote them.
+Each cached unit names the row holding its latent and index-key pages (and every earlier
+token of its block); the cache holds one pool reference per row it uses, so rows outlive the
+request that wrote them.
 
 The KDA recurrence is only resumable where its state was saved, so a hit is clamped to the
 deepest KDA checkpoint (a state row saved after exactly that many tokens, emitted inside the
@@ -91,8 +92,11 @@ class PrefixCache:
             return PrefixHit(0, [], None)
         for k in range(usable):
             self._touch(self.units[keys[k]])
+        # Units of one block may live in different rows: a request that extended a partly used
+        # block did so in its own copy. The row holding a block's deepest used unit holds
+        # every earlier token of that block too (written there, or copied in before).
         per_row = self.block // self.unit
-        rows = [self.units[keys[k]].row for k in range(0, usable, per_row)]
+        rows = [self.units[keys[min(k + per_row, usable) - 1]].row for k in range(0, usable, per_row)]
         self.stats.hits += 1
         self.stats.reused_tokens += usable * self.unit
         return PrefixHit(usable * self.unit, rows, ckpt)

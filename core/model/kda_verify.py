@@ -8,7 +8,8 @@ trace. What is kept for the commit depends on the rollback strategy:
 - "recover" (RecoverSSM-style): per token only the key, decay, correction and pre-conv input go
   to the record slot (`meta.spec_record_slots`); the commit rebuilds the state in closed form
   (`kda.rebuild_state`) and slides the conv window. About 6/K of a state per token.
-Sequences in the same batch that do not speculate are computed and stored as usual.
+Sequences in the same batch that do not speculate are computed and stored as usual,
+prefix-cache checkpoints included.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
     view.conv[rows[keep]] = conv_out[keep]
     view.recurrent[rows[keep]] = s1[keep].to(view.recurrent.dtype)
     starts = cu[:-1].long()
+    _write_checkpoints(meta, view, qkv, conv_in, s0, states, spec, starts)
     for n in spec.nonzero().flatten().tolist():
         length, start = int(lens[n]), int(starts[n])
         if states_mode:
@@ -60,6 +62,27 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
             rec.corrections[slot, :length] = u[0, start:start + length]
             rec.qkv[slot, :length] = qkv[start:start + length]
     return o[0], None
+
+
+def _write_checkpoints(meta: ForwardMetadata, view, qkv, conv_in, s0, states, spec, starts) -> None:
+    """Prefix-cache checkpoints of the non-speculating sequences in a verify batch (a prompt
+    chunk sharing the step with verifying requests): the state and conv window after r of the
+    chunk's tokens, from the per-position states the verify pass computed anyway."""
+    from .kda import checkpoint_offsets
+
+    found = checkpoint_offsets(meta)
+    if found is None:
+        return
+    offsets, valid, dest = found
+    if bool((valid & spec[:, None]).any()):
+        raise ValueError("a verifying sequence cannot save prefix-cache checkpoints: its tokens may be rejected")
+    window = view.conv.shape[2]                                                 # W - 1
+    for n, c in valid.nonzero().tolist():
+        r, start = int(offsets[n, c]), int(starts[n])
+        state = s0[n] if r == 0 else states[0, start + r - 1]                  # [H, K, V]
+        taps = torch.cat([conv_in[n], qkv[start:start + r].transpose(0, 1).to(conv_in.dtype)], dim=1)  # [3P, W-1+r]
+        view.recurrent[dest[n, c]] = state.to(view.recurrent.dtype)
+        view.conv[dest[n, c]] = taps[:, r:r + window]
 
 
 def commit_records(mixer, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor, kept: torch.Tensor) -> None:

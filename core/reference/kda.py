@@ -178,7 +178,8 @@ def kda_rebuild_state(
     initial_state [N, HV, K, V] (the state before the tokens); k [N, L, HV, K] the L2-normalised
     keys (expanded to the value heads); g [N, L, HV, K] log decays; u [N, L, HV, V] the
     corrections `kda_recurrent(..., output_corrections=True)` returns; num_kept [N] int in
-    [0, L]. Exact because every kept correction was computed along the same trajectory
+    [0, L]; positions at or past num_kept[n] are never read (they may be NaN or stale).
+    Exact because every kept correction was computed along the same trajectory
     (speculative decoding: rebuild the state at the accepted length, RecoverSSM). No host
     synchronisation. Returns [N, HV, K, V] in the compute dtype (fp32, fp64 for float64).
     """
@@ -194,8 +195,10 @@ def kda_rebuild_state(
     last = (kept - 1).clamp(min=0)
     Gn = G.gather(1, last[:, None, None, None].expand(n, 1, *G.shape[2:]))[:, 0]     # [N, HV, K]
     Gn = torch.where((kept > 0)[:, None, None], Gn, torch.zeros_like(Gn))
-    live = torch.arange(length, device=k.device)[None, :] < kept[:, None]             # [N, L]
-    decay = torch.exp((Gn[:, None] - G).masked_fill(~live[:, :, None, None], float("-inf")))  # 0 when dropped
+    live = (torch.arange(length, device=k.device)[None, :] < kept[:, None])[:, :, None, None]   # [N, L, 1, 1]
+    # dropped positions may hold anything (unwritten records are NaN): select, never multiply by 0
+    decay = torch.where(live, torch.exp(torch.where(live, Gn[:, None] - G, 0.0)), 0.0)        # [N, L, HV, K]
+    kk, uu = torch.where(live, kk, 0.0), torch.where(live, uu, 0.0)
     return torch.exp(Gn)[..., None] * s0 + torch.einsum("nlhk,nlhv->nhkv", decay * kk, uu)
 
 

@@ -112,3 +112,31 @@ def test_multi_turn_chat_reuses_the_conversation(ckpt):
         reused.append(engine.prefix_cache.stats.reused_tokens - before)
         history.append({"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)})
     assert reused[0] == 0 and reused[1] > 0 and reused[2] > reused[1]
+
+
+def test_a_chain_through_a_copied_partial_block_reads_the_copy(ckpt):
+    """A caches 2 units of block 0; B extends them in its own copy of that row and caches units
+    2-5 there; C, sharing 90 tokens of B, must read block 0 from B's copy (the first rows of
+    the units differ), not from A's row."""
+    a = BASE[:40]
+    b = a + _tokens(7, 60)
+    c = b[:90] + _tokens(8, 10)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    expected = _generate(_engine(ckpt, False), [a, b, c], params)
+    engine = _engine(ckpt, True, kda_checkpoint_interval=UNIT)
+    assert _generate(engine, [a, b, c], params) == expected
+    assert engine.prefix_cache.stats.hits == 2
+
+
+def test_a_shallower_checkpoint_survives_eviction_and_is_reused(ckpt):
+    engine = _engine(ckpt, True, kda_checkpoint_interval=32)
+    x = _tokens(10, 120)
+    follow_up = x + _tokens(20, 10)
+    expected = _generate(_engine(ckpt, False), [x, follow_up])
+    assert _generate(engine, [x]) == expected[:1]
+    deepest = max(u.end for u in engine.prefix_cache.units.values() if u.key in engine.prefix_cache.checkpoints)
+    assert engine.prefix_cache.evict(1) >= 1                  # drops the deepest leaf (and its checkpoint)
+    before = engine.prefix_cache.stats.reused_tokens
+    assert _generate(engine, [follow_up]) == expected[1:]
+    reused = engine.prefix_cache.stats.reused_tokens - before
+    assert 0 < reused < deepest and reused % 32 == 0
