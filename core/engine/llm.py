@@ -38,6 +38,14 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def stats(self) -> dict:
+        """Counters since start-up: requests and tokens, prefix caching (queries, hits, reused
+        tokens, rows its checkpoints hold) and speculative decoding (verify steps, drafted and
+        accepted tokens, mean acceptance length, acceptance per draft position; absent
+        without speculation). The same figures `k3 serve` exports on /metrics."""
+        e = self.engine
+        return {**e.stats, **e.prefix_cache_stats(), **e.spec_stats()}
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  use_tqdm: bool = True) -> list[RequestOutput]:

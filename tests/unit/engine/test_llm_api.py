@@ -35,3 +35,21 @@ def test_tensor_parallel_two_ranks_equal_one(ckpt):
         assert [o.outputs[0].token_ids for o in two.generate(prompts, params, use_tqdm=False)] == expected
     finally:
         two.shutdown()
+
+
+def test_stats_report_prefix_cache_and_speculation(ckpt):
+    llm = k3.LLM(str(ckpt), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False, max_num_seqs=4,
+                 enable_prefix_caching=True, block_size=64, prefix_match_unit=16,
+                 speculative_config={"method": "draft_model", "model": str(ckpt), "num_speculative_tokens": 2})
+    shared = [(7 * i) % 300 + 1 for i in range(80)]
+    params = k3.SamplingParams(max_tokens=6, temperature=0)
+    llm.generate([{"prompt_token_ids": shared}], params, use_tqdm=False)
+    llm.generate([{"prompt_token_ids": shared + [3, 4, 5]}], params, use_tqdm=False)
+    stats = llm.stats()
+    assert stats["requests_total"] == 2 and stats["generation_tokens_total"] == 12
+    assert stats["prefix_cache_queries_total"] == 2 and stats["prefix_cache_hits_total"] == 1
+    assert stats["prefix_cache_reused_tokens_total"] == 64 and stats["prefix_cache_checkpoint_rows"] >= 1
+    assert stats["spec_verify_steps_total"] > 0
+    # an identical draft: every drafted token accepted
+    assert stats["spec_accepted_tokens_total"] == stats["spec_draft_tokens_total"] > 0
+    assert stats["spec_acceptance_per_position"] == [1.0, 1.0]

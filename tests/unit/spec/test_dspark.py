@@ -51,6 +51,34 @@ def test_greedy_outputs_are_exact(paths, rollback):
     assert engine.pool.num_free == engine.pool.num_rows and len(engine.speculation.proposer.free) == pages
 
 
+@pytest.mark.parametrize("rollback", ["states", "recover"])
+def test_mixed_batch_with_a_request_that_does_not_speculate(paths, rollback, tmp_path):
+    """A penalised request (never speculates) shares the batch with drafting ones; the draft
+    comes from `k3 checkpoint init --preset k3-tiny-dspark` (the CLI path)."""
+    from k3.cli.main import main
+
+    target, _ = paths
+    draft = tmp_path / "cli-draft"
+    assert main(["checkpoint", "init", "--preset", "k3-tiny-dspark", "--out", str(draft)]) == 0
+    greedy = SamplingParams(max_tokens=10, temperature=0)
+    penalised = SamplingParams(max_tokens=10, temperature=0, presence_penalty=0.7)
+    prompts = PROMPTS + [list(range(50, 70))]
+
+    def run(engine):
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, penalised if i == 2 else greedy)
+        done = {}
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        return [done[f"r{i}"] for i in range(len(prompts))]
+
+    expected = run(_engine(target))
+    engine = _engine(target, {"method": "dspark", "model": str(draft), "num_speculative_tokens": 3,
+                              "kda_rollback": rollback})
+    assert run(engine) == expected
+    assert engine.spec_stats()["spec_verify_steps_total"] > 0
+
+
 def test_context_rows_are_the_targets_tapped_features(paths):
     target, draft = paths
     engine = _engine(target, {"method": "dspark", "model": str(draft), "num_speculative_tokens": 2})

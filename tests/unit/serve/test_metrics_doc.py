@@ -1,0 +1,14 @@
+"""Every Prometheus family the server exports is documented in docs/serving.md."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parents[3]
+
+
+def test_every_metric_is_documented():
+    source = (ROOT / "core" / "serve" / "metrics.py").read_text()
+    families = set(re.findall(r'Family\(\s*"(k3:\w+)"', source)) | set(re.findall(r'(?:Histogram|Counter|Gauge)\(\s*"(k3:\w+)"', source))
+    assert len(families) >= 15, families
+    doc = (ROOT / "docs" / "serving.md").read_text()
+    assert sorted(f for f in families if f not in doc) == []
