@@ -143,3 +143,38 @@ def test_prompt_over_the_limit(ckpt):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request("y", [1, 99999], GREEDY)
     assert not engine.has_unfinished_requests()
+
+
+def test_max_num_seqs_caps_the_running_batch(ckpt):
+    reference = [o.outputs[0].token_ids for o in _run(_engine(ckpt), PROMPTS, GREEDY)]
+    engine = _engine(ckpt, max_num_seqs=2)
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", p, GREEDY)
+    done, widest = {}, 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        widest = max(widest, len(engine.scheduler.running))
+        done.update({o.request_id: o.outputs[0].token_ids for o in outputs if o.finished})
+    assert widest == 2 and [done[f"r{i}"] for i in range(len(PROMPTS))] == reference
+
+
+def test_adaptive_budget_still_splits_a_prompt_longer_than_its_bound(ckpt):
+    engine = _engine(ckpt, max_num_batched_tokens=4)
+    engine.scheduler.config = type(engine.scheduler.config)(**{**engine.scheduler.config.__dict__,
+                                                                "adaptive_token_limit": 16})
+    engine.add_request("lone", PROMPTS[3], GREEDY)                        # 41 tokens
+    chunks = []
+    while engine.requests["lone"].num_computed_tokens < len(PROMPTS[3]):
+        chunks.append(engine.requests["lone"].num_computed_tokens)
+        engine.step()
+    assert chunks == [0, 16, 32]
+
+
+def test_default_context_is_the_smaller_of_the_config_and_the_cache(ckpt):
+    engine = _engine(ckpt)
+    cache_tokens = (engine.pool.num_rows - 1) * engine.layout.block_size
+    assert engine.max_model_len == min(engine.model_config.max_position_embeddings, cache_tokens)
+    small = _engine(ckpt, kv_cache_memory_gib=0.002)
+    assert small.max_model_len < engine.max_model_len and small.max_model_len == (small.pool.num_rows - 1) * \
+        small.layout.block_size
+
