@@ -88,43 +88,84 @@ def k3_kda_state_layout(platform):
 
 @hookspec
 def k3_kda_kernels(platform):
-    """KDA kernels: a `KDAKernels` table (gate, short_conv, chunked, recurrent) with the
-    entries the plugin backs, or None. States are fp32 `[N, HV, K, V]` (canonical layout)."""
+    """KDA kernels: a `KDAKernels` table with the entries the plugin backs, or None.
+
+    gate(f [.., HV, K], A_log [HV], dt_bias, lower_bound) -> g [.., HV, K] fp32 log decay (<= 0);
+    short_conv(x [B, T, C], weight [C, W], conv_state [N, C, W-1]) -> (y [B, T, C], state);
+    recurrent / chunked(q, k [B, T, H, K] L2-normalised, v [B, T, HV, V], g [B, T, HV, K],
+    beta [B, T, HV], initial_state [N, HV, K, V] fp32, cu_seqlens [N+1]) -> (o [B, T, HV, V]
+    v.dtype, final_state [N, HV, K, V] fp32, optional per-position states / corrections /
+    checkpoint states); rebuild_state(s0, k, g, u [N, L, HV, *], num_kept [N]) -> [N, HV, K, V].
+    States passed as arguments are canonical [N, HV, K, V] whatever `k3_kda_state_layout` says.
+    Outputs are new tensors; the model writes the cache rows."""
 
 
 @hookspec
 def k3_mla_kernels(platform):
-    """MLA kernels: an `MLAKernels` table (prefill: expanded varlen; decode: absorbed over a
-    paged latent cache view, `topk_indices` for DSA sparse attention), or None."""
+    """MLA kernels: an `MLAKernels` table, or None.
+
+    prefill(q [T, H, Dn+Dr], latent [S, R], k_pe [S, Dr], kv_b_weight [H*(Dn+Dv), R],
+    cu_seqlens_q, cu_seqlens_kv [N+1], scale, topk_indices [T, k] or None) -> o [T, H, Dv];
+    decode(q_nope [T, H, Dn], q_pe [T, H, Dr], kv_cache [P, page, R+Dr] (bf16, or fp8 with
+    kv_cache_scale), block_table [N, max_pages] int32, seq_lens [N], w_uk [H, Dn, R],
+    w_uv [H, R, Dv], scale, cu_seqlens_q or None, topk_indices or None) -> o [T, H, Dv],
+    with no host synchronisation. Reads the cache view, never writes it."""
 
 
 @hookspec
 def k3_indexer_kernels(platform):
-    """DSA indexer kernels: an `IndexerKernels` table (quantize_keys, dequantize_keys, scores,
-    topk, hadamard), or None."""
+    """DSA indexer kernels: an `IndexerKernels` table, or None.
+
+    quantize_keys(k [S, D], fmt) -> fp8: (e4m3 [S, D], fp32 [S]) | mxfp4: (uint8 [S, D/2],
+    E8M0 [S, D/32]); dequantize_keys(values, scales, fmt, dtype) -> [S, D];
+    scores(q [T, Hi, D], head_weights [T, Hi], keys [S, D], cu_seqlens_q, cu_seqlens_kv) ->
+    [T, max_kv] fp32 with -inf outside the causal window; decode_scores(q [N, Hi, D],
+    head_weights [N, Hi], keys [N, L, D], seq_lens [N]) -> [N, L] fp32, no host sync;
+    topk(scores [T, L], topk) -> int32 [T, topk] (ties to the lower position, -1 padding);
+    hadamard(x [..., 2^n]) -> x.dtype."""
 
 
 @hookspec
 def k3_moe_kernels(platform):
-    """MoE kernels: a `MoEKernels` table (router_logits in fp32, select_experts, experts over
-    stacked dense or MXFP4 weights), or None. `experts` returns this rank's partial sum."""
+    """MoE kernels: a `MoEKernels` table, or None.
+
+    router_logits(h [T, D], weight [E, D]) -> fp32 [T, E]; select_experts(logits, top_k,
+    correction_bias [E], scoring, renormalize, ...) -> (topk_weights fp32 [T, k], topk_ids
+    int [T, k]); experts(x [T, L],
+    w13 [E_local, 2I, L], w2 [E_local, L, I] (dense or MXFP4Tensor), topk_weights, topk_ids,
+    activation, beta, linear_beta, expert_start, dense_dispatch) -> x.dtype [T, L], this
+    rank's partial sum (experts outside its range contribute nothing); dense_dispatch=True
+    must not synchronise with the host (decode, graph capture)."""
 
 
 @hookspec
 def k3_attn_res_kernels(platform):
-    """AttnRes kernels: an `AttnResKernels` table (step: fused prefix update + block write +
-    mix + RMSNorm, writing the block bank in place; mix), or None."""
+    """AttnRes kernels: an `AttnResKernels` table, or None.
+
+    step(prefix [T, D], delta [T, D] or None, blocks [T, NB, D], query [D], num_visible_blocks,
+    write_index, eps, out_norm_weight, out_eps) -> (h [T, D], prefix [T, D]): the fused prefix
+    update, block write (in place into `blocks`, the only argument written), mix and RMSNorm;
+    mix(sources [S, T, D], query [D], eps) -> [T, D] in sources.dtype."""
 
 
 @hookspec
 def k3_elementwise_kernels(platform):
-    """Norm and activation kernels: an `ElementwiseKernels` table, or None."""
+    """Norm and activation kernels: an `ElementwiseKernels` table, or None.
+
+    rms_norm(x [.., D], weight [D] or None, eps) (normalise in fp32, cast, then x weight);
+    gated_rms_norm(x, gate [.., D], weight [D], eps, activation); layer_norm(x, weight, bias,
+    eps); l2_norm(x, eps) (eps inside the sqrt); glu_activation(x [.., 2I], activation, beta,
+    linear_beta) -> [.., I]. Each returns x.dtype, computed in fp32."""
 
 
 @hookspec
 def k3_quant_kernels(platform):
-    """Codecs for quantised cache pages and weights (FP8, MXFP4, NVFP4): a `QuantKernels`
-    table, or None."""
+    """Codecs for quantised cache pages and weights: a `QuantKernels` table, or None.
+
+    fp8_quantize(x, block_size, scale=None, dtype) -> (fp8 values, fp32 scales per block);
+    mxfp4_quantize(x [.., N]) -> (uint8 [.., N/2], E8M0 uint8 [.., N/32]); nvfp4_quantize(x,
+    global_scale=None) -> (uint8 [.., N/2], e4m3 scales [.., N/16], fp32 global scale); each *_dequantize(values,
+    scales, ..., dtype) inverts it. Bit-exact with the reference codecs (docs/ops.md)."""
 
 
 # ---------------------------------------------------------------------------- collectives
