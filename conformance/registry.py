@@ -89,7 +89,7 @@ class Case:
     family: kernel-table family, or "cache", "collectives", "model".
     entry: the kernel entry exercised, "family.entry" ("kda.chunked"); for the non-kernel
         families the thing checked ("collectives.all_reduce", "model.greedy").
-    reference: the k3.reference op (the oracle); None for cases with their own runner.
+    reference: the k3.reference op (the oracle); None for cases whose runner composes several.
     outputs: outputs(result, args, kwargs) -> {name: tensor}; default: the returned tensor(s)
         as "out" / "out0", "out1"...; in-place written arguments are read from args/kwargs.
     compare: per-output comparator ("close" default for floats, "exact" for integers/bytes,

@@ -1,4 +1,5 @@
-"""Kimi Delta Attention (`KDAKernels`): gate, short_conv, chunked, recurrent.
+"""Kimi Delta Attention (`KDAKernels`): gate, short_conv, chunked, recurrent, rebuild_state and
+the fused decode step over state rows.
 
 Inputs follow the model: q, k, v (and conv inputs) in the activation dtype, gates, beta and
 states in fp32 (fp64 for float64). Samples cover ragged varlen batches with a length-1 sequence,
@@ -14,8 +15,8 @@ import torch
 
 from k3 import reference as ref
 
-from ..inputs import Inputs, cu_seqlens, l2_normalised, randn, state_dtype, uniform
-from ..registry import Case, Sample, register
+from ..inputs import TORCH_DTYPES, Inputs, cu_seqlens, l2_normalised, randn, state_dtype, uniform
+from ..registry import Case, Sample, register, tolerances
 
 
 def _gate(shape, *, lower_bound, dt_shape, legacy=False, scale=2.0):
@@ -168,3 +169,63 @@ register(Case(
                _rebuild(n=3, length=4, hv=2, k=16, v=16, kept=[2, 0, 3], unwritten_nan=True)),
     ),
     doc="Closed-form KDA state after the first kept of L recorded tokens (speculative rollback)."))
+
+
+# --------------------------------------------------------------- fused decode over state rows
+
+def _decode_step(ctx, item):
+    """Two fused decode steps over poisoned state rows (fresh rows first, then continuing
+    ones), the state rows in the platform's KDA state layout; every row compared after each
+    step (rows no sequence uses must stay poisoned)."""
+    from .. import compare as cmp
+    from ..inputs import poison_freed_memory, poisoned
+
+    p, dtype = item.sample.params, TORCH_DTYPES[item.dtype]
+    h, k, w, rows, slots = p["heads"], p["head_dim"], p["width"], p["rows"], p["slots"]
+    sd, dev, tol = state_dtype(dtype), ctx.device, item.case.tolerance(item.dtype)
+    g = torch.Generator().manual_seed(item.seed)
+    n, c = len(slots), 3 * h * k
+    conv_weight = randn(g, (c, w), dtype, 0.5)
+    a_log = uniform(g, (h,), 0.0, math.log(16), sd)
+    dt_bias = randn(g, (h, k), sd, 0.5)
+    o_norm = randn(g, (k,), dtype, 0.3, 1.0)
+    layout = ctx.platform.kda_state_layout
+
+    def state_rows(dt, device):
+        stored = (rows, h, k, k)
+        rec = poisoned(stored, dt).to(device)
+        return rec if layout == "hkv" else rec.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    mine = (state_rows(sd, dev), poisoned((rows, c, w - 1), dtype).to(dev))
+    oracle = (state_rows(torch.float64, "cpu"), poisoned((rows, c, w - 1), torch.float64))
+    index = torch.tensor(slots, dtype=torch.int64)
+    outcome = cmp.Outcome()
+    for step in range(2):
+        fresh = torch.tensor([step == 0 or s in p.get("refresh", ()) for s in slots])
+        inputs = (randn(g, (n, c), dtype), conv_weight, randn(g, (n, h, k), dtype), a_log, dt_bias,
+                  randn(g, (n, h), dtype), randn(g, (n, h, k), dtype), o_norm)
+        kw = {"lower_bound": p["lower_bound"], "norm_eps": 1e-5}
+        poison_freed_memory(dev)
+        with torch.no_grad():
+            got = ctx.platform.kernels.kda.decode_step(*(x.to(dev) for x in inputs), *mine, index.to(dev),
+                                                       fresh.to(dev), **kw)
+            want = item.case.reference(*(x.double() for x in inputs), *oracle, index, fresh, **kw)
+        outcome.outputs.append(cmp.close(f"step{step}.o", got.cpu(), want, tol))
+        outcome.outputs.append(cmp.close(f"step{step}.recurrent_rows", mine[0].cpu(), oracle[0], tol))
+        outcome.outputs.append(cmp.close(f"step{step}.conv_rows", mine[1].cpu(), oracle[1], tol))
+    return outcome
+
+
+DECODE_ROWS = {"rows": 7, "slots": (4, 1, 6), "width": 4}
+
+register(Case(
+    "kda.decode_step", "kda", "kda.decode_step", reference=ref.kda_decode_step, run=_decode_step,
+    tolerances=tolerances(float32=(2e-3, 1e-5), bfloat16=(5e-2, 1e-3)),
+    samples=(
+        Sample("N3_H2_K16_W4_rows7_k3_gate", params={"heads": 2, "head_dim": 16, "lower_bound": -5.0, **DECODE_ROWS}),
+        Sample("N3_H2_K16_W4_softplus_gate_refresh", params={"heads": 2, "head_dim": 16, "lower_bound": None,
+                                                             "refresh": (1,), **DECODE_ROWS}),
+        Sample("N2_H3_K128_real_head_dim", params={"heads": 3, "head_dim": 128, "lower_bound": -5.0, "rows": 4,
+                                                   "slots": (3, 0), "width": 4}),
+    ),
+    doc="Fused KDA decode (conv, gate, L2 norm, state update, gated RMSNorm) over cache state rows."))

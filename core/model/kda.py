@@ -94,9 +94,15 @@ class KDAMixer(K3Module):
 
         qkv = torch.cat([F.linear(x, self.q_proj), F.linear(x, self.k_proj), F.linear(x, self.v_proj)], -1)
         conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
+        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
+        if self._fused_decode(meta, per_position_states):
+            o = k.kda.decode_step(qkv, conv_w, f, self.A_log, self.dt_bias.view(hl, hd), F.linear(x, self.b_proj),
+                                  self.output_gate(x).view(t, hl, hd), self.o_norm, view.recurrent, view.conv,
+                                  rows, fresh, lower_bound=self.cfg.linear_attn.gate_lower_bound,
+                                  norm_eps=self.cfg.rms_norm_eps)                 # [N, H, V], normalised
+            return self.parallel.all_reduce(F.linear(o.reshape(t, hl * hd), self.o_proj)), None
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
         s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
-        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
         g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
                        lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
         beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
@@ -107,6 +113,14 @@ class KDAMixer(K3Module):
         gate = self.output_gate(x).view(t, hl, hd)
         o = k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
         return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+
+    @staticmethod
+    def _fused_decode(meta: ForwardMetadata, per_position_states: bool) -> bool:
+        """A plain decode step (one token per sequence, no verify, no per-position states, no
+        prefix-cache checkpoint to save) runs as one fused `kda.decode_step`."""
+        if meta.max_q_len != 1 or per_position_states or is_verify(meta):
+            return False
+        return meta.checkpoint_positions is None or checkpoint_offsets(meta) is None
 
     def heads(self, y: torch.Tensor):
         """Conv output [.., 3P] -> L2-normalised q, k and v, each [T, H_local, K]."""

@@ -95,7 +95,11 @@ def k3_kda_kernels(platform):
     recurrent / chunked(q, k [B, T, H, K] L2-normalised, v [B, T, HV, V], g [B, T, HV, K],
     beta [B, T, HV], initial_state [N, HV, K, V] fp32, cu_seqlens [N+1]) -> (o [B, T, HV, V]
     v.dtype, final_state [N, HV, K, V] fp32, optional per-position states / corrections /
-    checkpoint states); rebuild_state(s0, k, g, u [N, L, HV, *], num_kept [N]) -> [N, HV, K, V].
+    checkpoint states); rebuild_state(s0, k, g, u [N, L, HV, *], num_kept [N]) -> [N, HV, K, V];
+    decode_step(qkv [N, 3HK], conv_weight, f [N, H, K], A_log, dt_bias, b [N, H],
+    out_gate [N, H, V], o_norm_weight, recurrent, conv_state (cache views), state_indices [N],
+    fresh [N]) -> o [N, H, V]: the fused one-token step, reading and writing the state rows
+    in place (the only entry that writes the cache).
     States passed as arguments are canonical [N, HV, K, V] whatever `k3_kda_state_layout` says.
     Outputs are new tensors; the model writes the cache rows."""
 

@@ -34,7 +34,8 @@ def reference_tables() -> dict[str, object]:
     """Every kernel table filled with the reference ops (family -> table)."""
     return {
         "kda": KDAKernels(gate=ref.kda_gate, short_conv=ref.short_conv, chunked=ref.kda_chunked,
-                          recurrent=ref.kda_recurrent, rebuild_state=ref.kda_rebuild_state),
+                          recurrent=ref.kda_recurrent, rebuild_state=ref.kda_rebuild_state,
+                          decode_step=ref.kda_decode_step),
         "mla": MLAKernels(prefill=ref.mla_prefill, decode=ref.mla_decode),
         "indexer": IndexerKernels(quantize_keys=ref.indexer_quantize_keys,
                                   dequantize_keys=ref.indexer_dequantize_keys, scores=ref.indexer_scores,

@@ -122,6 +122,7 @@ class KDAKernels(KernelTable):
     chunked: Callable | None = _op("k3.reference.kda_chunked")
     recurrent: Callable | None = _op("k3.reference.kda_recurrent")
     rebuild_state: Callable | None = _op("k3.reference.kda_rebuild_state")
+    decode_step: Callable | None = _op("k3.reference.kda_decode_step")
 
 
 @dataclass(frozen=True)

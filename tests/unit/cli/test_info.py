@@ -75,10 +75,17 @@ def test_real_preset_parameter_counts(tmp_path, capsys):
 
 
 def test_real_preset_info_is_fast_and_small():
-    """The 2.78T-parameter graph is built on the meta device: seconds and well under 1 GiB."""
-    code = ("import resource, sys, time; t = time.time(); from k3.cli.main import main; "
+    """The 2.78T-parameter graph is built on the meta device: seconds and well under 1 GiB.
+
+    Memory is measured as growth of the peak RSS over a warm-up `k3 info` of the tiny preset, which
+    has already imported torch, k3 and the plugins: a CUDA build of torch maps several GiB of
+    libraries at import, so the absolute figure says nothing about the graph."""
+    code = ("import io, contextlib, resource, sys, time; from k3.cli.main import main; "
+            "contextlib.redirect_stdout(io.StringIO()).__enter__(); "
+            "main(['info', '--preset', 'k3-tiny', '--json']); "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; t = time.time(); "
             "main(['info', '--preset', 'kimi-k3.1-pro', '--json']); "
-            "print(time.time() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+            "print(time.time() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base, file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    seconds, rss_kib = map(float, done.stderr.split()[-2:])
-    assert seconds < 30 and rss_kib < 1024 * 1024, (seconds, rss_kib)
+    seconds, growth_kib = map(float, done.stderr.split()[-2:])
+    assert seconds < 30 and growth_kib < 512 * 1024, (seconds, growth_kib)

@@ -16,6 +16,7 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
+KERNEL_HOOKS = {"nvidia": ["k3_kda_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -39,7 +40,8 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     assert module.K3_HOOKSPEC_VERSIONS == (1,)
     record = discover(allow=[vendor]).records[vendor]
     assert record.registered and record.distribution == "k3"
-    assert record.hooks == VENDOR_HOOKS          # no kernel yet: every entry falls back to the reference
+    # kernel hooks: NVIDIA's Triton kernels; every other entry falls back to the reference
+    assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
     path = Path(module.k3_conformance_expectations(platform=info(vendor)))
     assert tomllib.loads(path.read_text())["xfail"] == []
     assert module.k3_conformance_expectations(platform=info("reference")) is None
@@ -195,3 +197,17 @@ def test_detection_imports_no_vendor_sdk():
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform():
+    from k3.platforms.nvidia import plugin
+
+    assert plugin.k3_kda_kernels(platform=info("reference")) is None
+    table = plugin.k3_kda_kernels(platform=info("nvidia", "cuda"))
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        assert table is None                      # without Triton the reference serves every entry
+        return
+    assert table.provided() == ["decode_step"]
+    assert table.decode_step.__module__ == "k3.platforms.triton_kernels.kda_decode"

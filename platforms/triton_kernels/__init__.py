@@ -1,0 +1,8 @@
+"""Portable Triton kernels shared by the GPU plugins (NVIDIA now; AMD's Triton path later).
+
+Importing this package does not import Triton: each kernel module does, and a plugin imports
+a kernel module only after its platform has been selected and Triton found. Every kernel has
+the signature of its k3.reference op, falls back to that op for inputs it does not cover
+(float64, shapes outside its constraints), and runs under `TRITON_INTERPRET=1` on CPU tensors
+so CI checks it at tiny shapes against the reference.
+"""

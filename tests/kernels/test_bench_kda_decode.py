@@ -1,0 +1,34 @@
+"""bench/kda_decode.py's correctness gate runs here at tiny shapes (Triton interpreter), so the
+H200 benchmark cannot silently time a kernel its own check would reject."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("k3.platforms.triton_kernels.kda_decode")
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "kda_decode.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_kda_decode", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("layout", ["hkv", "hvk"])
+def test_bench_check_passes_the_kernel(layout):
+    from k3.platforms.triton_kernels.kda_decode import kda_decode_step
+
+    result = _bench().check(kda_decode_step, 3, 2, 16, layout, "cpu", seed=0)
+    assert result["passed"] and result["foreign_rows_untouched"], result
+
+
+def test_bench_check_rejects_a_wrong_kernel():
+    from k3.platforms.triton_kernels.kda_decode import kda_decode_step
+
+    def off_by_a_little(*args, **kwargs):
+        return kda_decode_step(*args, **kwargs) * 1.05
+
+    assert not _bench().check(off_by_a_little, 3, 2, 16, "hkv", "cpu", seed=0)["passed"]
