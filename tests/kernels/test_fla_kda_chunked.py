@@ -1,0 +1,86 @@
+"""The fla-core chunked prefill wrapper (platforms/triton_kernels/kda_chunked.py): its cutting
+of sequences into rounds at checkpoint offsets, checked on the CPU with a stand-in for
+fla-core's kernel that computes the same function (the reference on one round's pieces).
+fla-core's kernel itself is checked on the GPU by `k3 conformance --platform nvidia`."""
+
+import pytest
+import torch
+
+from k3 import reference as ref
+from k3.platforms.triton_kernels import kda_chunked as wrapper
+
+H, HV, K, V = 1, 2, 16, 8
+
+
+def stand_in(calls):
+    def fla_call(q, k, v, g, beta, scale, initial_state, cu_seqlens):
+        assert q.shape[0] == 1 and initial_state.dtype == torch.float32 and cu_seqlens.dtype == torch.int64
+        assert int(cu_seqlens[-1]) == q.shape[1] and len(cu_seqlens) == initial_state.shape[0] + 1
+        calls.append(cu_seqlens.tolist())
+        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    return fla_call
+
+
+def inputs(lens, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    q = ref.l2_norm(torch.randn(1, t, H, K, generator=g)).to(dtype)
+    k = ref.l2_norm(torch.randn(1, t, H, K, generator=g)).to(dtype)
+    v = torch.randn(1, t, HV, V, generator=g).to(dtype)
+    gate = -5 * torch.sigmoid(torch.randn(1, t, HV, K, generator=g))
+    beta = torch.sigmoid(torch.randn(1, t, HV, generator=g))
+    s0 = torch.randn(len(lens), HV, K, V, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
+
+
+def close(a, b):
+    assert (a.double() - b.double()).norm() <= 1e-5 * b.double().norm() + 1e-6
+
+
+@pytest.mark.parametrize("offsets", [
+    None,
+    [0, 5, 13],                                  # shared by every sequence (13 = the shortest's length)
+    torch.tensor([[13, 0, 13], [3, 3, 17], [1, 20, 9]]),   # per sequence, unsorted, repeated, 0 and len
+])
+def test_rounds_match_the_reference(offsets):
+    lens = [13, 17, 20]
+    args, kw = inputs(lens, seed=1)
+    calls = []
+    got = wrapper.kda_chunked(*args, **kw, checkpoint_offsets=offsets, fla_call=stand_in(calls))
+    want = ref.kda_chunked(*args, **kw, checkpoint_offsets=offsets)
+    assert len(got) == len(want)
+    close(got[0], want[0])
+    close(got[1], want[1])
+    if offsets is not None:
+        assert len(got[2]) == len(want[2]) == 3
+        for a, b in zip(got[2], want[2]):
+            close(a, b)
+    assert len(calls) == (1 if offsets is None else 3)  # rounds = most pieces of any sequence
+
+
+def test_a_single_sequence_is_cut_into_views_and_batches_flatten():
+    args, kw = inputs([40], seed=2)
+    calls = []
+    got = wrapper.kda_chunked(*args, **kw, checkpoint_offsets=[16, 32], fla_call=stand_in(calls))
+    want = ref.kda_chunked(*args, **kw, checkpoint_offsets=[16, 32])
+    assert calls == [[0, 16], [0, 16], [0, 8]]
+    for a, b in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        close(a, b)
+    q, k, v, g, beta = (x.reshape(2, 20, *x.shape[2:]) for x in args)          # [B=2, T=20] without cu_seqlens
+    s0 = kw["initial_state"].repeat(2, 1, 1, 1)
+    got = wrapper.kda_chunked(q, k, v, g, beta, initial_state=s0, fla_call=stand_in([]))
+    want = ref.kda_chunked(q, k, v, g, beta, initial_state=s0)
+    close(got[0], want[0])
+    close(got[1], want[1])
+
+
+def test_float64_goes_to_the_reference():
+    args, kw = inputs([5, 7], seed=3, dtype=torch.float64)
+
+    def never(*a):
+        raise AssertionError("fla-core does not take float64")
+
+    got = wrapper.kda_chunked(*args, **kw, fla_call=never)
+    want = ref.kda_chunked(*args, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
