@@ -1,5 +1,6 @@
-"""bench/kda_decode.py's correctness gate runs here at tiny shapes (Triton interpreter), so the
-H200 benchmark cannot silently time a kernel its own check would reject."""
+"""The benchmarks' correctness gates (bench/kda_decode.py, bench/moe_mxfp4.py) run here at tiny
+shapes (Triton interpreter), so an H200 benchmark cannot silently time a kernel its own check
+would reject."""
 
 import importlib.util
 from pathlib import Path
@@ -32,3 +33,15 @@ def test_bench_check_rejects_a_wrong_kernel():
         return kda_decode_step(*args, **kwargs) * 1.05
 
     assert not _bench().check(off_by_a_little, 3, 2, 16, "hkv", "cpu", seed=0)["passed"]
+
+
+def test_moe_bench_check_passes_the_kernel_and_rejects_a_wrong_one():
+    """bench/moe_mxfp4.py's correctness gate, at tiny shapes."""
+    from k3.platforms.triton_kernels.moe_mxfp4 import experts_forward
+
+    spec = importlib.util.spec_from_file_location("bench_moe", BENCH.with_name("moe_mxfp4.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    w13, w2 = bench.make_experts(8, 64, 96, "cpu", seed=0)
+    assert bench.check(experts_forward, w13, w2, 5, 3, "cpu", seed=1)["passed"]
+    assert not bench.check(lambda *a, **k: experts_forward(*a, **k) * 1.05, w13, w2, 5, 3, "cpu", seed=1)["passed"]
