@@ -1,17 +1,19 @@
 """NVIDIA platform plugin (entry point `nvidia`): hook implementations only.
 
 Backs detection, capabilities, serving defaults, conformance expectations and, when Triton
-imports, the Triton kernels of k3.platforms.triton_kernels (today the fused KDA decode step).
-Every other kernel entry falls back to the reference ops on device "cuda".
+imports, the Triton kernels of k3.platforms.triton_kernels: the fused KDA decode step by default,
+and the kernels of experimental.py when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel
+entry falls back to the reference ops on device "cuda".
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from k3.plugin import KDAKernels, hookimpl
+from k3.platforms._probe import has_module
+from k3.plugin import AttnResKernels, KDAKernels, MoEKernels, hookimpl
 
-from . import capabilities, detect
+from . import capabilities, detect, experimental
 
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME
@@ -47,4 +49,27 @@ def k3_kda_kernels(platform):
         from k3.platforms.triton_kernels import kda_decode
     except ImportError:          # no Triton: the reference ops serve every entry
         return None
-    return KDAKernels(decode_step=kda_decode.kda_decode_step)
+    entries = {"decode_step": kda_decode.kda_decode_step}
+    if experimental.enabled("kda_chunked") and has_module("fla"):
+        from k3.platforms.triton_kernels import kda_chunked
+
+        entries["chunked"] = kda_chunked.kda_chunked
+    return KDAKernels(**entries)
+
+
+@hookimpl
+def k3_moe_kernels(platform):
+    if platform.name != NAME or not experimental.enabled("moe_experts") or not has_module("triton"):
+        return None
+    from k3.platforms.triton_kernels import moe_mxfp4
+
+    return MoEKernels(experts=moe_mxfp4.experts_forward)
+
+
+@hookimpl
+def k3_attn_res_kernels(platform):
+    if platform.name != NAME or not experimental.enabled("attn_res_step") or not has_module("triton"):
+        return None
+    from k3.platforms.triton_kernels import attn_res
+
+    return AttnResKernels(step=attn_res.attn_res)

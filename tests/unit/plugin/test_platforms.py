@@ -16,7 +16,7 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_kda_kernels"]}
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_kda_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -211,3 +211,23 @@ def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform():
         return
     assert table.provided() == ["decode_step"]
     assert table.decode_step.__module__ == "k3.platforms.triton_kernels.kda_decode"
+
+
+def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
+    pytest.importorskip("triton")
+    from k3.platforms.nvidia import plugin
+
+    nvidia = info("nvidia", "cuda")
+    monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
+    assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
+    assert plugin.k3_kda_kernels(platform=nvidia).provided() == ["decode_step"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step")
+    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
+    assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
+    assert plugin.k3_moe_kernels(platform=info("reference")) is None
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
+    monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts,typo")
+    with pytest.warns(UserWarning, match="typo"):
+        assert plugin.k3_moe_kernels(platform=nvidia) is not None

@@ -1,0 +1,97 @@
+"""The fused Block AttnRes step (k3's Triton kernel) against the torch reference step at K3's
+hidden size (D = 7168, bf16), in one call on the GPU.
+
+    python3 bench/attn_res.py --out attn_res.json
+
+Per T (1, 64, 8192 tokens): a check against `k3.reference.attn_res` in float64 on the same
+fresh inputs (the block boundary case: delta added, the finished block written, 8 visible
+blocks mixed, output RMSNorm), then median times of both (CUDA events; the decode sizes also
+replayed from a CUDA graph, where launch overhead no longer counts) and the floor: the bytes
+the step must move (partial sum and delta read, partial sum and bank row written, visible
+blocks read, h written) over the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+
+from k3 import reference as ref
+
+D, BANK, VISIBLE = 7168, 12, 8
+
+
+def ratio(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def inputs(t, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g).bfloat16()  # noqa: E731
+    kw = dict(query=rnd(D) * 0.05, num_visible_blocks=VISIBLE, write_index=VISIBLE, eps=1e-6,
+              out_norm_weight=rnd(D) * 0.1 + 1, out_eps=1e-5)
+    return rnd(t, D), rnd(t, D), rnd(t, BANK, D), kw
+
+
+def graph_ms(fn, bench) -> float:
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return bench(g.replay)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="attn_res.json")
+    args = parser.parse_args()
+    import triton
+    import triton.testing
+
+    from k3.platforms.triton_kernels.attn_res import attn_res as kernel
+
+    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")  # noqa: E731
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    copy_GBps = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src)) / 1e6
+    del src, dst
+    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
+              "shape": f"D{D} bank {BANK} visible {VISIBLE} bf16, delta + write + mix + RMSNorm"}
+    for t in (1, 64, 8192):
+        prefix, delta, blocks, kw = inputs(t, seed=t)
+        mine = blocks.clone()
+        h, p = kernel(prefix, delta, mine, **kw)
+        oracle = blocks.double()
+        want_h, want_p = ref.attn_res(prefix.double(), delta.double(), oracle, **{
+            **kw, "query": kw["query"].double(), "out_norm_weight": kw["out_norm_weight"].double()})
+        entry = {"error_ratio_h": ratio(h, want_h), "error_ratio_prefix": ratio(p, want_p),
+                 "error_ratio_bank": ratio(mine, oracle)}
+        entry["passed"] = max(entry.values()) < 2e-2
+        if entry["passed"]:
+            entry["k3_us"] = bench(lambda: kernel(prefix, delta, blocks, **kw)) * 1e3
+            entry["reference_us"] = bench(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
+            if t <= 64:
+                entry["k3_graph_us"] = graph_ms(lambda: kernel(prefix, delta, blocks, **kw), bench) * 1e3
+                entry["reference_graph_us"] = graph_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw), bench) * 1e3
+            nbytes = t * D * 2 * (2 + 2 + VISIBLE + 1)
+            entry["floor_us"] = nbytes / copy_GBps / 1e3
+            entry["fraction_of_copy_bw"] = entry["floor_us"] / entry.get("k3_graph_us", entry["k3_us"])
+        result[f"T{t}"] = entry
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
