@@ -14,6 +14,7 @@ HOOK_FAMILIES = {
     "k3_process_weights": "model",          # the model cases call Platform.process_weights
     "k3_allocate_cache": "model",           # the model cases run the platform on a packed CachePool
     "k3_kda_state_layout": "model",         # ... whose KDA state rows use the platform's layout
+    "k3_graph_runner": "model",             # model.graph_decode: replayed decode equals eager decode
 }
 
 TESTED_ELSEWHERE = (

@@ -72,7 +72,7 @@ def packed_cache(platform, model, num_rows: int) -> CacheViews:
 
 
 def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots: list[int], device="cpu",
-        seed: int = 0, platform=None) -> list[Trace]:
+        seed: int = 0, platform=None, graph_buckets: list[int] | None = None) -> list[Trace]:
     """Generate `steps` tokens for every request, all in one batch.
 
     Each call feeds every unfinished request either its next prompt chunk (`chunk` tokens;
@@ -80,7 +80,9 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
     batches; a call where every request decodes is a pure decode step. Requests use state row
     slots[i] and pages from a seeded shuffle of the pool. With `platform`, the cache is the
     engine's packed pool allocated by that platform (state rows first, then pages), else
-    separate contiguous tensors per layer (`model.allocate_cache`).
+    separate contiguous tensors per layer (`model.allocate_cache`). With `graph_buckets` (and a
+    platform), pure decode steps replay graphs captured by the platform's `k3_graph_runner`
+    (`k3.engine.graphs.DecodeGraphs`, padding on one extra row after the pages).
     """
     n = len(requests)
     pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
@@ -90,9 +92,16 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
     if platform is None:
         cache = model.allocate_cache(num_state_rows=rows, num_pages=rows * pages_each, page_size=PAGE_SIZE,
                                      device=device)
-    else:                   # one row space: state rows 0..rows-1, pages after them
-        cache = packed_cache(platform, model, rows + rows * pages_each)
+    else:                   # one row space: state rows 0..rows-1, pages after them (then graph padding)
+        scratch = rows + rows * pages_each
+        cache = packed_cache(platform, model, scratch + (1 if graph_buckets else 0))
         table = table + rows
+    graphs = None
+    if graph_buckets:
+        from k3.engine.graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(model, cache, platform.graph_runner, buckets=graph_buckets, scratch_row=scratch,
+                              block_size=PAGE_SIZE, max_pages=pages_each, device=device, progress=False)
     fed = [0] * n                                       # prompt tokens fed so far
     traces = [Trace() for _ in range(n)]
     while True:
@@ -113,7 +122,10 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
                                      device=device)
         poison_freed_memory(device)
         with torch.no_grad():
-            logits = model(meta, cache).logits.detach().double().cpu()      # [len(active), V]
+            if graphs is not None and graphs.covers(meta):
+                logits = graphs.run(meta).double().cpu()
+            else:
+                logits = model(meta, cache).logits.detach().double().cpu()  # [len(active), V]
         for row, i in enumerate(active):
             prompt = requests[i].prompt
             if fed[i] < len(prompt):

@@ -16,6 +16,10 @@ rows and pages sharing one row space. The reference uses separate contiguous ten
   have near-ties that bf16 rounding flips. Within one dtype, measured flips stayed below 1.7.)
 - model.batch_invariance: a request's tokens and logits alone equal those it gets in a batch
   with two other requests (other slots, other pages), within the same margins.
+- model.graph_decode (platforms with `graph_capture`): the same three requests with their pure
+  decode steps replayed from graphs the platform's `k3_graph_runner` captured (buckets 2 and
+  4: the three-request steps pad one sequence onto a scratch row) give the tokens and logits
+  of eager decode on the same platform.
 """
 
 from __future__ import annotations
@@ -112,6 +116,21 @@ def _batch_invariance(ctx, item):
     return cmp.Outcome([tokens, logits], [note])
 
 
+def _graph_decode(ctx, item):
+    preset, dtype, seed = item.sample.params["preset"], TORCH_DTYPES[item.dtype], item.seed % 1000
+    if ctx.platform.graph_runner is None:
+        raise RuntimeError(f"platform {ctx.platform.name!r} claims graph_capture but its k3_graph_runner returns "
+                           "None: implement the hook or drop the capability")
+    model = _platform_model(ctx, preset, dtype)
+    kw = dict(steps=STEPS, chunk=CHUNK, slots=[2, 0, 1], device=ctx.device, seed=seed, platform=ctx.platform)
+    eager = run(model, [Request(p) for p in prompts(seed, LENGTHS)], **kw)
+    forced = [Request(p, forced=t.tokens) for p, t in zip(prompts(seed, LENGTHS), eager)]
+    replayed = run(model, forced, graph_buckets=[2, 4], **kw)
+    tokens, note = compare_tokens("tokens", replayed, eager, MARGINS[item.dtype])
+    logits = cmp.close("logits", _logits(replayed), _logits(eager), LOGIT_TOL[item.dtype])
+    return cmp.Outcome([tokens, logits], [note])
+
+
 def _samples():
     return tuple(Sample(f"{p}_prompts{'-'.join(map(str, LENGTHS))}_chunk{CHUNK}_gen{STEPS}", params={"preset": p})
                  for p in PRESETS)
@@ -126,3 +145,8 @@ register(Case(
     "model.batch_invariance", "model", "model.batch_invariance", run=_batch_invariance,
     dtypes=("float64", "float32", "bfloat16"), smoke_dtype="float32", samples=_samples(),
     doc="A request's greedy tokens do not change with its batch company."))
+
+register(Case(
+    "model.graph_decode", "model", "model.graph_decode", run=_graph_decode, requires=("graph_capture",),
+    dtypes=("float32", "bfloat16"), smoke_dtype="float32", samples=_samples(),
+    doc="Decode steps replayed from the platform's captured graphs equal eager decode."))

@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
                              "from --gpu-memory-utilization")
     add_cache_arguments(parser)
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never capture decode steps as graphs (platforms that capture: nvidia)")
+    parser.add_argument("--graph-batch-sizes", type=int, nargs="+", default=None, metavar="N",
+                        help="batch sizes whose decode step is captured (vLLM's --cuda-graph-sizes; default 1, 2, "
+                             "4, then multiples of 8 up to --max-num-seqs); larger batches run eagerly")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse tool calls of requests with tools (needs --tool-call-parser)")
     parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
@@ -153,7 +158,8 @@ def build_engine(args: argparse.Namespace):
             kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
             prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
-            speculative_config=args.speculative_config)
+            speculative_config=args.speculative_config, enforce_eager=args.enforce_eager,
+            graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
         problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
         if problems:
             raise CliError(f"platform {platform.name}: {'; '.join(problems)}")

@@ -57,6 +57,8 @@ class EngineConfig:
     prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
     kda_checkpoint_interval: int = 0          # extra KDA checkpoints every N tokens (0: prompt ends only)
     speculative_config: str | dict | None = None   # vLLM's --speculative-config JSON
+    enforce_eager: bool = False               # never capture decode graphs
+    graph_batch_sizes: tuple[int, ...] | None = None   # capture buckets (default: 1, 2, 4, 8, 16, ...)
     load_progress: bool = True
 
 
@@ -102,9 +104,13 @@ class LLMEngine:
                 raise ValueError(f"the cache holds {num_rows} rows, too few for the {reserved} speculative scratch "
                                  f"rows of max_num_seqs {config.max_num_seqs} x (1 + {spec.num_speculative_tokens}): "
                                  "give it more memory, lower max_num_seqs, or use kda_rollback \"recover\"")
-        self.pool = BlockPool(num_rows - reserved)
+        # decode graphs (when the platform captures): one scratch row for the padding sequences
+        graph_runner = None if config.enforce_eager or tp > 1 else self.platform.graph_runner
+        scratch = 1 if graph_runner is not None else 0
+        self.pool = BlockPool(num_rows - reserved - scratch)
         self.spec_pool = BlockPool(reserved, first_row=num_rows - reserved) if reserved else None
-        num_rows -= reserved
+        self.graph_scratch_row = num_rows - reserved - 1 if scratch else None
+        num_rows -= reserved + scratch
         cache_len = (num_rows - 1) * block
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
                                  cache_len)
@@ -122,6 +128,14 @@ class LLMEngine:
             adaptive_token_limit=self._adaptive_token_limit(cfg),
             checkpoint_interval=config.kda_checkpoint_interval), self.pool, self.prefix_cache)
         self.runner = ModelRunner(self.model, self.cache, block_size=block, device=self.device)
+        if graph_runner is not None:
+            from .graphs import DecodeGraphs, default_buckets
+
+            buckets = config.graph_batch_sizes or default_buckets(config.max_num_seqs)
+            self.runner.graphs = DecodeGraphs(self.model, self.cache.views, graph_runner, buckets=buckets,
+                                              scratch_row=self.graph_scratch_row, block_size=block,
+                                              max_pages=-(-self.max_model_len // block), device=self.device,
+                                              progress=config.load_progress)
         self.stop_token_ids = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, list[str]] = {}           # parent id -> child request ids (n > 1)

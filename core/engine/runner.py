@@ -18,6 +18,14 @@ from .scheduler import SchedulerOutput
 
 
 @dataclass
+class ReplayedStep:
+    """What a replayed decode graph gives back: the logits [N, V] only."""
+
+    logits: torch.Tensor
+    taps: dict | None = None
+
+
+@dataclass
 class StepBatch:
     meta: ForwardMetadata
     sample_rows: list[int]         # indices into scheduled of the requests that sample a token
@@ -134,12 +142,15 @@ class ModelRunner:
         self.tap_layers: tuple[int, ...] = ()      # target layers a DSpark draft reads
         self.taps: torch.Tensor | None = None       # last forward's taps [T, n * d], layer order
         self.token_starts: list[int] = []           # last forward: first packed token of each request
+        self.graphs = None                          # DecodeGraphs when the platform captures decode
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
-        blocks), then run the model."""
+        blocks), then run the model (a plain decode step replays its captured graph)."""
         for src, dst in row_copies:
             self.cache.copy_row(src, dst)
+        if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):
+            return ReplayedStep(self.graphs.run(meta))
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
     def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None):

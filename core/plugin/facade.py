@@ -115,6 +115,11 @@ class Platform:
             raise ValueError(f"k3_kda_state_layout returned {layout!r}; expected one of {', '.join(KDA_STATE_LAYOUTS)}")
         return layout
 
+    @property
+    def graph_runner(self):
+        """The platform's decode graph capturer (`k3_graph_runner`), or None: run eagerly."""
+        return self._pm.hook.k3_graph_runner(platform=self.info)
+
     def allocate_cache(self, num_rows: int, row_bytes: int) -> torch.Tensor:
         """The backing tensor of a packed cache (`k3_allocate_cache`), checked against the plan:
         uint8 [num_rows, row_bytes] on this platform's device, rows row_bytes apart, aligned."""

@@ -75,6 +75,21 @@ def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
 
 
 @hookspec(firstresult=True)
+def k3_graph_runner(platform):
+    """A graph capturer for decode steps (CUDA graphs, HIP graphs...), or None to run every
+    step eagerly (the reference).
+
+    Returns an object with `capture(fn) -> (replay, outputs)`: warm `fn` up as the device needs
+    (compilation, library handles), record one call of it, and return a no-argument `replay`
+    that re-runs the recorded work on the same input and output tensors, plus what the recorded
+    call returned. The core calls it once per batch-size bucket, largest first, at start-up, with
+    an `fn` that runs the model on static metadata tensors it refills before each replay; `fn`
+    never synchronises with the host. Captures may share one memory pool (they never run at
+    once). The model cases of the conformance suite check replayed decode against eager decode.
+    """
+
+
+@hookspec(firstresult=True)
 def k3_kda_state_layout(platform):
     """The order inside a KDA state row this platform's kernels want: "hkv" (canonical
     [H, K, V]) or "hvk" ([H, V, K]: each head transposed). The row's size and place are the

@@ -113,6 +113,11 @@ def k3_kda_state_layout(platform):
 
 
 @hookimpl(trylast=True)
+def k3_graph_runner(platform):
+    return None                 # decode runs eagerly
+
+
+@hookimpl(trylast=True)
 def k3_process_weights(platform, model):
     return None
 

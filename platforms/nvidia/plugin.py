@@ -37,6 +37,15 @@ def k3_config_defaults(platform):
 
 
 @hookimpl
+def k3_graph_runner(platform):
+    if platform.name != NAME:
+        return None
+    from .graphs import CudaGraphCapturer
+
+    return CudaGraphCapturer()
+
+
+@hookimpl
 def k3_conformance_expectations(platform):
     return str(CONFORMANCE) if platform.name == NAME else None
 

@@ -16,7 +16,7 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_kda_kernels", "k3_moe_kernels"]}
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_kda_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -231,3 +231,11 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert plugin.k3_moe_kernels(platform=nvidia) is not None
+
+
+def test_nvidia_captures_decode_with_cuda_graphs_only_on_its_platform():
+    from k3.platforms.nvidia import plugin
+    from k3.platforms.nvidia.graphs import CudaGraphCapturer
+
+    assert plugin.k3_graph_runner(platform=info("reference")) is None
+    assert isinstance(plugin.k3_graph_runner(platform=info("nvidia", "cuda")), CudaGraphCapturer)

@@ -1,0 +1,112 @@
+"""Decode steps replayed from captured graphs, one per batch-size bucket.
+
+A platform that can capture (`k3_graph_runner`, e.g. CUDA graphs on nvidia) removes the
+per-kernel launch cost of a decode step, which dominates at small batches. At start-up one
+step is captured per bucket on static metadata tensors; a later pure-decode step of N
+sequences copies its metadata into the smallest bucket B >= N and replays. The B - N padding
+sequences are fresh one-token sequences on a scratch row the engine reserves for them: their
+KDA state starts from zero, their one latent is written into and read from the scratch row's
+first page slot, and their logits are dropped, so they never touch a real request's rows.
+
+Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
+tapped layers for drafts, batches over the largest bucket) runs eagerly, unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import torch
+from tqdm import tqdm
+
+from k3.plugin.contract import ForwardMetadata
+
+
+def default_buckets(max_num_seqs: int) -> list[int]:
+    """vLLM's capture sizes: 1, 2, 4, then multiples of 8, up to max_num_seqs (always included)."""
+    sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+def is_plain_decode(meta: ForwardMetadata) -> bool:
+    """One new token per sequence and nothing but logits asked for."""
+    return (meta.max_q_len == 1 and meta.spec_lens is None and meta.checkpoint_positions is None
+            and meta.num_tokens == meta.num_seqs and meta.logits_indices.shape[0] == meta.num_seqs)
+
+
+class DecodeGraphs:
+    """Captured decode steps for a model and its cache (see the module docstring).
+
+    model: called as model(meta, views, tap_layers=()) -> result with `.logits` [N, V].
+    views: the CacheViews every step reads and writes.
+    runner: the platform's capturer (`capture(fn) -> (replay, outputs)`).
+    scratch_row: a cache row no request owns (padding sequences write and read only it).
+    max_pages: block-table width of every bucket (the longest sequence's pages).
+    """
+
+    def __init__(self, model, views, runner, *, buckets: Sequence[int], scratch_row: int, block_size: int,
+                 max_pages: int, device, progress: bool = True):
+        if not buckets or min(buckets) < 1:
+            raise ValueError(f"graph batch sizes must be positive, got {list(buckets)}")
+        self.model, self.views, self.runner = model, views, runner
+        self.buckets = sorted(set(int(b) for b in buckets))
+        self.scratch_row, self.block_size, self.max_pages = scratch_row, block_size, max_pages
+        self.device = torch.device(device)
+        self._static: dict[int, ForwardMetadata] = {}     # the tensors each bucket's graph reads
+        self._padding: dict[int, ForwardMetadata] = {}    # their values when no sequence is real
+        self._replay: dict[int, tuple] = {}
+        for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
+                      file=sys.stderr, disable=not progress):
+            self._capture(b)
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def covers(self, meta: ForwardMetadata) -> bool:
+        return (is_plain_decode(meta) and meta.num_seqs <= self.max_batch
+                and meta.block_table.shape[1] <= self.max_pages)
+
+    def _padding_metadata(self, b: int) -> ForwardMetadata:
+        """Metadata of b padding sequences: every tensor a bucket's replay reads."""
+        dev = self.device
+        return ForwardMetadata(
+            input_ids=torch.zeros(b, dtype=torch.long, device=dev),
+            positions=torch.zeros(b, dtype=torch.long, device=dev),
+            cu_seqlens=torch.arange(b + 1, dtype=torch.int32, device=dev),
+            context_lens=torch.zeros(b, dtype=torch.long, device=dev),
+            slot_mapping=torch.full((b,), self.scratch_row * self.block_size, dtype=torch.long, device=dev),
+            block_table=torch.full((b, self.max_pages), self.scratch_row, dtype=torch.int32, device=dev),
+            state_indices=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
+            logits_indices=torch.arange(b, dtype=torch.long, device=dev),
+            max_q_len=1,
+        )
+
+    def _capture(self, b: int) -> None:
+        self._padding[b] = self._padding_metadata(b)
+        meta = self._static[b] = self._padding_metadata(b)
+        views = self.views
+
+        def step():
+            return self.model(meta, views, tap_layers=()).logits
+
+        with torch.no_grad():
+            self._replay[b] = self.runner.capture(step)
+
+    def run(self, meta: ForwardMetadata) -> torch.Tensor:
+        """Logits [N, V] of a covered decode step (a fresh tensor: the next replay reuses the
+        captured output)."""
+        n = meta.num_seqs
+        b = next(size for size in self.buckets if size >= n)
+        static = self._static[b]
+        pad = self._padding[b]                          # the rows past n return to padding
+        for name in ("input_ids", "positions", "context_lens", "slot_mapping", "state_indices"):
+            dst = getattr(static, name)
+            dst.copy_(getattr(pad, name))
+            dst[:n].copy_(getattr(meta, name))
+        static.block_table.copy_(pad.block_table)
+        static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
+        replay, logits = self._replay[b]
+        replay()
+        return logits[:n].clone()

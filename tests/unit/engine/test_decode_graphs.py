@@ -1,0 +1,110 @@
+"""Decode graphs (k3.engine.graphs): buckets, padding onto a scratch row, and what is covered.
+A stand-in capturer re-runs the recorded function into the captured output tensor on every
+replay, which is what a graph does with its static buffers; the CUDA-graph capturer itself is
+checked on the GPU by the `model.graph_decode` conformance cases. Token equality in float64."""
+
+import pytest
+import torch
+
+from k3.engine.engine import EngineConfig, LLMEngine
+from k3.engine.graphs import DecodeGraphs, default_buckets
+from k3.engine.params import SamplingParams
+from k3.plugin.facade import Platform
+
+PROMPTS = [[(11 * i + 5 * j) % 380 + 1 for j in range(n)] for i, n in enumerate((23, 4, 37, 9, 15))]
+
+
+class ReplayingCapturer:
+    """capture(fn): run fn once; each replay runs it again into the same output tensor."""
+
+    def __init__(self):
+        self.captured: list[int] = []
+        self.replays = 0
+
+    def capture(self, fn):
+        out = fn()
+        self.captured.append(out.shape[0])
+
+        def replay():
+            self.replays += 1
+            out.copy_(fn())
+        return replay, out
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from k3.cli.checkpoint import init_checkpoint
+
+    return init_checkpoint("k3.1-pro-tiny", tmp_path_factory.mktemp("graphs-k3.1-pro-tiny"), progress=False)
+
+
+def _generate(ckpt, monkeypatch, capturer, **kw):
+    monkeypatch.setattr(Platform, "graph_runner", property(lambda self: capturer))
+    engine = LLMEngine(EngineConfig(model=str(ckpt), dtype="float64", load_progress=False, kv_cache_memory_gib=0.02,
+                                    max_num_seqs=8, **kw))
+    for i, p in enumerate(PROMPTS):
+        # staggered lengths: the batch shrinks 5 -> 1 while decoding, through buckets 8, 4, 2, 1
+        engine.add_request(f"r{i}", p, SamplingParams(max_tokens=4 + 3 * i, temperature=0, ignore_eos=True))
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return engine, [done[f"r{i}"] for i in range(len(PROMPTS))]
+
+
+def test_replayed_decode_gives_the_eager_tokens(ckpt, monkeypatch):
+    _, eager = _generate(ckpt, monkeypatch, None)
+    capturer = ReplayingCapturer()
+    engine, replayed = _generate(ckpt, monkeypatch, capturer)
+    assert replayed == eager
+    assert capturer.captured == [8, 4, 2, 1]                 # largest bucket first
+    assert capturer.replays > 0                              # decode steps of 5 (bucket 8) down to 1 ran replayed
+    assert engine.graph_scratch_row is not None and engine.pool.num_rows == engine.cache.num_rows - 1
+
+
+def test_enforce_eager_and_explicit_sizes(ckpt, monkeypatch):
+    capturer = ReplayingCapturer()
+    engine, _ = _generate(ckpt, monkeypatch, capturer, enforce_eager=True)
+    assert capturer.captured == [] and engine.runner.graphs is None and engine.graph_scratch_row is None
+    capturer = ReplayingCapturer()
+    engine, tokens = _generate(ckpt, monkeypatch, capturer, graph_batch_sizes=(3,))
+    assert capturer.captured == [3] and engine.runner.graphs.buckets == [3]
+    _, eager = _generate(ckpt, monkeypatch, None)
+    assert tokens == eager                                   # batches of 4 and 5 ran eagerly, 1 to 3 replayed
+
+
+def test_rows_past_the_batch_return_to_padding():
+    """A smaller batch after a larger one in the same bucket must not replay the old rows
+    (they would step real requests' states twice)."""
+    from types import SimpleNamespace
+
+    from k3.plugin.contract import ForwardMetadata
+
+    def model(meta, views, tap_layers):
+        return SimpleNamespace(logits=meta.state_indices.double()[:, None].repeat(1, 3))
+
+    graphs = DecodeGraphs(model, None, ReplayingCapturer(), buckets=[4], scratch_row=9,
+                          block_size=16, max_pages=3, device="cpu", progress=False)
+    for rows in ([5, 6, 7, 8], [1, 2, 3]):
+        n = len(rows)
+        meta = ForwardMetadata.build([[1]] * n, context_lens=[4] * n, state_indices=rows,
+                                     block_table=torch.tensor([[r, r] for r in rows], dtype=torch.int32), page_size=16)
+        assert graphs.covers(meta)
+        assert graphs.run(meta)[:, 0].tolist() == rows
+    static = graphs._static[4]
+    assert static.state_indices.tolist() == [1, 2, 3, 9] and static.context_lens.tolist() == [4, 4, 4, 0]
+    assert static.block_table[3].tolist() == [9, 9, 9] and static.block_table[0].tolist() == [1, 1, 9]
+    assert static.slot_mapping[3] == 9 * 16
+    prefill = ForwardMetadata.build([[1, 2]], context_lens=[0], state_indices=[0],
+                                    block_table=torch.tensor([[0]], dtype=torch.int32), page_size=16)
+    assert not graphs.covers(prefill)
+
+
+def test_default_buckets():
+    assert default_buckets(1) == [1]
+    assert default_buckets(8) == [1, 2, 4, 8]
+    assert default_buckets(30) == [1, 2, 4, 8, 16, 24, 30]
+    with pytest.raises(ValueError, match="positive"):
+        DecodeGraphs(None, None, ReplayingCapturer(), buckets=[0], scratch_row=0, block_size=16, max_pages=1,
+                     device="cpu")
