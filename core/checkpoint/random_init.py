@@ -47,43 +47,46 @@ def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], t
     return out
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+def _generator(seed: int, name: str, device=None) -> torch.Generator:
+    g = torch.Generator(device=device) if device is not None else torch.Generator()
+    return g.manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
 
 
 def random_tensor(template: str, shape: tuple[int, ...], dtype: torch.dtype, *, seed: int,
-                  name: str, cfg: K3Config) -> torch.Tensor:
-    """One tensor (see the module docstring for the scales)."""
-    g = _generator(seed, name)
+                  name: str, cfg: K3Config, device=None) -> torch.Tensor:
+    """One tensor (see the module docstring for the scales). device: where it is drawn (with that
+    device's generator, so the values depend on the device; None: the CPU, the checkpoints')."""
+    g = _generator(seed, name, device)
+    kw = {"generator": g, "device": device}
     leaf = template.rsplit(".", 2)
     kind = leaf[-2] if leaf[-1] in ("weight", "bias", "weight_packed", "weight_scale") else leaf[-1]
     fan_in = shape[-1] if len(shape) > 1 else 1
     if dtype == torch.uint8:
         if template.endswith("weight_packed"):
-            return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+            return torch.randint(0, 256, shape, **kw, dtype=torch.uint8)
         # E8M0 scale giving weights of rms ~ 1/sqrt(fan_in): fan_in = 32 columns per scale byte
         in_features = shape[-1] * 32
         exponent = round(math.log2(in_features ** -0.5 / E2M1_RMS))
-        return (127 + exponent + torch.randint(-1, 1, shape, generator=g)).to(torch.uint8)
+        return (127 + exponent + torch.randint(-1, 1, shape, **kw)).to(torch.uint8)
     if kind == "A_log":          # decay rates exp(A_log) in [1, 16]
-        t = torch.rand(shape, generator=g) * math.log(16)
+        t = torch.rand(shape, **kw) * math.log(16)
     elif kind == "dt_bias":
-        t = 0.5 * torch.randn(shape, generator=g)
+        t = 0.5 * torch.randn(shape, **kw)
     elif kind.endswith("conv1d"):
-        t = 0.5 * torch.randn(shape, generator=g)
+        t = 0.5 * torch.randn(shape, **kw)
     elif kind == "e_score_correction_bias":
-        t = 0.1 * torch.randn(shape, generator=g)
+        t = 0.1 * torch.randn(shape, **kw)
     elif len(shape) == 1 or kind.endswith("norm") and template.endswith(".bias"):
         # norm weights near 1 (biases near 0)
-        t = 0.1 * torch.randn(shape, generator=g) + (0.0 if template.endswith(".bias") else 1.0)
+        t = 0.1 * torch.randn(shape, **kw) + (0.0 if template.endswith(".bias") else 1.0)
     elif kind.endswith("_res_proj"):   # AttnRes pseudo-queries: not zero, so the mix is exercised
-        t = torch.randn(shape, generator=g) * shape[-1] ** -0.5
+        t = torch.randn(shape, **kw) * shape[-1] ** -0.5
     elif kind == "lm_head":
-        t = torch.randn(shape, generator=g)
+        t = torch.randn(shape, **kw)
     elif kind == "embed_tokens":
-        t = torch.randn(shape, generator=g)
+        t = torch.randn(shape, **kw)
     else:
-        t = torch.randn(shape, generator=g) * fan_in ** -0.5
+        t = torch.randn(shape, **kw) * fan_in ** -0.5
     return t.to(dtype)
 
 

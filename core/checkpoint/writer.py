@@ -52,11 +52,16 @@ def write_checkpoint(out_dir: str | Path, cfg: K3Config, tensors: Iterable[tuple
         (out / tmp).replace(out / name)
     index = {"metadata": {"total_size": total}, "weight_map": {n: final[i] for n, i in sorted(weight_map.items())}}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    write_config(out, cfg)
+    return out
+
+
+def write_config(out: Path, cfg: K3Config) -> None:
+    """config.json and generation_config.json of `cfg` into `out`."""
     cfg.to_json_file(out / "config.json")
     generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids),
                   "pad_token_id": cfg.pad_token_id, "do_sample": True, "temperature": 1.0, "top_p": 1.0}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
-    return out
 
 
 def model_tensors(model) -> list[tuple[str, torch.Tensor]]:

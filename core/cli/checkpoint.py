@@ -9,7 +9,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from k3.checkpoint.random_init import checkpoint_tensor_specs, random_checkpoint
-from k3.checkpoint.writer import write_checkpoint
+from k3.checkpoint.writer import write_checkpoint, write_config
 from k3.config import K3Config
 from k3.presets import DRAFT_PRESETS, PRESETS
 
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     init.add_argument("--max-shard-size", type=float, default=2.0, metavar="GIB",
                       help="largest safetensors shard in GiB (default 2)")
+    init.add_argument("--config-only", action="store_true",
+                      help="write config.json, generation_config.json and the tokenizer (tiny presets) but no "
+                           "weights: for `--load-format dummy`, which draws random weights on the device")
     init.add_argument("--force", action="store_true",
                       help=f"write even when the checkpoint exceeds {LARGE_CHECKPOINT_BYTES // 1024 ** 3} GiB "
                            "or the directory already holds one")
@@ -91,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"k3: wrote the {args.preset} draft (seed {args.seed}) to {out}", file=sys.stderr)
         return 0
     cfg = K3Config.preset(args.preset)
+    if args.config_only:
+        if (out / "config.json").exists() and not args.force:
+            raise CliError(f"{out} already holds a checkpoint; pass --force to overwrite it")
+        out.mkdir(parents=True, exist_ok=True)
+        write_config(out, cfg)
+        _write_tokenizer(out, cfg)
+        print(f"k3: wrote the {args.preset} config (no weights: serve it with --load-format dummy) to {out}",
+              file=sys.stderr)
+        return 0
     total = sum(_numel(shape) * dtype.itemsize for _, shape, dtype, _ in checkpoint_tensor_specs(cfg))
     if total > LARGE_CHECKPOINT_BYTES and not args.force:
         raise CliError(f"the {args.preset} checkpoint takes {total / 1024 ** 3:,.0f} GiB; pass --force to write it")

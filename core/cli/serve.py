@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
                         help="activation dtype (auto: the checkpoint's)")
-    parser.add_argument("--load-format", choices=["auto", "safetensors"], default="auto",
-                        help="checkpoint format (both: safetensors)")
+    parser.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
+                        help="auto / safetensors: read the checkpoint; dummy: random weights drawn on the device "
+                             "(benchmarks; --model still gives config.json and the tokenizer)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the draws of requests without a seed")
     parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
@@ -158,7 +159,7 @@ def build_engine(args: argparse.Namespace):
             kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
             prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
-            speculative_config=args.speculative_config, enforce_eager=args.enforce_eager,
+            speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
             graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
         problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
         if problems:

@@ -18,11 +18,13 @@ from k3.cache.capacity import plan_capacity, prefill_token_limit, speculative_sc
 from k3.cache.plan import default_block_size, row_layout
 from k3.cache.pool import CachePool
 from k3.cache.prefix import PrefixCache
+from k3.checkpoint.dummy import load_dummy_weights
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.engine.stop import StopStringMatcher
 from k3.plugin import select_platform
 from k3.tokenizer import IncrementalDetokenizer, load_tokenizer
+from k3.tokenizer.detokenize import NoDetokenizer
 
 from .output import build_output
 from .params import SamplingParams
@@ -57,6 +59,8 @@ class EngineConfig:
     prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
     kda_checkpoint_interval: int = 0          # extra KDA checkpoints every N tokens (0: prompt ends only)
     speculative_config: str | dict | None = None   # vLLM's --speculative-config JSON
+    load_format: str = "auto"                 # "auto" / "safetensors": read the checkpoint; "dummy": random weights
+    skip_tokenizer_init: bool = False         # no tokenizer: prompts are token ids, outputs have no text
     enforce_eager: bool = False               # never capture decode graphs
     graph_batch_sizes: tuple[int, ...] | None = None   # capture buckets (default: 1, 2, 4, 8, 16, ...)
     load_progress: bool = True
@@ -75,11 +79,16 @@ class LLMEngine:
         self.config = config
         self.platform = platform or select_platform(config.platform)
         self.model_config = cfg = K3Config.from_pretrained(config.model)
-        self.tokenizer = load_tokenizer(config.model)
+        if config.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError(f"load_format must be auto, safetensors or dummy, got {config.load_format!r}")
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
         dtype = _DTYPES[cfg.dtype if config.dtype in (None, "auto") else config.dtype]
         self.device = torch.device(self.platform.info.device)
         self.model = self.platform.build_model(cfg, dtype=dtype, parallel=parallel)
-        load_checkpoint(self.model, config.model, progress=config.load_progress)
+        if config.load_format == "dummy":
+            load_dummy_weights(self.model, seed=config.seed, progress=config.load_progress)
+        else:
+            load_checkpoint(self.model, config.model, progress=config.load_progress)
         self.platform.process_weights(self.model)
         tp = self.model.parallel.world_size
         self.kv_cache_dtype = _LATENT_AUTO[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
@@ -174,6 +183,9 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if self.tokenizer is None and (isinstance(prompt, str) or params.stop):
+            raise ValueError("the engine runs without a tokenizer (skip_tokenizer_init): pass the prompt as token ids "
+                             "and stop with stop_token_ids, not stop strings")
         ids = self.tokenizer.encode(prompt, allow_special=False) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -190,8 +202,9 @@ class LLMEngine:
             self.scheduler.add(request)
             self.requests[child] = request
             self.parent_of[child] = request_id
-            self._streams[child] = (IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens),
-                                    StopStringMatcher(params.stop), [])
+            detok = (NoDetokenizer() if self.tokenizer is None
+                     else IncrementalDetokenizer(self.tokenizer, skip_special_tokens=params.skip_special_tokens))
+            self._streams[child] = (detok, StopStringMatcher(params.stop), [])
         self.groups[request_id] = children
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
         self.stats["requests_total"] += 1

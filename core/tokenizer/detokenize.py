@@ -44,3 +44,16 @@ class IncrementalDetokenizer:
     def pending_bytes(self) -> int:
         """Bytes held back for an incomplete character."""
         return len(self._utf8.getstate()[0])
+
+
+class NoDetokenizer:
+    """The detokenizer of an engine started without a tokenizer (`skip_tokenizer_init`):
+    outputs carry token ids only, their text stays empty."""
+
+    pending_bytes = 0
+
+    def step(self, new_ids: Iterable[int]) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""

@@ -30,3 +30,21 @@ def test_refuses_huge_and_existing(tmp_path, capsys):
     assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(tmp_path)]) == 0
     assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(tmp_path)]) == 2
     assert "already holds a checkpoint" in capsys.readouterr().err
+
+
+def test_config_only_writes_no_weights_and_serves_with_dummy_weights(tmp_path, capsys):
+    from k3.engine.engine import EngineConfig, LLMEngine
+    from k3.engine.params import SamplingParams
+
+    assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(tmp_path / "t"), "--config-only"]) == 0
+    assert "no weights" in capsys.readouterr().err
+    files = sorted(p.name for p in (tmp_path / "t").iterdir())
+    assert "config.json" in files and not any(f.endswith(".safetensors") for f in files)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "t"), load_format="dummy", dtype="float32",
+                                    load_progress=False, kv_cache_memory_gib=0.02))
+    engine.add_request("a", "Hello", SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    # the huge presets too: no 64 GiB guard, nothing but the config
+    assert main(["checkpoint", "init", "--preset", "kimi-k3", "--out", str(tmp_path / "k"), "--config-only"]) == 0
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == ["config.json", "generation_config.json"]

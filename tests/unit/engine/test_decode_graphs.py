@@ -108,3 +108,26 @@ def test_default_buckets():
     with pytest.raises(ValueError, match="positive"):
         DecodeGraphs(None, None, ReplayingCapturer(), buckets=[0], scratch_row=0, block_size=16, max_pages=1,
                      device="cpu")
+
+
+def test_dummy_weights_without_a_tokenizer(tmp_path):
+    """What the k3-slice benchmark runs: config.json only, random weights drawn on the device,
+    token-id prompts, no text."""
+    import json
+
+    from k3.config import K3Config
+
+    (tmp_path / "config.json").write_text(json.dumps(K3Config.preset("k3-tiny").to_dict()))
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), load_format="dummy", skip_tokenizer_init=True,
+                                    dtype="float32", load_progress=False, kv_cache_memory_gib=0.02))
+    engine.add_request("a", [5, 6, 7, 8], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    assert len(outs[0].outputs[0].token_ids) == 6 and outs[0].outputs[0].text == ""
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request("b", "text needs a tokenizer")
+    with pytest.raises(ValueError, match="stop strings"):
+        engine.add_request("c", [1, 2], SamplingParams(stop=["x"]))
+    with pytest.raises(ValueError, match="load_format"):
+        LLMEngine(EngineConfig(model=str(tmp_path), load_format="pt", skip_tokenizer_init=True))
