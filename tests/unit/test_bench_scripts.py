@@ -1,0 +1,22 @@
+"""The end-to-end benchmark runs its smoke mode (k3-tiny, CPU reference platform) and reports
+every figure, so the H200 session does not find a broken script."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_k3_slice_bench_smoke(tmp_path):
+    out = tmp_path / "k3_slice.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "k3_slice.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    main, peer = result["reference"], result["ppu"]
+    assert [d["concurrency"] for d in main["decode"]] == [1, 3] and all(d["tokens_per_s"] > 0 for d in main["decode"])
+    assert set(main) >= {"ttft_ms", "prefix_ttft_ms_caching_on", "prefix_ttft_ms_caching_off",
+                         "single_decode_tokens_per_s_plain", "single_decode_tokens_per_s_ngram"}
+    assert [d["concurrency"] for d in peer["decode"]] == [1] and "prefix_ttft_ms_caching_on" not in peer
