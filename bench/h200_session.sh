@@ -5,9 +5,9 @@
 #   bash bench/h200_session.sh kernels
 #     1. conformance of the served set (kernels, CUDA-graph decode: model.graph_decode), the
 #        report for conformance/reports/nvidia-h200/;
-#     2. conformance of the experimental MoE and AttnRes kernels (K3_NVIDIA_EXPERIMENTAL), their
+#     2. conformance of the experimental MoE, AttnRes and MLA kernels (K3_NVIDIA_EXPERIMENTAL), their
 #        cases and the whole-model cases only, so fla-core's autotuning stays out of it;
-#     3. benchmarks: MXFP4 experts, AttnRes.
+#     3. benchmarks: MXFP4 experts, AttnRes, MLA decode.
 #   bash bench/h200_session.sh e2e
 #     4. k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
 # Each step has its own time limit so one slow step cannot take the rest down with it.
@@ -38,14 +38,15 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 kernels)
     step conformance-served 150 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "moe or attn_res or model"
+    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "moe or attn_res or mla or model"
     rm -f "$OUT/conf_exp/report.md"
     step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-attn-res 60 python3 bench/attn_res.py --out "$OUT/attn_res.json"
+    step bench-mla-decode 90 python3 bench/mla_decode.py --out "$OUT/mla_decode.json"
     ;;
 e2e)
-    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step \
+    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json"
     ;;
 esac

@@ -15,6 +15,7 @@ KERNELS = {
     "kda_chunked": "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
     "moe_experts": "MXFP4 routed experts, W4A16, SiTU-GLU fused",
     "attn_res_step": "fused Block AttnRes step",
+    "mla_decode": "absorbed MLA decode over paged latents, split-K flash decoding",
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import AttnResKernels, KDAKernels, MoEKernels, hookimpl
+from k3.plugin import AttnResKernels, KDAKernels, MLAKernels, MoEKernels, hookimpl
 
 from . import capabilities, detect, experimental
 
@@ -73,6 +73,15 @@ def k3_moe_kernels(platform):
     from k3.platforms.triton_kernels import moe_mxfp4
 
     return MoEKernels(experts=moe_mxfp4.experts_forward)
+
+
+@hookimpl
+def k3_mla_kernels(platform):
+    if platform.name != NAME or not experimental.enabled("mla_decode") or not has_module("triton"):
+        return None
+    from k3.platforms.triton_kernels import mla_decode
+
+    return MLAKernels(decode=mla_decode.mla_decode)
 
 
 @hookimpl

@@ -16,7 +16,8 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_kda_kernels", "k3_moe_kernels"]}
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_kda_kernels", "k3_mla_kernels",
+                           "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -221,7 +222,9 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
     assert plugin.k3_kda_kernels(platform=nvidia).provided() == ["decode_step"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step")
+    assert plugin.k3_mla_kernels(platform=nvidia) is None
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step, mla_decode")
+    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
     assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
     assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
     assert plugin.k3_moe_kernels(platform=info("reference")) is None

@@ -1,0 +1,144 @@
+"""Absorbed MLA decode over a paged latent cache in Triton: `MLAKernels.decode` (see
+k3.reference.mla_decode for the contract).
+
+The weight absorptions stay batched matmuls in torch (q_nope w_uk before, out w_uv after); the
+kernel is the attention in between, MQA over the shared latent rows: split-K flash decoding.
+Program (query token, block of BLOCK_H heads, split of SPLIT_LEN positions) walks its positions
+BLOCK_N at a time through the block table, loads each latent row once for all its heads
+(bf16 / fp16 / fp32, or fp8 times the cache's scale), scores the latent part and the RoPE
+part with two dots, and keeps an online softmax; the splits are merged by their log-sum-exp in
+torch. Positions past the sequence, after the query (speculative verify) or, with DSA
+indices, not selected are masked (the selection is a [T, max_kv] mask built on the device, so
+this path reads every position: exact, but not yet DSA's sparse speed). A split that starts
+past its sequence returns at once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from k3 import reference as ref
+from k3.reference.mla import allowed_mask
+
+_QUERIES = (torch.bfloat16, torch.float16, torch.float32)
+_CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
+SPLIT_LEN = 256
+
+
+@triton.jit
+def _mla_split_kernel(
+    q_ptr, kv_ptr, table_ptr, lens_ptr, seq_of_ptr, q_pos_ptr, allow_ptr, o_ptr, lse_ptr,
+    s_qt, s_qh, s_kp, s_ko, s_bt, s_at, s_ot, s_oh, s_os, s_lt, s_lh,
+    H, MAX_KV, scale, kv_scale_ptr,
+    PAGE: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, HAS_ALLOW: tl.constexpr, IEEE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    mask_h = heads < H
+    n = tl.load(seq_of_ptr + t)
+    end = tl.minimum(tl.load(lens_ptr + n), tl.load(q_pos_ptr + t) + 1)          # positions < end are causal
+    start = split * SPLIT
+    o_ptrs = o_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + tl.arange(0, R)[None, :]
+    lse_ptrs = lse_ptr + t * s_lt + heads * s_lh + split
+    if start >= end:
+        tl.store(o_ptrs, tl.zeros((BLOCK_H, R), dtype=tl.float32), mask=mask_h[:, None])
+        tl.store(lse_ptrs, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=mask_h)
+        return
+    lat = tl.arange(0, R)
+    rope = tl.arange(0, DR)
+    kv_scale = tl.load(kv_scale_ptr)
+    q_lat = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + lat[None, :], mask=mask_h[:, None], other=0.0)
+    q_pe = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + R + rope[None, :], mask=mask_h[:, None], other=0.0)
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, R), dtype=tl.float32)
+    for j in range(0, SPLIT, BLOCK_N):
+        pos = start + j + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        if HAS_ALLOW:
+            valid = valid & (tl.load(allow_ptr + t * s_at + pos, mask=valid & (pos < MAX_KV), other=0) != 0)
+        page = tl.load(table_ptr + n * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        row = kv_ptr + page * s_kp + (pos % PAGE) * s_ko
+        k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+        k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+        if IEEE:
+            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
+            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+        else:
+            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
+            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
+        scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)                        # nothing allowed yet
+        alpha = tl.exp(m - shift)
+        p = tl.exp(scores - shift[:, None])
+        total = total * alpha + tl.sum(p, 1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="tf32")
+        m = m_new
+    safe = tl.where(total > 0, total, 1.0)
+    tl.store(o_ptrs, acc / safe[:, None], mask=mask_h[:, None])
+    tl.store(lse_ptrs, tl.where(total > 0, m + tl.log(safe), float("-inf")), mask=mask_h)
+
+
+def covers(q_nope, q_pe, kv_cache, w_uk) -> bool:
+    """The inputs this kernel computes; anything else goes to the reference op."""
+    r, dr = w_uk.shape[-1], q_pe.shape[-1]
+    return (q_nope.dtype in _QUERIES and kv_cache.dtype in _CACHES and r >= 16 and dr >= 16
+            and r & (r - 1) == 0 and dr & (dr - 1) == 0 and kv_cache.stride(-1) == 1)
+
+
+def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
+               kv_cache_scale=None, topk_indices=None):
+    """`k3.reference.mla_decode` with the attention in Triton (same signature and contract)."""
+    if not covers(q_nope, q_pe, kv_cache, w_uk):
+        return ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
+                              cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices)
+    is_fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if is_fp8 and kv_cache_scale is None:
+        raise ValueError(f"mla_decode: an fp8 kv_cache ({kv_cache.dtype}) needs a kv_cache_scale")
+    t, h, _ = q_nope.shape
+    r, dr = w_uk.shape[-1], q_pe.shape[-1]
+    n = seq_lens.shape[0]
+    page = kv_cache.shape[1]
+    max_kv = block_table.shape[1] * page
+    dev = q_nope.device
+    lens = seq_lens.long()
+    if cu_seqlens_q is None:
+        seq_of, q_pos = torch.arange(n, device=dev), lens - 1
+    else:
+        cu = cu_seqlens_q.long()
+        tok = torch.arange(t, device=dev)
+        seq_of = (cu[1:][None, :] <= tok[:, None]).sum(-1).clamp(max=n - 1)
+        q_pos = lens[seq_of] - (cu[seq_of + 1] - tok)
+    allow = None
+    if topk_indices is not None:
+        allow = allowed_mask(q_pos, lens[seq_of], max_kv=max_kv, topk_indices=topk_indices).to(torch.uint8)
+    q_lat = torch.einsum("thd,hdr->thr", q_nope.float(), w_uk.float())                       # [T, H, R] fp32
+    q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
+    splits = max(1, triton.cdiv(max_kv, SPLIT_LEN))
+    o_part = torch.empty(t, h, splits, r, dtype=torch.float32, device=dev)
+    lse = torch.empty(t, h, splits, dtype=torch.float32, device=dev)
+    if t:
+        # a per-tensor scale stays on the device (reading it on the host would synchronise)
+        kv_scale = (kv_cache_scale.reshape(1).float() if isinstance(kv_cache_scale, torch.Tensor)
+                    else torch.full((1,), float(kv_cache_scale) if is_fp8 else 1.0, device=dev))
+        block_h = 16
+        _mla_split_kernel[(t, triton.cdiv(h, block_h), splits)](
+            q_full, kv_cache, block_table, lens, seq_of, q_pos, allow if allow is not None else lens, o_part, lse,
+            q_full.stride(0), q_full.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            allow.stride(0) if allow is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
+            h, max_kv, float(scale), kv_scale,
+            PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=32, SPLIT=SPLIT_LEN, HAS_ALLOW=allow is not None,
+            IEEE=q_nope.dtype == torch.float32,
+        )
+    top = lse.amax(-1, keepdim=True)
+    weight = torch.exp(lse - torch.where(torch.isfinite(top), top, 0.0))                     # [T, H, S]
+    out_lat = (weight[..., None] * o_part).sum(2) / weight.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.einsum("thr,hrv->thv", out_lat, w_uv.float()).to(q_nope.dtype)

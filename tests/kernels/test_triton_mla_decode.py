@@ -1,0 +1,71 @@
+"""The absorbed MLA decode kernel (platforms/triton_kernels/mla_decode.py) against
+k3.reference.mla_decode: shuffled pages with NaN-poisoned unused memory, ragged lengths across
+several splits, speculative verify (several causal queries per sequence), DSA top-k
+selections (with -1 padding and duplicates), bf16, fp32 and fp8 caches."""
+
+import pytest
+import torch
+
+from k3 import reference as ref
+
+kernel = pytest.importorskip("k3.platforms.triton_kernels.mla_decode")
+H, DN, R, DR, DV, PAGE = 3, 16, 32, 16, 16, 16
+
+
+def _case(lens, dtype, cache_dtype, seed=0, q_lens=None, topk=None):
+    g = torch.Generator().manual_seed(seed)
+    n, pages_each = len(lens), -(-max(lens) // PAGE)
+    pages = n * pages_each + 2
+    cache = torch.full((pages, PAGE, R + DR), float("nan"))
+    table = torch.randperm(pages, generator=g)[: n * pages_each].view(n, pages_each).int()
+    for i, length in enumerate(lens):
+        for p in range(length):
+            cache[table[i, p // PAGE], p % PAGE] = torch.randn(R + DR, generator=g)
+    scale = None
+    if cache_dtype == torch.float8_e4m3fn:
+        scale = torch.tensor(0.05)
+        cache = (cache / scale).to(cache_dtype)
+    else:
+        cache = cache.to(cache_dtype)
+    t = sum(q_lens) if q_lens else n
+    q_nope, q_pe = torch.randn(t, H, DN, generator=g).to(dtype), torch.randn(t, H, DR, generator=g).to(dtype)
+    w_uk, w_uv = (torch.randn(H, DN, R, generator=g) / DN ** 0.5).to(dtype), (torch.randn(H, R, DV, generator=g)
+                                                                              / R ** 0.5).to(dtype)
+    kw = {"scale": (DN + DR) ** -0.5, "kv_cache_scale": scale}
+    if q_lens:
+        kw["cu_seqlens_q"] = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    if topk is not None:
+        kw["topk_indices"] = topk
+    return (q_nope, q_pe, cache, table, torch.tensor(lens), w_uk, w_uv), kw
+
+
+def _check(args, kw, tol):
+    got = kernel.mla_decode(*args, **kw)
+    want = ref.mla_decode(*args, **kw)
+    assert got.dtype == want.dtype and got.isfinite().all()
+    assert ((got.double() - want.double()).norm() / want.double().norm()) < tol
+
+
+@pytest.mark.parametrize("dtype, cache_dtype, tol", [
+    (torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 2e-2),
+    (torch.bfloat16, torch.float8_e4m3fn, 2e-2)], ids=["fp32", "bf16", "bf16_fp8_cache"])
+def test_decode_matches_the_reference(dtype, cache_dtype, tol):
+    _check(*_case([7, 300, 33, 1], dtype, cache_dtype), tol)        # 300 tokens: two splits of 256
+
+
+def test_speculative_verify_is_causal():
+    _check(*_case([20, 290], torch.float32, torch.float32, seed=1, q_lens=[3, 4]), 1e-5)
+
+
+def test_dsa_topk_selection():
+    g = torch.Generator().manual_seed(2)
+    topk = torch.randint(0, 40, (2, 8), generator=g)
+    topk[0, -2:] = -1                                                # padding
+    topk[1, 3] = topk[1, 4]                                          # a duplicate selects once
+    _check(*_case([40, 35], torch.float32, torch.float32, seed=2, topk=topk), 1e-5)
+
+
+def test_unsupported_shapes_fall_back():
+    args, kw = _case([5], torch.float64, torch.float64)
+    assert not kernel.covers(args[0], args[1], args[2], args[5])
+    torch.testing.assert_close(kernel.mla_decode(*args, **kw), ref.mla_decode(*args, **kw), rtol=0, atol=0)
