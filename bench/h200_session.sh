@@ -38,15 +38,15 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 kernels)
     step conformance-served 150 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode \
+    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "moe or attn_res or mla or model"
     rm -f "$OUT/conf_exp/report.md"
     step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-attn-res 60 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-mla-decode 90 python3 bench/mla_decode.py --out "$OUT/mla_decode.json"
+    step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
     ;;
 e2e)
-    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode \
+    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json"
     ;;
 esac

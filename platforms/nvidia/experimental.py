@@ -16,6 +16,7 @@ KERNELS = {
     "moe_experts": "MXFP4 routed experts, W4A16, SiTU-GLU fused",
     "attn_res_step": "fused Block AttnRes step",
     "mla_decode": "absorbed MLA decode over paged latents, split-K flash decoding",
+    "mla_prefill": "MLA prefill on torch's fused attention (flash / memory-efficient kernels)",
 }
 
 

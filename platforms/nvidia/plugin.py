@@ -77,11 +77,18 @@ def k3_moe_kernels(platform):
 
 @hookimpl
 def k3_mla_kernels(platform):
-    if platform.name != NAME or not experimental.enabled("mla_decode") or not has_module("triton"):
+    if platform.name != NAME:
         return None
-    from k3.platforms.triton_kernels import mla_decode
+    entries = {}
+    if experimental.enabled("mla_decode") and has_module("triton"):
+        from k3.platforms.triton_kernels import mla_decode
 
-    return MLAKernels(decode=mla_decode.mla_decode)
+        entries["decode"] = mla_decode.mla_decode
+    if experimental.enabled("mla_prefill"):
+        from k3.platforms.torch_kernels import mla_prefill_sdpa
+
+        entries["prefill"] = mla_prefill_sdpa.mla_prefill
+    return MLAKernels(**entries) if entries else None
 
 
 @hookimpl

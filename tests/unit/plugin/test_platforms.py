@@ -225,6 +225,9 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     assert plugin.k3_mla_kernels(platform=nvidia) is None
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step, mla_decode")
     assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "mla_prefill")
+    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["prefill"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step, mla_decode")
     assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
     assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
     assert plugin.k3_moe_kernels(platform=info("reference")) is None

@@ -1,13 +1,16 @@
-"""Absorbed MLA decode (k3's Triton kernel) against the torch reference at K3's MLA shapes
-(96 heads, latent 512 + RoPE 64, page 64, bf16 and fp8 pages), in one call on the GPU.
+"""MLA on the nvidia platform against the torch reference at K3's MLA shapes (96 heads,
+latent 512 + RoPE 64, nope 128, value 128, page 64), in one call on the GPU.
 
-    python3 bench/mla_decode.py --out mla_decode.json
+    python3 bench/mla.py --out mla.json
 
-Per (batch N, context): a check against `k3.reference.mla_decode` on the same fresh inputs
-(shuffled pages, error ratio), then median times (CUDA events) of the kernel and the
-reference, eager and replayed from a CUDA graph, and the floor: every visible latent row read
-once over the measured copy bandwidth (the absorbed weights are common to all sequences and
-stay in L2).
+Decode (k3's Triton kernel, bf16 and fp8 pages), per (batch N, context): a check against
+`k3.reference.mla_decode` on the same fresh inputs (shuffled pages, error ratio), then median
+times (CUDA events) of the kernel and the reference, eager and replayed from a CUDA graph, and
+the floor: every visible latent row read once over the measured copy bandwidth (the absorbed
+weights are common to all sequences and stay in L2).
+Prefill (torch's fused attention, `torch_kernels/mla_prefill_sdpa.py`): one 4,096-token prompt
+and a 1,024-token chunk after a 3,072-token prefix, against `k3.reference.mla_prefill`, with the
+matmul floor (expansion plus attention FLOPs over the measured bf16 matmul rate).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def inputs(n, context, cache_dtype, seed):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="mla_decode.json")
+    parser.add_argument("--out", default="mla.json")
     args = parser.parse_args()
     import triton
     import triton.testing
@@ -96,7 +99,40 @@ def main() -> None:
             torch.cuda.empty_cache()
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
+    result["prefill"] = prefill(bench)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
+
+
+def prefill(bench) -> dict:
+    from k3.platforms.torch_kernels.mla_prefill_sdpa import mla_prefill
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmul_tflops = 2 * 8192 ** 3 / bench(lambda: a @ a) / 1e9
+    del a
+    out = {"bf16_matmul_TFLOPs": matmul_tflops}
+    g = torch.Generator(device="cuda").manual_seed(5)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g).bfloat16()  # noqa: E731
+    for name, q_len, kv_len in (("T4096", 4096, 4096), ("chunk1024_after3072", 1024, 4096)):
+        q, latent, k_pe = rnd(q_len, H, DN + DR), rnd(kv_len, R), rnd(kv_len, DR)
+        kv_b = rnd(H * (DN + DV), R) / R ** 0.5
+        kw = dict(cu_seqlens_q=torch.tensor([0, q_len], device="cuda", dtype=torch.int32),
+                  cu_seqlens_kv=torch.tensor([0, kv_len], device="cuda", dtype=torch.int32),
+                  scale=(DN + DR) ** -0.5, qk_nope_head_dim=DN, v_head_dim=DV)
+        entry = {"error_ratio": ratio(mla_prefill(q, latent, k_pe, kv_b, **kw), ref.mla_prefill(q, latent, k_pe, kv_b, **kw))}
+        entry["passed"] = entry["error_ratio"] < 2e-2
+        if entry["passed"]:
+            entry["k3_ms"] = bench(lambda: mla_prefill(q, latent, k_pe, kv_b, **kw))
+            entry["reference_ms"] = bench(lambda: ref.mla_prefill(q, latent, k_pe, kv_b, **kw))
+            visible = 1 - q_len / (2 * kv_len)                   # lower-right causal: share of the q x kv scores
+            flops = 2 * kv_len * R * H * (DN + DV) + 2 * H * q_len * kv_len * (DN + DR + DV) * visible
+            entry["floor_ms"] = flops / matmul_tflops / 1e9
+            entry["fraction_of_matmul_rate"] = entry["floor_ms"] / entry["k3_ms"]
+            entry["speedup_vs_reference"] = entry["reference_ms"] / entry["k3_ms"]
+        out[name] = entry
+        torch.cuda.empty_cache()
+    return out
 
 
 if __name__ == "__main__":
