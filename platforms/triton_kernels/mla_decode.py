@@ -136,7 +136,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
             allow.stride(0) if allow is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
             h, max_kv, float(scale), kv_scale,
             PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=32, SPLIT=SPLIT_LEN, HAS_ALLOW=allow is not None,
-            IEEE=q_nope.dtype == torch.float32,
+            IEEE=q_nope.dtype == torch.float32, num_warps=8 if r >= 256 else 4,
         )
     top = lse.amax(-1, keepdim=True)
     weight = torch.exp(lse - torch.where(torch.isfinite(top), top, 0.0))                     # [T, H, S]
