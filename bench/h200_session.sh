@@ -7,7 +7,7 @@
 #        report for conformance/reports/nvidia-h200/;
 #     2. conformance of the experimental MoE, AttnRes and MLA kernels (K3_NVIDIA_EXPERIMENTAL), their
 #        cases and the whole-model cases only, so fla-core's autotuning stays out of it;
-#     3. benchmarks: MXFP4 experts, AttnRes, MLA decode.
+#     3. benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core wrapper).
 #   bash bench/h200_session.sh e2e
 #     4. k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
 # Each step has its own time limit so one slow step cannot take the rest down with it.
@@ -44,6 +44,7 @@ kernels)
     step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-attn-res 60 python3 bench/attn_res.py --out "$OUT/attn_res.json"
     step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
+    step bench-kda-prefill 120 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     ;;
 e2e)
     step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \

@@ -84,3 +84,26 @@ def test_float64_goes_to_the_reference():
     got = wrapper.kda_chunked(*args, **kw, fla_call=never)
     want = ref.kda_chunked(*args, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_plan_is_made_once_per_forward_and_shared_by_layers():
+    """Every KDA layer of a forward passes the same cu_seqlens and offsets tensors: the cutting is
+    planned once, and fla-core gets the same cu_seqlens tensor each time (its index cache hits)."""
+    args, kw = inputs([13, 17, 20], seed=4)
+    offsets = torch.tensor([[5, 13], [3, 17], [20, 9]])
+    calls, cu_objects = [], []
+
+    def recording(*a):
+        cu_objects.append(a[-1])
+        return stand_in(calls)(*a)
+
+    for _layer in range(3):
+        wrapper.kda_chunked(*args, **kw, checkpoint_offsets=offsets, fla_call=recording)
+    plan = wrapper.round_plan(kw["cu_seqlens"], offsets, 1, 50, torch.device("cpu"))
+    assert wrapper.round_plan(kw["cu_seqlens"], offsets, 1, 50, torch.device("cpu")) is plan
+    assert len(calls) == 6 and calls[:2] == calls[2:4] == calls[4:]          # two rounds per layer
+    assert cu_objects[0] is cu_objects[2] is cu_objects[4] and cu_objects[1] is cu_objects[3]
+    fresh = kw["cu_seqlens"].clone()                  # next step's metadata: a new tensor, a new plan
+    assert wrapper.round_plan(fresh, offsets, 1, 50, torch.device("cpu")) is not plan
+    long_cu = kw["cu_seqlens"].long()                 # int64 cu_seqlens go to fla-core as they are
+    assert wrapper.round_plan(long_cu, None, 1, 50, torch.device("cpu")).cu is long_cu
