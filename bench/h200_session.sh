@@ -7,7 +7,8 @@
 #        report for conformance/reports/nvidia-h200/;
 #     2. conformance of the experimental MoE, AttnRes and MLA kernels (K3_NVIDIA_EXPERIMENTAL), their
 #        cases and the whole-model cases only, so fla-core's autotuning stays out of it;
-#     3. benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core wrapper).
+#     3. benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core wrapper),
+#        KDA decode variants (column-blocked tiles against the whole-row kernel).
 #   bash bench/h200_session.sh e2e
 #     4. k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
 # Each step has its own time limit so one slow step cannot take the rest down with it.
@@ -45,6 +46,7 @@ kernels)
     step bench-attn-res 60 python3 bench/attn_res.py --out "$OUT/attn_res.json"
     step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
     step bench-kda-prefill 120 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-kda-decode 150 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     ;;
 e2e)
     step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \

@@ -173,14 +173,19 @@ def measure(kernel, n: int, h: int, k: int, layout: str, copy_GBps: float, rep_m
     fresh = torch.zeros(n, dtype=torch.bool, device="cuda")
     floor_ms = min_bytes(n, h, k) / copy_GBps / 1e6
     out = {"layers_rotated": n_layers, "min_bytes": min_bytes(n, h, k), "floor_ms": floor_ms}
-    for warps, first in ((2, True), (4, True), (4, False), (8, True)):
-        calls = [lambda layer=layer: k3_step(kernel, layer, inputs, fresh, num_warps=warps, state_first=first)
-                 for layer in layers]
+    # (warps, state row first, columns per tile): the whole-row kernel measured before, and the
+    # column-blocked tiles that ptxas compiles without spills (bench/ptxas_report.py)
+    for warps, first, block_v in ((4, True, None), (4, False, None), (4, None, 32), (4, None, 16), (8, None, 32),
+                                  (8, None, 16)):
+        calls = [lambda layer=layer: k3_step(kernel, layer, inputs, fresh, num_warps=warps, state_first=first,
+                                             block_v=block_v) for layer in layers]
+        name = f"k3_fused_w{warps}" + ("_statefirst" if first else "") + (f"_bv{block_v}" if block_v else "")
         for graph in (False, True):
             ms = timed(calls, rep_ms, graph)
-            out[f"k3_fused_w{warps}{'_statefirst' if first else ''}_{'graph' if graph else 'eager'}_us"] = ms * 1e3
-    best = min(v for key, v in out.items() if key.startswith("k3_fused") and key.endswith("graph_us"))
-    out["k3_fused_best_graph_us"] = best
+            out[f"{name}_{'graph' if graph else 'eager'}_us"] = ms * 1e3
+    graphs = {key[: -len("_graph_us")]: v for key, v in out.items() if key.startswith("k3_fused") and key.endswith("graph_us")}
+    out["k3_fused_best_variant"] = min(graphs, key=graphs.get)
+    out["k3_fused_best_graph_us"] = graphs[out["k3_fused_best_variant"]]
     # the kernel's defaults: 4 warps; state row loaded first when V is contiguous ("hkv")
     default = "k3_fused_w4_statefirst" if layout == "hkv" else "k3_fused_w4"
     out["k3_fused_default_graph_us"] = out[f"{default}_graph_us"]
@@ -204,6 +209,7 @@ def main() -> None:
     parser.add_argument("--out", default="kda_decode.json")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--rep-ms", type=int, default=200)
+    parser.add_argument("--layouts", nargs="+", default=["hkv", "hvk"], choices=["hkv", "hvk"])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, correctness only (CPU interpreter)")
     args = parser.parse_args()
     from k3.platforms.triton_kernels.kda_decode import kda_decode_step as kernel
@@ -229,7 +235,7 @@ def main() -> None:
         result["fla"] = f"not importable: {e}"
     result["copy_GBps"] = copy_bw = copy_bandwidth_GBps()
     rows = []
-    for layout in ("hkv", "hvk"):
+    for layout in args.layouts:
         for n in args.batch:
             key = f"{layout}_N{n}"
             entry = {"check": check(kernel, n, h, k, layout, "cuda", seed=n)}
@@ -242,7 +248,7 @@ def main() -> None:
                 json.dump(result, f, indent=2)
     print(f"copy bandwidth {copy_bw:.0f} GB/s; per-layer step, microseconds")
     print(f"{'case':<12} {'ok':<3} {'k3 graph':>9} {'k3 eager':>9} {'fla graph':>9} {'ref eager':>9} "
-          f"{'floor':>7} {'%copy':>6} {'vs fla':>7}")
+          f"{'floor':>7} {'%copy':>6} {'vs fla':>7}  best variant (graph us)")
     for key, e in rows:
         if "floor_ms" not in e:
             print(f"{key:<12} FAIL {e['check']}")
@@ -250,7 +256,8 @@ def main() -> None:
         print(f"{key:<12} {'ok':<3} {e['k3_fused_default_graph_us']:9.1f} {e['k3_fused_default_eager_us']:9.1f} "
               f"{e.get('fla_recurrent_graph_us', float('nan')):9.1f} {e['reference_eager_us']:9.1f} "
               f"{e['floor_ms'] * 1e3:7.1f} {100 * e['k3_fused_default_fraction_of_copy_bw']:5.0f}% "
-              f"{e.get('k3_fused_vs_fla_speedup', float('nan')):6.2f}x")
+              f"{e.get('k3_fused_vs_fla_speedup', float('nan')):6.2f}x  {e['k3_fused_best_variant']} "
+              f"({e['k3_fused_best_graph_us']:.1f})")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def _attn_res_kernel(
     D: tl.constexpr, NVIS: tl.constexpr, S_PAD: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_WRITE: tl.constexpr,
     HAS_NORM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)             # t * row strides can pass 2^31 at long prefill
     act = h_ptr.dtype.element_ty
     src = tl.arange(0, S_PAD)
     sumsq = tl.zeros((S_PAD,), dtype=tl.float32)

@@ -71,14 +71,14 @@ def _gate_up_kernel(
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
-    e = tl.program_id(0)
+    e = tl.program_id(0).to(tl.int64)                # e * expert stride can pass 2^31 (k3-slice: 1.4e9)
     m0 = tl.program_id(1) * BLOCK_M
     count = tl.load(count_ptr + e)
     if m0 >= count:
         return
     slot = m0 + tl.arange(0, BLOCK_M)
     mask_m = slot < count
-    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0)   # (token, choice) index
+    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0).to(tl.int64)  # (token, choice)
     token = choice // TOPK
     col = tl.program_id(2) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = col < I
@@ -110,14 +110,14 @@ def _down_kernel(
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
     L: tl.constexpr, I: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    e = tl.program_id(0)
+    e = tl.program_id(0).to(tl.int64)                # e * expert stride can pass 2^31 (k3-slice: 1.4e9)
     m0 = tl.program_id(1) * BLOCK_M
     count = tl.load(count_ptr + e)
     if m0 >= count:
         return
     slot = m0 + tl.arange(0, BLOCK_M)
     mask_m = slot < count
-    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0)
+    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0).to(tl.int64)
     row = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
     mask_o = row < L
     acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)

@@ -34,6 +34,14 @@ def test_matches_the_reference(layout, dtype, lower_bound):
     _two_steps_against_the_reference(layout, dtype, lower_bound, W)
 
 
+@pytest.mark.parametrize("block_v", [4, 8])
+@pytest.mark.parametrize("layout", ["hkv", "hvk"])
+def test_state_row_in_column_blocks(layout, block_v):
+    """The V-blocked path (the row in [K, block_v] tiles, window slid after the loop)."""
+    _two_steps_against_the_reference(layout, torch.bfloat16, -5.0, W, block_v=block_v)
+    _two_steps_against_the_reference(layout, torch.float32, None, 3, block_v=block_v)
+
+
 @pytest.mark.parametrize("width", [2, 3])
 def test_short_conv_widths(width):
     _two_steps_against_the_reference("hkv", torch.float32, -5.0, width)
@@ -47,7 +55,7 @@ def test_wider_convs_fall_back_to_the_reference():
                              torch.zeros(ROWS, H, K, K), torch.zeros(ROWS, c, 4))
 
 
-def _two_steps_against_the_reference(layout, dtype, lower_bound, W):
+def _two_steps_against_the_reference(layout, dtype, lower_bound, W, **launch):
     g = torch.Generator().manual_seed(0)
 
     def randn(*shape, dt=dtype, s=1.0, shift=0.0):
@@ -63,7 +71,7 @@ def _two_steps_against_the_reference(layout, dtype, lower_bound, W):
         fresh = torch.tensor([step == 0, step == 2, False])                   # a row restarted at step 2
         inputs = (randn(n, c), conv_weight, randn(n, H, K), a_log, dt_bias, randn(n, H), randn(n, H, K), o_norm)
         kw = {"lower_bound": lower_bound, "norm_eps": 1e-5}
-        got = kernel.kda_decode_step(*inputs, *mine, index, fresh, **kw)
+        got = kernel.kda_decode_step(*inputs, *mine, index, fresh, **kw, **launch)
         want = ref.kda_decode_step(*(x.double() for x in inputs), *oracle, index, fresh, **kw)
         assert got.dtype == dtype and got.shape == (n, H, K)
         _close(got, want, TOL[dtype])

@@ -1,0 +1,125 @@
+"""Compile k3's Triton kernels for the H200 (sm_90a) on any machine, no GPU needed, and print
+ptxas's resource report: registers per thread and spill bytes, per kernel and launch variant.
+
+    python3 bench/ptxas_report.py [--json]
+
+Triton lowers each specialisation to PTX here and the ptxas that ships in Triton's wheel
+assembles it, so compile errors that the Triton interpreter cannot show (layouts, dot shapes,
+types) and register spills (local-memory traffic, the first suspect when a memory-bound kernel
+misses its bandwidth) are found before a device call. Shapes are K3's: 96 KDA heads of 128,
+MLA latent 512 + 64, k3-slice experts (latent 3584, width 3072), hidden 7168.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def ptxas_path() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) -> dict:
+    """Compile fn (a @triton.jit function) for sm_90a: {"registers", "spill_bytes", "shared_bytes"}.
+
+    types: Triton type of every runtime argument ("*bf16", "*fp32", "i32", "fp32"...);
+    constexprs: the compile-time arguments.
+    """
+    signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
+    source = ASTSource(fn, signature=signature,
+                       constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    kernel = triton.compile(source, target=TARGET, options={"num_warps": num_warps})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        done = subprocess.run([ptxas_path(), "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"ptxas failed for {fn.__name__}: {done.stderr[-2000:]}")
+    text = done.stderr
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0  # noqa: E731
+    return {"registers": number(r"Used (\d+) registers"), "spill_bytes": number(r"(\d+) bytes spill stores"),
+            "shared_bytes": kernel.metadata.shared}
+
+
+def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointer="*bf16") -> dict[str, str]:
+    out = {}
+    for name in fn.arg_names:
+        if name.endswith("_ptr"):
+            out[name] = pointers.get(name, default_pointer)
+        else:
+            out[name] = "fp32" if name in floats else "i32"
+    return out
+
+
+def variants():
+    """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
+    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4
+
+    fn = kda_decode._kda_decode_step_kernel
+    types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
+                        "fresh_ptr": "*u8"}, ("scale", "lower_bound", "norm_eps", "l2_eps"))
+    base = dict(H=96, K=128, W=4, SOFTPLUS_GATE=False)
+    for warps, first, block_v in ((4, True, 128), (4, False, 128), (4, True, 32), (4, True, 16), (8, True, 32)):
+        yield ("kda_decode", f"w{warps}_statefirst{int(first)}_bv{block_v}", fn, types,
+               {**base, "STATE_FIRST": first, "BLOCK_V": block_v}, warps)
+
+    fn = moe_mxfp4._gate_up_kernel
+    types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "order_ptr": "*i32", "start_ptr": "*i32",
+                        "count_ptr": "*i32", "act_ptr": "*fp32"}, ("beta", "linear_beta"))
+    for block_m in (16, 64):
+        yield ("moe_gate_up", f"bm{block_m}", fn, types,
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, BLOCK_M=block_m, BLOCK_I=32,
+                    BLOCK_L=64), 4)
+    fn = moe_mxfp4._down_kernel
+    types = _types(fn, {"act_ptr": "*fp32", "p2_ptr": "*u8", "s2_ptr": "*u8", "order_ptr": "*i32",
+                        "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32"}, ())
+    for block_m in (16, 64):
+        yield ("moe_down", f"bm{block_m}", fn, types,
+               dict(L=3584, I=3072, IEEE=False, BLOCK_M=block_m, BLOCK_O=32, BLOCK_C=64), 4)
+
+    fn = attn_res._attn_res_kernel
+    types = _types(fn, {}, ("eps", "out_eps"))
+    yield ("attn_res", "boundary_nvis8", fn, types,
+           dict(D=7168, NVIS=8, S_PAD=8, HAS_DELTA=True, HAS_WRITE=True, HAS_NORM=True, BLOCK_D=1024), 4)
+
+    fn = mla_decode._mla_split_kernel
+    types = _types(fn, {"q_ptr": "*fp32", "table_ptr": "*i32", "lens_ptr": "*i64", "seq_of_ptr": "*i64",
+                        "q_pos_ptr": "*i64", "allow_ptr": "*u8", "o_ptr": "*fp32", "lse_ptr": "*fp32",
+                        "kv_scale_ptr": "*fp32"}, ("scale",))
+    for cache in ("*bf16", "*fp8e4nv"):
+        yield ("mla_decode", f"kv{cache[1:]}", fn, {**types, "kv_ptr": cache},
+               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT=256, HAS_ALLOW=False, IEEE=False), 8)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args()
+    rows = []
+    for name, variant, fn, types, constexprs, warps in variants():
+        rows.append({"kernel": name, "variant": variant, "num_warps": warps,
+                     **compile_report(fn, types, constexprs, warps)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'kernel':<14} {'variant':<26} {'warps':>5} {'regs':>5} {'spill B':>8} {'smem B':>8}")
+    for r in rows:
+        print(f"{r['kernel']:<14} {r['variant']:<26} {r['num_warps']:>5} {r['registers']:>5} {r['spill_bytes']:>8} "
+              f"{r['shared_bytes']:>8}")
+
+
+if __name__ == "__main__":
+    main()
