@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 
@@ -177,9 +178,13 @@ def measure(kernel, n: int, h: int, k: int, layout: str, copy_GBps: float, rep_m
     # column-blocked tiles that ptxas compiles without spills (bench/ptxas_report.py)
     for warps, first, block_v in ((4, True, None), (4, False, None), (4, None, 32), (4, None, 16), (8, None, 32),
                                   (8, None, 16)):
-        calls = [lambda layer=layer: k3_step(kernel, layer, inputs, fresh, num_warps=warps, state_first=first,
-                                             block_v=block_v) for layer in layers]
+        variant = functools.partial(kernel, num_warps=warps, state_first=first, block_v=block_v)
         name = f"k3_fused_w{warps}" + ("_statefirst" if first else "") + (f"_bv{block_v}" if block_v else "")
+        verdict = check(variant, 4, h, k, layout, "cuda", seed=7)             # every variant, before timing
+        out[f"{name}_check"] = verdict
+        if not verdict["passed"]:
+            continue
+        calls = [lambda layer=layer: k3_step(variant, layer, inputs, fresh) for layer in layers]
         for graph in (False, True):
             ms = timed(calls, rep_ms, graph)
             out[f"{name}_{'graph' if graph else 'eager'}_us"] = ms * 1e3
