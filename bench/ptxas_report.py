@@ -97,11 +97,11 @@ def variants():
 
     fn = mla_decode._mla_split_kernel
     types = _types(fn, {"q_ptr": "*fp32", "table_ptr": "*i32", "lens_ptr": "*i64", "seq_of_ptr": "*i64",
-                        "q_pos_ptr": "*i64", "allow_ptr": "*u8", "o_ptr": "*fp32", "lse_ptr": "*fp32",
+                        "q_pos_ptr": "*i64", "sel_ptr": "*i32", "o_ptr": "*fp32", "lse_ptr": "*fp32",
                         "kv_scale_ptr": "*fp32"}, ("scale",))
-    for cache in ("*bf16", "*fp8e4nv"):
-        yield ("mla_decode", f"kv{cache[1:]}", fn, {**types, "kv_ptr": cache},
-               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT=256, HAS_ALLOW=False, IEEE=False), 8)
+    for cache, sparse in (("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)):
+        yield ("mla_decode", f"kv{cache[1:]}{'_dsa' if sparse else ''}", fn, {**types, "kv_ptr": cache},
+               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT=256, SPARSE=sparse, IEEE=False), 8)
 
 
 def main() -> None:

@@ -7,10 +7,11 @@ Program (query token, block of BLOCK_H heads, split of SPLIT_LEN positions) walk
 BLOCK_N at a time through the block table, loads each latent row once for all its heads
 (bf16 / fp16 / fp32, or fp8 times the cache's scale), scores the latent part and the RoPE
 part with two dots, and keeps an online softmax; the splits are merged by their log-sum-exp in
-torch. Positions past the sequence, after the query (speculative verify) or, with DSA
-indices, not selected are masked (the selection is a [T, max_kv] mask built on the device, so
-this path reads every position: exact, but not yet DSA's sparse speed). A split that starts
-past its sequence returns at once.
+torch. Positions past the sequence or after the query (speculative verify) are masked. With
+DSA indices the programs walk the selection instead of the context (sparse: k rows read per
+query, not the whole context); duplicates and out-of-range entries are dropped on the device
+first (the reference selects a position once). A split that starts past its sequence (or its
+selection) returns at once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import triton
 import triton.language as tl
 
 from k3 import reference as ref
-from k3.reference.mla import allowed_mask
 
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -29,11 +29,11 @@ SPLIT_LEN = 256
 
 @triton.jit
 def _mla_split_kernel(
-    q_ptr, kv_ptr, table_ptr, lens_ptr, seq_of_ptr, q_pos_ptr, allow_ptr, o_ptr, lse_ptr,
-    s_qt, s_qh, s_kp, s_ko, s_bt, s_at, s_ot, s_oh, s_os, s_lt, s_lh,
-    H, MAX_KV, scale, kv_scale_ptr,
+    q_ptr, kv_ptr, table_ptr, lens_ptr, seq_of_ptr, q_pos_ptr, sel_ptr, o_ptr, lse_ptr,
+    s_qt, s_qh, s_kp, s_ko, s_bt, s_st, s_ot, s_oh, s_os, s_lt, s_lh,
+    H, NUM_SEL, scale, kv_scale_ptr,
     PAGE: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, HAS_ALLOW: tl.constexpr, IEEE: tl.constexpr,
+    SPLIT: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -41,10 +41,14 @@ def _mla_split_kernel(
     mask_h = heads < H
     n = tl.load(seq_of_ptr + t)
     end = tl.minimum(tl.load(lens_ptr + n), tl.load(q_pos_ptr + t) + 1)          # positions < end are causal
-    start = split * SPLIT
+    start = split * SPLIT                   # dense: positions; SPARSE: entries of the selection
     o_ptrs = o_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + tl.arange(0, R)[None, :]
     lse_ptrs = lse_ptr + t * s_lt + heads * s_lh + split
-    if start >= end:
+    if SPARSE:
+        limit = NUM_SEL
+    else:
+        limit = end
+    if start >= limit:
         tl.store(o_ptrs, tl.zeros((BLOCK_H, R), dtype=tl.float32), mask=mask_h[:, None])
         tl.store(lse_ptrs, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=mask_h)
         return
@@ -57,10 +61,13 @@ def _mla_split_kernel(
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, R), dtype=tl.float32)
     for j in range(0, SPLIT, BLOCK_N):
-        pos = start + j + tl.arange(0, BLOCK_N)
-        valid = pos < end
-        if HAS_ALLOW:
-            valid = valid & (tl.load(allow_ptr + t * s_at + pos, mask=valid & (pos < MAX_KV), other=0) != 0)
+        if SPARSE:                          # selected positions, -1 for padding and duplicates
+            entry = start + j + tl.arange(0, BLOCK_N)
+            pos = tl.load(sel_ptr + t * s_st + entry, mask=entry < NUM_SEL, other=-1)
+            valid = (pos >= 0) & (pos < end)
+        else:
+            pos = start + j + tl.arange(0, BLOCK_N)
+            valid = pos < end
         page = tl.load(table_ptr + n * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
         row = kv_ptr + page * s_kp + (pos % PAGE) * s_ko
         k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
@@ -117,12 +124,17 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
         tok = torch.arange(t, device=dev)
         seq_of = (cu[1:][None, :] <= tok[:, None]).sum(-1).clamp(max=n - 1)
         q_pos = lens[seq_of] - (cu[seq_of + 1] - tok)
-    allow = None
+    selection = None
     if topk_indices is not None:
-        allow = allowed_mask(q_pos, lens[seq_of], max_kv=max_kv, topk_indices=topk_indices).to(torch.uint8)
+        # sorted, each position once; padding, duplicates and positions past the table become -1
+        ordered = topk_indices.long().sort(-1).values
+        repeated = torch.zeros_like(ordered, dtype=torch.bool)
+        repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+        selection = torch.where(repeated | (ordered < 0) | (ordered >= max_kv), -1, ordered).to(torch.int32)
     q_lat = torch.einsum("thd,hdr->thr", q_nope.float(), w_uk.float())                       # [T, H, R] fp32
     q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
-    splits = max(1, triton.cdiv(max_kv, SPLIT_LEN))
+    positions = max_kv if selection is None else selection.shape[1]
+    splits = max(1, triton.cdiv(positions, SPLIT_LEN))
     o_part = torch.empty(t, h, splits, r, dtype=torch.float32, device=dev)
     lse = torch.empty(t, h, splits, dtype=torch.float32, device=dev)
     if t:
@@ -131,11 +143,11 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
                     else torch.full((1,), float(kv_cache_scale) if is_fp8 else 1.0, device=dev))
         block_h = 16
         _mla_split_kernel[(t, triton.cdiv(h, block_h), splits)](
-            q_full, kv_cache, block_table, lens, seq_of, q_pos, allow if allow is not None else lens, o_part, lse,
-            q_full.stride(0), q_full.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-            allow.stride(0) if allow is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
-            h, max_kv, float(scale), kv_scale,
-            PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=32, SPLIT=SPLIT_LEN, HAS_ALLOW=allow is not None,
+            q_full, kv_cache, block_table, lens, seq_of, q_pos, selection if selection is not None else lens, o_part,
+            lse, q_full.stride(0), q_full.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            selection.stride(0) if selection is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
+            h, positions, float(scale), kv_scale,
+            PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=32, SPLIT=SPLIT_LEN, SPARSE=selection is not None,
             IEEE=q_nope.dtype == torch.float32, num_warps=8 if r >= 256 else 4,
         )
     top = lse.amax(-1, keepdim=True)

@@ -69,3 +69,10 @@ def test_unsupported_shapes_fall_back():
     args, kw = _case([5], torch.float64, torch.float64)
     assert not kernel.covers(args[0], args[1], args[2], args[5])
     torch.testing.assert_close(kernel.mla_decode(*args, **kw), ref.mla_decode(*args, **kw), rtol=0, atol=0)
+
+
+def test_dsa_selection_longer_than_a_split():
+    """300 selected positions (two splits of the selection), some repeated, some past the context."""
+    g = torch.Generator().manual_seed(3)
+    topk = torch.randint(0, 420, (2, 300), generator=g)                 # lens 400 and 310: some out of range
+    _check(*_case([400, 310], torch.float32, torch.float32, seed=3, topk=topk), 1e-5)
