@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# What the NVIDIA kernels issue needs from the H200, in two device calls (each under the
+# What the NVIDIA kernels issue needs from the H200, in three device calls (each under the
 # 10-minute limit; at most 8 files come back from $OUT). From the repository root, with `.whl`
 # (fla-core, tqdm wheels) carried:
+#   bash bench/h200_session.sh conformance
+#     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
+#     conformance/reports/nvidia-h200/; then the experimental MoE, AttnRes and MLA kernels
+#     (K3_NVIDIA_EXPERIMENTAL), their cases and the whole-model cases only, so fla-core's
+#     autotuning stays out of it;
 #   bash bench/h200_session.sh kernels
-#     1. conformance of the served set (kernels, CUDA-graph decode: model.graph_decode), the
-#        report for conformance/reports/nvidia-h200/;
-#     2. conformance of the experimental MoE, AttnRes and MLA kernels (K3_NVIDIA_EXPERIMENTAL), their
-#        cases and the whole-model cases only, so fla-core's autotuning stays out of it;
-#     3. benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core wrapper),
-#        KDA decode variants (column-blocked tiles against the whole-row kernel).
+#     benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core
+#     wrapper), KDA decode launch variants;
 #   bash bench/h200_session.sh e2e
-#     4. k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
+#     k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
 # Each step has its own time limit so one slow step cannot take the rest down with it.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != kernels && $phase != e2e ]]; then
-    echo "usage: bash bench/h200_session.sh kernels|e2e" >&2
+if [[ $phase != conformance && $phase != kernels && $phase != e2e ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -37,15 +38,17 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 case $phase in
-kernels)
-    step conformance-served 150 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \
+conformance)
+    step conformance-served 240 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-experimental 300 env K3_NVIDIA_EXPERIMENTAL=moe_experts,attn_res_step,mla_decode,mla_prefill \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "moe or attn_res or mla or model"
     rm -f "$OUT/conf_exp/report.md"
-    step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
-    step bench-attn-res 60 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 120 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    ;;
+kernels)
+    step bench-moe 130 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
+    step bench-attn-res 50 python3 bench/attn_res.py --out "$OUT/attn_res.json"
+    step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
+    step bench-kda-prefill 110 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     step bench-kda-decode 150 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     ;;
 e2e)
