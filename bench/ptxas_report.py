@@ -66,7 +66,7 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4
+    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4, router
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -89,6 +89,12 @@ def variants():
     for block_m in (16, 64):
         yield ("moe_down", f"bm{block_m}", fn, types,
                dict(L=3584, I=3072, IEEE=False, BLOCK_M=block_m, BLOCK_O=32, BLOCK_C=64), 4)
+
+    fn = router._select_kernel
+    types = _types(fn, {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64"},
+                   ("scaling",))
+    yield ("router", "k3_E896_top16", fn, types,
+           dict(E_PAD=1024, TOP_K=16, K_PAD=16, SIGMOID=True, HAS_BIAS=True, RENORMALIZE=True), 4)
 
     fn = attn_res._attn_res_kernel
     types = _types(fn, {}, ("eps", "out_eps"))

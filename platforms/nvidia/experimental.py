@@ -14,6 +14,7 @@ ENV = "K3_NVIDIA_EXPERIMENTAL"
 KERNELS = {
     "kda_chunked": "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
     "moe_experts": "MXFP4 routed experts, W4A16, SiTU-GLU fused",
+    "moe_router": "expert selection (scores, bias, top-k, renormalisation) in one launch",
     "attn_res_step": "fused Block AttnRes step",
     "mla_decode": "absorbed MLA decode over paged latents, split-K flash decoding",
     "mla_prefill": "MLA prefill on torch's fused attention (flash / memory-efficient kernels)",

@@ -68,11 +68,18 @@ def k3_kda_kernels(platform):
 
 @hookimpl
 def k3_moe_kernels(platform):
-    if platform.name != NAME or not experimental.enabled("moe_experts") or not has_module("triton"):
+    if platform.name != NAME or not has_module("triton"):
         return None
-    from k3.platforms.triton_kernels import moe_mxfp4
+    entries = {}
+    if experimental.enabled("moe_experts"):
+        from k3.platforms.triton_kernels import moe_mxfp4
 
-    return MoEKernels(experts=moe_mxfp4.experts_forward)
+        entries["experts"] = moe_mxfp4.experts_forward
+    if experimental.enabled("moe_router"):
+        from k3.platforms.triton_kernels import router
+
+        entries["select_experts"] = router.select_experts
+    return MoEKernels(**entries) if entries else None
 
 
 @hookimpl

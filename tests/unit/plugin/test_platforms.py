@@ -231,7 +231,10 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
     assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
     assert plugin.k3_moe_kernels(platform=info("reference")) is None
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_router")
+    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
+    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts,typo")

@@ -1,0 +1,45 @@
+"""Expert selection in Triton (platforms/triton_kernels/router.py) against
+k3.reference.select_experts: sigmoid with a correction bias (selection only), softmax without
+renormalisation, K3's 896 experts top-16, a non-power-of-two expert count, exact ties; grouped
+top-k and float64 fall back to the reference."""
+
+import pytest
+import torch
+
+from k3 import reference as ref
+
+kernel = pytest.importorskip("k3.platforms.triton_kernels.router")
+
+
+@pytest.mark.parametrize("t, e, k, kw", [
+    (37, 8, 2, dict(correction_bias=True)),
+    (9, 16, 4, dict(scoring="softmax", renormalize=False)),
+    (5, 896, 16, dict(correction_bias=True, routed_scaling_factor=2.446)),     # K3
+    (6, 384, 8, dict(correction_bias=True, routed_scaling_factor=2.5)),
+    (4, 100, 7, dict()),
+], ids=["E8_k2_bias", "softmax_no_renorm", "k3_E896_k16", "E384_k8", "E100_k7"])
+def test_matches_the_reference(t, e, k, kw):
+    g = torch.Generator().manual_seed(e)
+    logits = torch.randn(t, e, generator=g)
+    if kw.pop("correction_bias", False):
+        kw["correction_bias"] = 0.1 * torch.randn(e, generator=g)
+    got_w, got_ids = kernel.select_experts(logits, top_k=k, **kw)
+    want_w, want_ids = ref.select_experts(logits, top_k=k, **kw)
+    assert got_ids.dtype == torch.int64 and torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-7)
+
+
+def test_exact_ties_go_to_the_lower_expert_id():
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0, 2.0]])
+    w, ids = kernel.select_experts(logits, top_k=2)
+    assert ids.tolist() == [[1, 2]] and torch.allclose(w, torch.full((1, 2), 0.5))
+
+
+def test_grouped_and_float64_fall_back():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 64, generator=g)
+    kw = dict(top_k=6, num_expert_group=8, topk_group=4, correction_bias=torch.randn(64, generator=g))
+    assert not kernel.covers(logits, 8)
+    for x in (logits, logits.double()):
+        got, want = kernel.select_experts(x, **kw), ref.select_experts(x, **kw)
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
