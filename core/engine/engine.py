@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -119,6 +120,7 @@ class LLMEngine:
         self.pool = BlockPool(num_rows - reserved - scratch)
         self.spec_pool = BlockPool(reserved, first_row=num_rows - reserved) if reserved else None
         self.graph_scratch_row = num_rows - reserved - 1 if scratch else None
+        self.graph_capture_error: str | None = None
         num_rows -= reserved + scratch
         cache_len = (num_rows - 1) * block
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
@@ -141,10 +143,15 @@ class LLMEngine:
             from .graphs import DecodeGraphs, default_buckets
 
             buckets = config.graph_batch_sizes or default_buckets(config.max_num_seqs)
-            self.runner.graphs = DecodeGraphs(self.model, self.cache.views, graph_runner, buckets=buckets,
-                                              scratch_row=self.graph_scratch_row, block_size=block,
-                                              max_pages=-(-self.max_model_len // block), device=self.device,
-                                              progress=config.load_progress)
+            try:
+                self.runner.graphs = DecodeGraphs(self.model, self.cache.views, graph_runner, buckets=buckets,
+                                                  scratch_row=self.graph_scratch_row, block_size=block,
+                                                  max_pages=-(-self.max_model_len // block), device=self.device,
+                                                  progress=config.load_progress)
+            except Exception as e:     # a capture the platform cannot do must not stop serving
+                self.graph_capture_error = f"{type(e).__name__}: {e}"
+                print(f"k3: decode graph capture failed on platform {self.platform.name} ({self.graph_capture_error}); "
+                      "decoding eagerly (--enforce-eager skips the attempt)", file=sys.stderr)
         self.stop_token_ids = set(cfg.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.groups: dict[str, list[str]] = {}           # parent id -> child request ids (n > 1)

@@ -131,3 +131,14 @@ def test_dummy_weights_without_a_tokenizer(tmp_path):
         engine.add_request("c", [1, 2], SamplingParams(stop=["x"]))
     with pytest.raises(ValueError, match="load_format"):
         LLMEngine(EngineConfig(model=str(tmp_path), load_format="pt", skip_tokenizer_init=True))
+
+
+def test_a_failing_capture_falls_back_to_eager_decoding(ckpt, monkeypatch, capsys):
+    class Broken:
+        def capture(self, fn):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    engine, tokens = _generate(ckpt, monkeypatch, Broken())
+    _, eager = _generate(ckpt, monkeypatch, None)
+    assert tokens == eager and engine.runner.graphs is None
+    assert "not permitted" in engine.graph_capture_error and "decoding eagerly" in capsys.readouterr().err

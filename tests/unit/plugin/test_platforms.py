@@ -248,3 +248,13 @@ def test_nvidia_captures_decode_with_cuda_graphs_only_on_its_platform():
 
     assert plugin.k3_graph_runner(platform=info("reference")) is None
     assert isinstance(plugin.k3_graph_runner(platform=info("nvidia", "cuda")), CudaGraphCapturer)
+
+
+def test_every_experimental_nvidia_kernel_is_documented():
+    from pathlib import Path
+
+    from k3.platforms.nvidia import experimental
+
+    readme = (Path(experimental.__file__).parent / "README.md").read_text()
+    missing = [name for name in experimental.KERNELS if f"`{name}`" not in readme]
+    assert not missing, f"platforms/nvidia/README.md does not describe {missing}"
