@@ -40,8 +40,8 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 conformance)
     step conformance-served 240 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 300 env K3_NVIDIA_EXPERIMENTAL=moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "moe or attn_res or mla or model"
+    step conformance-experimental 300 env K3_NVIDIA_EXPERIMENTAL=kda_short_conv,moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "conv or moe or attn_res or mla or model or cache"
     rm -f "$OUT/conf_exp/report.md"
     ;;
 kernels)
@@ -52,7 +52,7 @@ kernels)
     step bench-kda-decode 150 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     ;;
 e2e)
-    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
+    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=kda_short_conv,moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json"
     ;;
 esac

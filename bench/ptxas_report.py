@@ -66,7 +66,7 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4, router
+    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4, router, short_conv
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -75,6 +75,10 @@ def variants():
     for warps, first, block_v in ((4, True, 128), (4, False, 128), (4, True, 32), (4, True, 16), (8, True, 32)):
         yield ("kda_decode", f"w{warps}_statefirst{int(first)}_bv{block_v}", fn, types,
                {**base, "STATE_FIRST": first, "BLOCK_V": block_v}, warps)
+
+    fn = short_conv._short_conv_kernel
+    types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())
+    yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)
 
     fn = moe_mxfp4._gate_up_kernel
     types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "order_ptr": "*i32", "start_ptr": "*i32",

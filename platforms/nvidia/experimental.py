@@ -13,6 +13,7 @@ import warnings
 ENV = "K3_NVIDIA_EXPERIMENTAL"
 KERNELS = {
     "kda_chunked": "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
+    "kda_short_conv": "causal short conv of prefill chunks and verify steps, ragged, with checkpoint windows",
     "moe_experts": "MXFP4 routed experts, W4A16, SiTU-GLU fused",
     "moe_router": "expert selection (scores, bias, top-k, renormalisation) in one launch",
     "attn_res_step": "fused Block AttnRes step",

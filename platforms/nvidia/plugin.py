@@ -59,6 +59,10 @@ def k3_kda_kernels(platform):
     except ImportError:          # no Triton: the reference ops serve every entry
         return None
     entries = {"decode_step": kda_decode.kda_decode_step}
+    if experimental.enabled("kda_short_conv"):
+        from k3.platforms.triton_kernels import short_conv
+
+        entries["short_conv"] = short_conv.short_conv
     if experimental.enabled("kda_chunked") and has_module("fla"):
         from k3.platforms.triton_kernels import kda_chunked
 

@@ -1,5 +1,5 @@
 """The tiny models with every kernel k3 has written (the served fused KDA decode step and the
-experimental MoE experts and router, AttnRes, MLA decode and MLA prefill kernels) in place of the reference ops,
+experimental KDA short conv, MoE experts and router, AttnRes, MLA decode and MLA prefill kernels) in place of the reference ops,
 under the Triton interpreter: the conformance suite's model cases (greedy tokens and logits
 against the reference model, chunked prefill mixed with decode, on the packed cache) pass in
 float32 and bf16. This is the CPU half of what `K3_NVIDIA_EXPERIMENTAL=all k3 conformance
@@ -15,7 +15,7 @@ from k3.plugin import select_platform
 
 moe_mxfp4 = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from k3.platforms.torch_kernels import mla_prefill_sdpa  # noqa: E402
-from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, router  # noqa: E402
+from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, router, short_conv  # noqa: E402
 
 CASES = [i for i in items("full", ("model",)) if i.case.name == "model.greedy"
          and (("k3.1-pro-tiny" in i.sample.shape and i.dtype in ("float32", "bfloat16"))
@@ -26,7 +26,7 @@ def with_kernels(platform):
     k = platform.kernels
     platform.kernels = dataclasses.replace(
         k,
-        kda=dataclasses.replace(k.kda, decode_step=kda_decode.kda_decode_step),
+        kda=dataclasses.replace(k.kda, decode_step=kda_decode.kda_decode_step, short_conv=short_conv.short_conv),
         moe=dataclasses.replace(k.moe, experts=moe_mxfp4.experts_forward, select_experts=router.select_experts),
         attn_res=dataclasses.replace(k.attn_res, step=attn_res.attn_res),
         mla=dataclasses.replace(k.mla, decode=mla_decode.mla_decode, prefill=mla_prefill_sdpa.mla_prefill))

@@ -236,7 +236,7 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
     assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step"]
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "short_conv"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert plugin.k3_moe_kernels(platform=nvidia) is not None
