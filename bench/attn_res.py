@@ -20,13 +20,9 @@ import json
 import torch
 
 from k3 import reference as ref
+from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
 
 D, BANK, VISIBLE = 7168, 12, 8
-
-
-def ratio(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def inputs(t, seed):
@@ -37,34 +33,15 @@ def inputs(t, seed):
     return rnd(t, D), rnd(t, D), rnd(t, BANK, D), kw
 
 
-def graph_ms(fn, bench) -> float:
-    fn()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return bench(g.replay)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="attn_res.json")
     args = parser.parse_args()
     import triton
-    import triton.testing
 
     from k3.platforms.triton_kernels.attn_res import attn_res as kernel
 
-    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")  # noqa: E731
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    copy_GBps = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src)) / 1e6
-    del src, dst
+    copy_GBps = copy_bandwidth_GBps()
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
               "shape": f"D{D} bank {BANK} visible {VISIBLE} bf16, delta + write + mix + RMSNorm"}
@@ -79,11 +56,11 @@ def main() -> None:
                  "error_ratio_bank": ratio(mine, oracle)}
         entry["passed"] = max(entry.values()) < 2e-2
         if entry["passed"]:
-            entry["k3_us"] = bench(lambda: kernel(prefix, delta, blocks, **kw)) * 1e3
-            entry["reference_us"] = bench(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
+            entry["k3_us"] = bench_ms(lambda: kernel(prefix, delta, blocks, **kw)) * 1e3
+            entry["reference_us"] = bench_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
             if t <= 64:
-                entry["k3_graph_us"] = graph_ms(lambda: kernel(prefix, delta, blocks, **kw), bench) * 1e3
-                entry["reference_graph_us"] = graph_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw), bench) * 1e3
+                entry["k3_graph_us"] = graph_replay_ms(lambda: kernel(prefix, delta, blocks, **kw)) * 1e3
+                entry["reference_graph_us"] = graph_replay_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
             nbytes = t * D * 2 * (2 + 2 + VISIBLE + 1)
             entry["floor_us"] = nbytes / copy_GBps / 1e3
             entry["fraction_of_copy_bw"] = entry["floor_us"] / entry.get("k3_graph_us", entry["k3_us"])

@@ -20,28 +20,18 @@ import math
 import torch
 
 from k3 import reference as ref
+from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 
 def bench(fn, *, rep_ms: int = 200) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")  # ms
-
-
-def ratio(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+    return bench_ms(fn, rep_ms)
 
 
 def ceilings() -> dict:
-    n = 1 << 30                                        # 1 GiB of fp32 per buffer: far past L2
-    src = torch.randn(n // 4, device="cuda")
-    dst = torch.empty_like(src)
-    copy_ms = bench(lambda: dst.copy_(src))
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_ms = bench(lambda: a @ b)
-    return {"copy_GBps": 2 * n / copy_ms / 1e6, "bf16_matmul_TFLOPs": 2 * 8192 ** 3 / mm_ms / 1e9}
+    return {"copy_GBps": copy_bandwidth_GBps(rep_ms=200), "bf16_matmul_TFLOPs": 2 * 8192 ** 3 / mm_ms / 1e9}
 
 
 def kda_inputs(b: int, t: int, h: int, d: int, *, seed: int):

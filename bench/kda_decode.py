@@ -33,28 +33,9 @@ import math
 import torch
 
 from k3 import reference as ref
+from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
 
 LOWER_BOUND, NORM_EPS, CONV_WIDTH = -5.0, 1e-5, 4
-
-
-def ratio(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def bench_ms(fn, rep_ms: int) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-
-
-def copy_bandwidth_GBps() -> float:
-    n = 1 << 30
-    src = torch.randn(n // 4, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src), 300)
-    del src, dst
-    return 2 * n / ms / 1e6
 
 
 class Layer:
@@ -130,19 +111,11 @@ def timed(calls, rep_ms: int, graph: bool) -> float:
         for call in calls:
             call()
 
+    if graph:
+        return graph_replay_ms(run_all, rep_ms) / len(calls)
     run_all()
     torch.cuda.synchronize()
-    if not graph:
-        return bench_ms(run_all, rep_ms) / len(calls)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run_all()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run_all()
-    return bench_ms(g.replay, rep_ms) / len(calls)
+    return bench_ms(run_all, rep_ms) / len(calls)
 
 
 def fla_peer(layers: list[Layer], inputs: tuple, h: int, k: int, layout: str):

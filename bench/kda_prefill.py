@@ -22,17 +22,7 @@ import json
 import torch
 
 from k3 import reference as ref
-
-
-def ratio(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def bench_ms(fn, rep_ms=300) -> float:
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
+from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 
 def make(lens, h=96, d=128, seed=0):
@@ -84,10 +74,7 @@ def main() -> None:
     import fla
     import triton
 
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    copy_GBps = 2 * src.numel() * 4 / bench_ms(lambda: dst.copy_(src)) / 1e6
-    del src, dst
+    copy_GBps = copy_bandwidth_GBps()
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(), "torch":
               torch.__version__, "triton": triton.__version__, "fla": getattr(fla, "__version__", "?"),
               "copy_GBps": copy_GBps}

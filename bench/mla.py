@@ -22,13 +22,9 @@ import json
 import torch
 
 from k3 import reference as ref
+from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
 
 H, DN, R, DR, DV, PAGE = 96, 128, 512, 64, 128, 64
-
-
-def ratio(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def inputs(n, context, cache_dtype, seed):
@@ -54,29 +50,10 @@ def main() -> None:
     parser.add_argument("--out", default="mla.json")
     args = parser.parse_args()
     import triton
-    import triton.testing
 
     from k3.platforms.triton_kernels.mla_decode import mla_decode as kernel
 
-    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")  # noqa: E731
-
-    def graphed(fn):
-        fn()
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return bench(g.replay)
-
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    copy_GBps = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src)) / 1e6
-    del src, dst
+    copy_GBps = copy_bandwidth_GBps()
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
               "shape": f"H{H} latent {R}+{DR} page {PAGE}"}
@@ -87,10 +64,10 @@ def main() -> None:
             entry = {"error_ratio": ratio(kernel(*a, **kw), ref.mla_decode(*a, **kw))}
             entry["passed"] = entry["error_ratio"] < 2e-2
             if entry["passed"]:
-                entry["k3_us"] = bench(lambda: kernel(*a, **kw)) * 1e3
-                entry["k3_graph_us"] = graphed(lambda: kernel(*a, **kw)) * 1e3
+                entry["k3_us"] = bench_ms(lambda: kernel(*a, **kw)) * 1e3
+                entry["k3_graph_us"] = graph_replay_ms(lambda: kernel(*a, **kw)) * 1e3
                 if n * context <= 16 * 8192:              # the reference materialises every row in fp32
-                    entry["reference_us"] = bench(lambda: ref.mla_decode(*a, **kw)) * 1e3
+                    entry["reference_us"] = bench_ms(lambda: ref.mla_decode(*a, **kw)) * 1e3
                     entry["speedup_vs_reference"] = entry["reference_us"] / entry["k3_graph_us"]
                 nbytes = n * context * (R + DR) * a[2].element_size()
                 entry["floor_us"] = nbytes / copy_GBps / 1e3
@@ -99,17 +76,17 @@ def main() -> None:
             torch.cuda.empty_cache()
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=2)
-    result["prefill"] = prefill(bench)
+    result["prefill"] = prefill()
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
 
 
-def prefill(bench) -> dict:
+def prefill() -> dict:
     from k3.platforms.torch_kernels.mla_prefill_sdpa import mla_prefill
 
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    matmul_tflops = 2 * 8192 ** 3 / bench(lambda: a @ a) / 1e9
+    matmul_tflops = 2 * 8192 ** 3 / bench_ms(lambda: a @ a) / 1e9
     del a
     out = {"bf16_matmul_TFLOPs": matmul_tflops}
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -123,8 +100,8 @@ def prefill(bench) -> dict:
         entry = {"error_ratio": ratio(mla_prefill(q, latent, k_pe, kv_b, **kw), ref.mla_prefill(q, latent, k_pe, kv_b, **kw))}
         entry["passed"] = entry["error_ratio"] < 2e-2
         if entry["passed"]:
-            entry["k3_ms"] = bench(lambda: mla_prefill(q, latent, k_pe, kv_b, **kw))
-            entry["reference_ms"] = bench(lambda: ref.mla_prefill(q, latent, k_pe, kv_b, **kw))
+            entry["k3_ms"] = bench_ms(lambda: mla_prefill(q, latent, k_pe, kv_b, **kw))
+            entry["reference_ms"] = bench_ms(lambda: ref.mla_prefill(q, latent, k_pe, kv_b, **kw))
             visible = 1 - q_len / (2 * kv_len)                   # lower-right causal: share of the q x kv scores
             flops = 2 * kv_len * R * H * (DN + DV) + 2 * H * q_len * kv_len * (DN + DR + DV) * visible
             entry["floor_ms"] = flops / matmul_tflops / 1e9

@@ -23,13 +23,9 @@ import torch
 
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
+from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 SITU_BETA = 4.0
-
-
-def ratio(a, b) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make_experts(e, inter, l, device, seed):
@@ -79,13 +75,8 @@ def main() -> None:
         assert result["passed"], result
         return
     import triton
-    import triton.testing
 
-    bench = lambda fn, rep=300: triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")  # noqa: E731
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    copy_GBps = 2 * src.numel() * 4 / bench(lambda: dst.copy_(src)) / 1e6
-    del src, dst
+    copy_GBps = copy_bandwidth_GBps()
     e, inter, l, k = 128, 3072, 3584, 16
     result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
@@ -102,10 +93,10 @@ def main() -> None:
             entry["weight_bytes"] = nbytes
             entry["roofline_us"] = nbytes / copy_GBps / 1e3
             for block_m in (16, 32, 64):
-                entry[f"k3_bm{block_m}_us"] = bench(lambda: kernel(x, w13, w2, weights, ids, block_m=block_m, **kw)) * 1e3
+                entry[f"k3_bm{block_m}_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, block_m=block_m, **kw)) * 1e3
             entry["k3_us"] = min(v for key, v in entry.items() if key.startswith("k3_bm"))
             entry["fraction_of_roofline"] = entry["roofline_us"] / entry["k3_us"]
-            entry["reference_us"] = bench(lambda: ref.experts_forward(x, w13, w2, weights, ids, **kw), rep=1000) * 1e3
+            entry["reference_us"] = bench_ms(lambda: ref.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
             entry["speedup_vs_reference"] = entry["reference_us"] / entry["k3_us"]
         result[f"T{t}"] = entry
         rows.append((t, entry))

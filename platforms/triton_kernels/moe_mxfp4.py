@@ -64,6 +64,25 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _routed_choices(order_ptr, start_ptr, e, m0, count, BLOCK_M: tl.constexpr):
+    """The (token, choice) indices m0..m0+BLOCK_M-1 routed to expert e (int64) and their mask."""
+    slot = m0 + tl.arange(0, BLOCK_M)
+    mask_m = slot < count
+    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0).to(tl.int64)
+    return choice, mask_m
+
+
+@triton.jit
+def _even_odd_columns(ptr, rows, s_row, c0, mask_m, HALF: tl.constexpr):
+    """Columns c0, c0+2, ... and c0+1, c0+3, ... (HALF each) of `rows` as fp32, the halves that
+    multiply the low and the high nibbles of the packed weights."""
+    half = tl.arange(0, HALF)
+    even = tl.load(ptr + rows[:, None] * s_row + (c0 + 2 * half)[None, :], mask=mask_m[:, None], other=0.0)
+    odd = tl.load(ptr + rows[:, None] * s_row + (c0 + 2 * half + 1)[None, :], mask=mask_m[:, None], other=0.0)
+    return even.to(tl.float32), odd.to(tl.float32)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, p13_ptr, s13_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
@@ -76,20 +95,14 @@ def _gate_up_kernel(
     count = tl.load(count_ptr + e)
     if m0 >= count:
         return
-    slot = m0 + tl.arange(0, BLOCK_M)
-    mask_m = slot < count
-    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0).to(tl.int64)  # (token, choice)
+    choice, mask_m = _routed_choices(order_ptr, start_ptr, e, m0, count, BLOCK_M)
     token = choice // TOPK
     col = tl.program_id(2) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = col < I
     acc_g = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
-    half = tl.arange(0, BLOCK_L // 2)
     for l0 in range(0, L, BLOCK_L):
-        x_even = tl.load(x_ptr + token[:, None] * s_x + (l0 + 2 * half)[None, :], mask=mask_m[:, None], other=0.0)
-        x_odd = tl.load(x_ptr + token[:, None] * s_x + (l0 + 2 * half + 1)[None, :], mask=mask_m[:, None], other=0.0)
-        x_even = x_even.to(tl.float32)
-        x_odd = x_odd.to(tl.float32)
+        x_even, x_odd = _even_odd_columns(x_ptr, token, s_x, l0, mask_m, BLOCK_L // 2)
         g_lo, g_hi = _mxfp4_tile_t(p13_ptr, s13_ptr, e, col, mask_i, l0 // 2, s_pe, s_pr, s_se, s_sr, BLOCK_L // 2)
         acc_g += _dot(x_even, g_lo, IEEE) + _dot(x_odd, g_hi, IEEE)
         u_lo, u_hi = _mxfp4_tile_t(p13_ptr, s13_ptr, e, I + col, mask_i, l0 // 2, s_pe, s_pr, s_se, s_sr,
@@ -115,17 +128,12 @@ def _down_kernel(
     count = tl.load(count_ptr + e)
     if m0 >= count:
         return
-    slot = m0 + tl.arange(0, BLOCK_M)
-    mask_m = slot < count
-    choice = tl.load(order_ptr + tl.load(start_ptr + e) + slot, mask=mask_m, other=0).to(tl.int64)
+    choice, mask_m = _routed_choices(order_ptr, start_ptr, e, m0, count, BLOCK_M)
     row = tl.program_id(2) * BLOCK_O + tl.arange(0, BLOCK_O)
     mask_o = row < L
     acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
-    half = tl.arange(0, BLOCK_C // 2)
     for c0 in range(0, I, BLOCK_C):
-        a_even = tl.load(act_ptr + choice[:, None] * s_act + (c0 + 2 * half)[None, :], mask=mask_m[:, None], other=0.0)
-        a_odd = tl.load(act_ptr + choice[:, None] * s_act + (c0 + 2 * half + 1)[None, :], mask=mask_m[:, None],
-                        other=0.0)
+        a_even, a_odd = _even_odd_columns(act_ptr, choice, s_act, c0, mask_m, BLOCK_C // 2)
         w_lo, w_hi = _mxfp4_tile_t(p2_ptr, s2_ptr, e, row, mask_o, c0 // 2, s_pe, s_pr, s_se, s_sr, BLOCK_C // 2)
         acc += _dot(a_even, w_lo, IEEE) + _dot(a_odd, w_hi, IEEE)
     w = tl.load(weight_ptr + choice, mask=mask_m, other=0.0)

@@ -3,12 +3,16 @@ shapes (Triton interpreter), so an H200 benchmark cannot silently time a kernel 
 would reject."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("k3.platforms.triton_kernels.kda_decode")
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "kda_decode.py"
+# the scripts import bench/measure.py as `python3 bench/NAME.py` would find it
+if str(BENCH.parent) not in sys.path:
+    sys.path.insert(0, str(BENCH.parent))
 
 
 def _bench():
