@@ -2,17 +2,20 @@
 # What the NVIDIA kernels issue needs from the H200, in three device calls (each under the
 # 10-minute limit; at most 8 files come back from $OUT). From the repository root, with `.whl`
 # (fla-core, tqdm wheels) carried:
-#   bash bench/h200_session.sh conformance
+#   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then the experimental MoE, AttnRes and MLA kernels
-#     (K3_NVIDIA_EXPERIMENTAL), their cases and the whole-model cases only, so fla-core's
-#     autotuning stays out of it;
+#     conformance/reports/nvidia-h200/; then the experimental kernel (fla-core's chunked KDA,
+#     K3_NVIDIA_EXPERIMENTAL=all) on the KDA cases, where fla-core autotunes every shape;
 #   bash bench/h200_session.sh kernels
-#     benchmarks: MXFP4 experts, AttnRes, MLA (decode and prefill), KDA prefill (fla-core
-#     wrapper), KDA decode launch variants;
+#     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
+#     prefill), KDA prefill (fla-core wrapper);
 #   bash bench/h200_session.sh e2e
-#     k3-slice end to end (bench/k3_slice.py) with the experimental kernels, then the peer.
-# Each step has its own time limit so one slow step cannot take the rest down with it.
+#     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
+#     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''").
+# ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
+# Each step has its own time limit so one slow step cannot take the rest down with it; the step
+# limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
+# (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != e2e ]]; then
@@ -22,6 +25,7 @@ fi
 : "${OUT:=./h200-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=$PWD/.triton-cache
 log="$OUT/session.log"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
@@ -31,6 +35,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
     shift 2
+    if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
+        return
+    fi
     echo "::: $name" | tee -a "$log"
     local start=$SECONDS
     timeout "$limit" "$@" >> "$log" 2>&1
@@ -39,21 +46,22 @@ step() {  # step NAME SECONDS COMMAND...
 
 case $phase in
 conformance)
-    step conformance-served 240 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 300 env K3_NVIDIA_EXPERIMENTAL=kda_short_conv,moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "conv or moe or attn_res or mla or model or cache"
+    step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=all \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda"
     rm -f "$OUT/conf_exp/report.md"
     ;;
 kernels)
-    step bench-moe 130 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
-    step bench-attn-res 50 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 110 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
-    step bench-kda-decode 150 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
+    step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
+    step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
+    step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
+    step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
+    step bench-kda-prefill 180 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     ;;
 e2e)
-    step bench-k3-slice 540 env K3_NVIDIA_EXPERIMENTAL=kda_short_conv,moe_experts,moe_router,attn_res_step,mla_decode,mla_prefill \
-        python3 bench/k3_slice.py --out "$OUT/k3_slice.json"
+    # shellcheck disable=SC2086
+    step bench-k3-slice 330 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
+        python3 bench/k3_slice.py --out "$OUT/k3_slice.json" ${K3_SLICE_ARGS:-}
     ;;
 esac
 grep -E "^:::|passed|failed|Error" "$log" | tail -20

@@ -4,13 +4,14 @@ with random weights drawn on the GPU (`--load-format dummy`), through the offlin
     python3 bench/k3_slice.py --out k3_slice.json                       # nvidia, then the peer
     python3 bench/k3_slice.py --smoke                                   # CPU: k3-tiny, tiny sizes
 
-For the platform measured (then, for decode at the smallest concurrency and the middle TTFT
+For the platform measured (then, for decode at the smallest concurrency and the shortest TTFT
 only, the peer on the same GPU: by default `ppu`, the torch-native path, i.e. the reference
 ops on cuda):
   - decode: C concurrent requests (128-token prompts) each generating N tokens, greedy, EOS
     ignored; TPOT = decode time / steps and tokens/s = C * N / decode time, measured from the
     step after the last first token; C = 1, 4, 16, 64 by default;
-  - TTFT of one prompt of 1K, 8K and 32K tokens (alone in the engine);
+  - TTFT of one prompt of 1K, 8K and 32K tokens (alone in the engine, after a first prompt of
+    the same length so compilation and autotuning stay out of it);
   - with prefix caching: TTFT of an 8K prompt sharing all but its last 64 tokens with an earlier
     request, against the same prompt with caching off;
   - with n-gram speculation (k = 3): decode tokens/s of one request with a repetitive prompt.
@@ -28,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -83,27 +85,37 @@ def ttft(engine, ids, request_id) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
-def release(engine) -> None:
-    del engine
+def release() -> None:
+    """Give the GPU memory of an engine the caller has dropped (`engine = None`) back before the
+    next one is built (two k3-slice engines do not fit on one GPU)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-def measure(model_dir, platform, args, vocab, *, full: bool = True) -> dict:
-    """Every figure of the module docstring; full=False (the peer): decode at the smallest
-    concurrency and the middle TTFT only (the reference path takes minutes for the rest)."""
-    out = {"platform": platform}
+def measure(model_dir, platform, args, vocab, out: dict, save, *, full: bool = True) -> dict:
+    """Every figure of the module docstring into `out`, calling save() after each phase so a run
+    cut short by a time limit keeps what it measured; full=False (the peer): decode at the
+    smallest concurrency and the shortest TTFT only (the reference path takes minutes for the rest, and its
+MLA prefill materialises every head's keys: 24 GiB at 8K tokens)."""
+    out["platform"] = platform
     if not full:
-        args = argparse.Namespace(**{**vars(args), "concurrency": args.concurrency[:1],
-                                     "ttft": sorted(args.ttft)[len(args.ttft) // 2: len(args.ttft) // 2 + 1]})
+        args = argparse.Namespace(**{**vars(args), "concurrency": args.concurrency[:1], "ttft": sorted(args.ttft)[:1]})
     big = max(args.ttft + [args.prefix_len + 64, args.prompt_len + args.decode_tokens]) + 64
     engine = engine_for(model_dir, platform, max_num_seqs=max(args.concurrency), max_model_len=big, dtype=args.dtype)
     out["graph_buckets"] = engine.runner.graphs.buckets if engine.runner.graphs is not None else None
     decode(engine, 1, 16, 4, vocab)                                       # warm-up (compilation)
-    out["decode"] = [decode(engine, c, args.prompt_len, args.decode_tokens, vocab) for c in args.concurrency]
-    out["ttft_ms"] = {str(n): ttft(engine, prompt(n, 1000 + n, vocab), f"t{n}") for n in args.ttft}
-    release(engine)
+    out["decode"], out["ttft_ms"] = [], {}
+    for c in args.concurrency:
+        out["decode"].append(decode(engine, c, args.prompt_len, args.decode_tokens, vocab))
+        save(f"{platform} decode C={c}")
+    for n in args.ttft:
+        if full:        # a first prompt of the same length: kernels compiled and autotuned for its shapes
+            ttft(engine, prompt(n, 2000 + n, vocab), f"warm{n}")
+        out["ttft_ms"][str(n)] = ttft(engine, prompt(n, 1000 + n, vocab), f"t{n}")
+        save(f"{platform} TTFT {n}")
+    engine = None
+    release()
     if not full:
         return out
     shared = prompt(args.prefix_len + 64, 7, vocab)
@@ -112,7 +124,9 @@ def measure(model_dir, platform, args, vocab, *, full: bool = True) -> dict:
                             enable_prefix_caching=caching)
         ttft(engine, shared[: args.prefix_len] + prompt(64, 8, vocab), "first")
         out[f"prefix_ttft_ms_caching_{'on' if caching else 'off'}"] = ttft(engine, shared, "second")
-        release(engine)
+        save(f"{platform} prefix caching {caching}")
+        engine = None
+        release()
     repetitive = (prompt(16, 9, vocab) * 16)[: args.prompt_len]
     for spec in (None, {"method": "ngram", "num_speculative_tokens": 3}):
         engine = engine_for(model_dir, platform, max_num_seqs=1, max_model_len=big, dtype=args.dtype,
@@ -125,7 +139,9 @@ def measure(model_dir, platform, args, vocab, *, full: bool = True) -> dict:
         sync(engine)
         out[f"single_decode_tokens_per_s_{'ngram' if spec else 'plain'}"] = \
             args.decode_tokens / (time.perf_counter() - t0)
-        release(engine)
+        save(f"{platform} speculation {bool(spec)}")
+        engine = None
+        release()
     return out
 
 
@@ -150,15 +166,24 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "torch": torch.__version__,
               "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""),
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    started = time.perf_counter()
+
+    def save(phase: str) -> None:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"[{time.perf_counter() - started:7.1f} s] {phase}", file=sys.stderr, flush=True)
+
     with tempfile.TemporaryDirectory() as model_dir:
         write_config(__import__("pathlib").Path(model_dir), cfg)
         for platform in [args.platform] + ([args.peer] if args.peer else []):
+            result[platform] = {}
             try:
-                result[platform] = measure(model_dir, platform, args, cfg.vocab_size, full=platform == args.platform)
+                measure(model_dir, platform, args, cfg.vocab_size, result[platform], save,
+                        full=platform == args.platform)
             except Exception as e:  # report, don't hide
-                result[platform] = {"error": f"{type(e).__name__}: {e}"}
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
+                traceback.print_exc()
+                result[platform]["error"] = f"{type(e).__name__}: {e}"
+            save(f"{platform} done")
     json.dump(result, sys.stdout, indent=2)
     print()
 

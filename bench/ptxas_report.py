@@ -37,7 +37,9 @@ def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) 
     constexprs: the compile-time arguments.
     """
     signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
-    source = ASTSource(fn, signature=signature,
+    # pointers 16-byte aligned, as Triton specialises them at launch (else it emits byte loads)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if types.get(name, "")[:1] == "*"}
+    source = ASTSource(fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
     kernel = triton.compile(source, target=TARGET, options={"num_warps": num_warps})
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,18 +83,22 @@ def variants():
     yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)
 
     fn = moe_mxfp4._gate_up_kernel
-    types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "order_ptr": "*i32", "start_ptr": "*i32",
-                        "count_ptr": "*i32", "act_ptr": "*fp32"}, ("beta", "linear_beta"))
-    for block_m in (16, 64):
-        yield ("moe_gate_up", f"bm{block_m}", fn, types,
-               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, BLOCK_M=block_m, BLOCK_I=32,
-                    BLOCK_L=64), 4)
+    types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
+                        "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16"}, ("beta", "linear_beta"))
+    base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False)
+    for mode, block_n, block_t, warps in ((0, 64, 16, 4), (0, 128, 16, 8), (0, 128, 64, 8), (1, 64, 16, 4)):
+        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_t{block_t}"
+        act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
+        yield ("moe_gate_up", variant, fn, {**types, **act},
+               dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=64), warps)
     fn = moe_mxfp4._down_kernel
-    types = _types(fn, {"act_ptr": "*fp32", "p2_ptr": "*u8", "s2_ptr": "*u8", "order_ptr": "*i32",
+    types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32"}, ())
-    for block_m in (16, 64):
-        yield ("moe_down", f"bm{block_m}", fn, types,
-               dict(L=3584, I=3072, IEEE=False, BLOCK_M=block_m, BLOCK_O=32, BLOCK_C=64), 4)
+    for mode, block_n, block_t, warps in ((0, 64, 16, 4), (0, 128, 16, 8), (0, 128, 64, 8), (1, 64, 16, 4)):
+        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_t{block_t}"
+        act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
+        yield ("moe_down", variant, fn, {**types, **act},
+               dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=64), warps)
 
     fn = router._select_kernel
     types = _types(fn, {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64"},

@@ -1,9 +1,10 @@
 """NVIDIA platform plugin (entry point `nvidia`): hook implementations only.
 
-Backs detection, capabilities, serving defaults, conformance expectations and, when Triton
-imports, the Triton kernels of k3.platforms.triton_kernels: the fused KDA decode step by default,
-and the kernels of experimental.py when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel
-entry falls back to the reference ops on device "cuda".
+Backs detection, capabilities, serving defaults, conformance expectations, CUDA-graph capture
+and, when Triton imports, the kernels of k3.platforms.triton_kernels (and torch_kernels): the
+promoted set of experimental.py by default (K3_NVIDIA_DISABLE takes one out), the experimental
+ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry falls back to the
+reference ops on device "cuda".
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def k3_kda_kernels(platform):
         from k3.platforms.triton_kernels import kda_decode
     except ImportError:          # no Triton: the reference ops serve every entry
         return None
-    entries = {"decode_step": kda_decode.kda_decode_step}
+    entries = {"decode_step": kda_decode.kda_decode_step} if experimental.enabled("kda_decode_step") else {}
     if experimental.enabled("kda_short_conv"):
         from k3.platforms.triton_kernels import short_conv
 
@@ -67,7 +68,7 @@ def k3_kda_kernels(platform):
         from k3.platforms.triton_kernels import kda_chunked
 
         entries["chunked"] = kda_chunked.kda_chunked
-    return KDAKernels(**entries)
+    return KDAKernels(**entries) if entries else None
 
 
 @hookimpl

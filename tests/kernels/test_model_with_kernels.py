@@ -1,9 +1,9 @@
-"""The tiny models with every kernel k3 has written (the served fused KDA decode step and the
-experimental KDA short conv, MoE experts and router, AttnRes, MLA decode and MLA prefill kernels) in place of the reference ops,
+"""The tiny models with every kernel the nvidia platform serves (fused KDA decode step, KDA
+short conv, MoE experts and router, AttnRes, MLA decode and MLA prefill) in place of the reference ops,
 under the Triton interpreter: the conformance suite's model cases (greedy tokens and logits
 against the reference model, chunked prefill mixed with decode, on the packed cache) pass in
-float32 and bf16. This is the CPU half of what `K3_NVIDIA_EXPERIMENTAL=all k3 conformance
---platform nvidia` checks on the GPU."""
+float32 and bf16. This is the CPU half of what `k3 conformance --platform nvidia` checks on
+the GPU."""
 
 import dataclasses
 

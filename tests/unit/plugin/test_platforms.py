@@ -200,9 +200,11 @@ def test_detection_imports_no_vendor_sdk():
     assert done.returncode == 0, done.stderr
 
 
-def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform():
+def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform(monkeypatch):
     from k3.platforms.nvidia import plugin
 
+    monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
+    monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     assert plugin.k3_kda_kernels(platform=info("reference")) is None
     table = plugin.k3_kda_kernels(platform=info("nvidia", "cuda"))
     try:
@@ -210,8 +212,31 @@ def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform():
     except ImportError:
         assert table is None                      # without Triton the reference serves every entry
         return
-    assert table.provided() == ["decode_step"]
+    assert sorted(table.provided()) == ["decode_step", "short_conv"]
     assert table.decode_step.__module__ == "k3.platforms.triton_kernels.kda_decode"
+
+
+def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypatch):
+    pytest.importorskip("triton")
+    from k3.platforms.nvidia import plugin
+
+    nvidia = info("nvidia", "cuda")
+    monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
+    monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
+    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
+    assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
+    assert sorted(plugin.k3_mla_kernels(platform=nvidia).provided()) == ["decode", "prefill"]
+    for hook in (plugin.k3_moe_kernels, plugin.k3_attn_res_kernels, plugin.k3_mla_kernels, plugin.k3_kda_kernels):
+        assert hook(platform=info("reference")) is None
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, mla_prefill")
+    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
+    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "all")
+    assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
+    assert plugin.k3_mla_kernels(platform=nvidia) is None and plugin.k3_kda_kernels(platform=nvidia) is None
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_router,typo")
+    with pytest.warns(UserWarning, match="typo"):
+        assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
 
 
 def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
@@ -219,27 +244,16 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     from k3.platforms.nvidia import plugin
 
     nvidia = info("nvidia", "cuda")
+    monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
-    assert plugin.k3_kda_kernels(platform=nvidia).provided() == ["decode_step"]
-    assert plugin.k3_mla_kernels(platform=nvidia) is None
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step, mla_decode")
-    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "mla_prefill")
-    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["prefill"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts, attn_res_step, mla_decode")
-    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
-    assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
-    assert plugin.k3_moe_kernels(platform=info("reference")) is None
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_router")
-    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
-    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "short_conv"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts,typo")
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["decode_step", "short_conv"]
+    for named in ("kda_chunked", "all"):
+        monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", named)
+        assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "short_conv"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert plugin.k3_moe_kernels(platform=nvidia) is not None
+        assert "chunked" in plugin.k3_kda_kernels(platform=nvidia).provided()
 
 
 def test_nvidia_captures_decode_with_cuda_graphs_only_on_its_platform():
@@ -256,5 +270,5 @@ def test_every_experimental_nvidia_kernel_is_documented():
     from k3.platforms.nvidia import experimental
 
     readme = (Path(experimental.__file__).parent / "README.md").read_text()
-    missing = [name for name in experimental.KERNELS if f"`{name}`" not in readme]
+    missing = [name for name in {**experimental.PROMOTED, **experimental.KERNELS} if f"`{name}`" not in readme]
     assert not missing, f"platforms/nvidia/README.md does not describe {missing}"
