@@ -8,7 +8,7 @@
 #     K3_NVIDIA_EXPERIMENTAL=all) on the KDA cases, where fla-core autotunes every shape;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
-#     prefill), KDA prefill (fla-core wrapper);
+#     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence (experimental);
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''").
@@ -53,10 +53,11 @@ conformance)
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
+    step bench-moe 120 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
-    step bench-mla 150 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 180 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
+    step bench-kda-prefill 130 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-kda-verify 60 python3 bench/kda_verify.py --out "$OUT/kda_verify.json"
     ;;
 e2e)
     # shellcheck disable=SC2086

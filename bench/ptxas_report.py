@@ -24,6 +24,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
+# MXFP4 MoE tiles compiled: (mode 0 dot_scaled / 1 decode, rows, tokens, columns, warps); the first
+# two are what moe_mxfp4.launch_options serves at batch 1 and above
+MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (1, 64, 16, 64, 4))
 
 
 def ptxas_path() -> str:
@@ -68,7 +71,7 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, moe_mxfp4, router, short_conv
+    from k3.platforms.triton_kernels import attn_res, kda_decode, kda_recurrent, mla_decode, moe_mxfp4, router, short_conv
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -78,6 +81,12 @@ def variants():
         yield ("kda_decode", f"w{warps}_statefirst{int(first)}_bv{block_v}", fn, types,
                {**base, "STATE_FIRST": first, "BLOCK_V": block_v}, warps)
 
+    fn = kda_recurrent._kda_recurrent_kernel
+    types = _types(fn, {"g_ptr": "*fp32", "beta_ptr": "*fp32", "h0_ptr": "*fp32", "cu_ptr": "*i32", "ht_ptr": "*fp32",
+                        "states_ptr": "*fp32", "u_ptr": "*fp32"}, ("scale",))
+    yield ("kda_recurrent", "verify_states_u_bv32", fn, types,
+           dict(K=128, V=128, BLOCK_V=32, VARLEN=True, HAS_H0=True, STORE_STATES=True, STORE_U=True), 4)
+
     fn = short_conv._short_conv_kernel
     types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())
     yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)
@@ -86,19 +95,19 @@ def variants():
     types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16"}, ("beta", "linear_beta"))
     base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False)
-    for mode, block_n, block_t, warps in ((0, 64, 16, 4), (0, 128, 16, 8), (0, 128, 64, 8), (1, 64, 16, 4)):
-        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_t{block_t}"
+    for mode, block_n, block_t, block_k, warps in MOE_TILES:
+        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_gate_up", variant, fn, {**types, **act},
-               dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=64), warps)
+               dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
     fn = moe_mxfp4._down_kernel
     types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32"}, ())
-    for mode, block_n, block_t, warps in ((0, 64, 16, 4), (0, 128, 16, 8), (0, 128, 64, 8), (1, 64, 16, 4)):
-        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_t{block_t}"
+    for mode, block_n, block_t, block_k, warps in MOE_TILES:
+        variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
-               dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=64), warps)
+               dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
 
     fn = router._select_kernel
     types = _types(fn, {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64"},

@@ -85,7 +85,7 @@ register(Case(
 
 
 def _kda(*, lens=None, batch=None, h, hv, k, v, init=True, chunk=None, offsets=None, scale=None,
-         per_position=False, decay_shift=0.0):
+         per_position=False, corrections=False, decay_shift=0.0):
     def make(g, dtype):
         shape = (1, sum(lens)) if lens else batch
         n = len(lens) if lens else batch[0]
@@ -108,6 +108,8 @@ def _kda(*, lens=None, batch=None, h, hv, k, v, init=True, chunk=None, offsets=N
             kw["scale"] = scale
         if per_position:
             kw["output_per_position_states"] = True
+        if corrections:
+            kw["output_corrections"] = True
         return Inputs(args, kw)
     return make
 
@@ -129,9 +131,16 @@ register(Case(
     ),
     doc="Chunked (WY/UT) KDA from initial states; outputs, final states and checkpoint states."))
 
+def _recurrent_outputs(result, args, kwargs):
+    """o, final_state, then states and corrections when asked for, in that order."""
+    names = ["o", "final_state"] + (["states"] if kwargs.get("output_per_position_states") else []) \
+        + (["corrections"] if kwargs.get("output_corrections") else [])
+    return dict(zip(names, result))
+
+
 register(Case(
     "kda.recurrent", "kda", "kda.recurrent", reference=ref.kda_recurrent,
-    outputs=_named(("o", "final_state", "states")),
+    outputs=_recurrent_outputs,
     samples=(
         Sample("decode_N3_T1_H2_HV4_K16_V32", _kda(batch=(3, 1), h=2, hv=4, k=16, v=32)),
         Sample("ragged3_T12_H2_HV4_K16_V32_init", _kda(lens=(5, 1, 6), h=2, hv=4, k=16, v=32)),
@@ -139,8 +148,11 @@ register(Case(
                _kda(lens=(4, 5), h=2, hv=2, k=128, v=128, per_position=True)),
         Sample("B2_T3_H1_HV2_K32_V16_per_position_no_state",
                _kda(batch=(2, 3), h=1, hv=2, k=32, v=16, init=False, per_position=True)),
+        Sample("verify_ragged3_T10_H2_HV2_K128_V128_states_corrections",
+               _kda(lens=(4, 2, 4), h=2, hv=2, k=128, v=128, per_position=True, corrections=True)),
+        Sample("ragged2_T7_H1_HV2_K16_V32_corrections_only", _kda(lens=(3, 4), h=1, hv=2, k=16, v=32, corrections=True)),
     ),
-    doc="Token-serial KDA (decode, speculative verify with per-position states)."))
+    doc="Token-serial KDA (decode, speculative verify with per-position states and delta-rule corrections)."))
 
 
 def _rebuild(*, n, length, hv, k, v, kept, unwritten_nan=False):

@@ -64,6 +64,10 @@ def k3_kda_kernels(platform):
         from k3.platforms.triton_kernels import short_conv
 
         entries["short_conv"] = short_conv.short_conv
+    if experimental.enabled("kda_recurrent"):
+        from k3.platforms.triton_kernels import kda_recurrent
+
+        entries["recurrent"] = kda_recurrent.kda_recurrent
     if experimental.enabled("kda_chunked") and has_module("fla"):
         from k3.platforms.triton_kernels import kda_chunked
 

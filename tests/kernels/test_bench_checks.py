@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("k3.platforms.triton_kernels.kda_decode")
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "kda_decode.py"
@@ -49,3 +50,19 @@ def test_moe_bench_check_passes_the_kernel_and_rejects_a_wrong_one():
     w13, w2 = bench.make_experts(8, 64, 96, "cpu", seed=0)
     assert bench.check(experts_forward, w13, w2, 5, 3, "cpu", seed=1)["passed"]
     assert not bench.check(lambda *a, **k: experts_forward(*a, **k) * 1.05, w13, w2, 5, 3, "cpu", seed=1)["passed"]
+
+
+def test_kda_verify_bench_check_passes_the_kernel_and_rejects_a_wrong_one():
+    """bench/kda_verify.py's correctness gate, at tiny shapes."""
+    from k3.platforms.triton_kernels.kda_recurrent import kda_recurrent
+
+    spec = importlib.util.spec_from_file_location("bench_kda_verify", BENCH.with_name("kda_verify.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.check(kda_recurrent, 3, 4, 2, 16, "cpu", seed=0)["passed"]
+
+    def stale_states(*args, **kwargs):                 # right o, but the states of the token before
+        o, final, states, u = kda_recurrent(*args, **kwargs)
+        return o, final, torch.roll(states, 1, dims=1), u
+
+    assert not bench.check(stale_states, 3, 4, 2, 16, "cpu", seed=0)["passed"]

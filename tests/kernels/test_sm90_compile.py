@@ -24,10 +24,16 @@ def test_every_kernel_compiles_for_sm90():
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)
-    assert {r["kernel"] for r in rows} == {"kda_decode", "short_conv", "moe_gate_up", "moe_down", "router",
-                                            "attn_res", "mla_decode"}
+    assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
+                                            "router", "attn_res", "mla_decode"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
     spills = {r["variant"]: r["spill_bytes"] for r in rows if r["kernel"] == "kda_decode"}
     assert spills["w4_statefirst1_bv32"] == 0 and spills["w4_statefirst1_bv16"] == 0
+    # the MoE tiles the H200 serves by default (moe_mxfp4.launch_options) and the verify recurrence
+    compiled = {(r["kernel"], r["variant"]): r["spill_bytes"] for r in rows}
+    for kernel in ("moe_gate_up", "moe_down"):
+        assert {(kernel, "dot_scaled_n64_k128_t16"), (kernel, "dot_scaled_n128_k64_t16")} <= set(compiled)
+    assert compiled[("moe_down", "dot_scaled_n128_k64_t16")] == 0
+    assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0

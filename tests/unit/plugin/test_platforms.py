@@ -248,9 +248,13 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["decode_step", "short_conv"]
-    for named in ("kda_chunked", "all"):
-        monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", named)
-        assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "short_conv"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "short_conv"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_recurrent")
+    assert plugin.k3_kda_kernels(platform=nvidia).recurrent.__module__ == "k3.platforms.triton_kernels.kda_recurrent"
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
+                                                                          "short_conv"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert "chunked" in plugin.k3_kda_kernels(platform=nvidia).provided()

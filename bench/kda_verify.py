@@ -1,0 +1,106 @@
+"""The KDA recurrence of a speculative verify step (k3's Triton `kda_recurrent`, experimental)
+against fla-core's `fused_recurrent_kda` and the torch reference, at K3 per-layer shapes (96
+heads, K = V = 128, bf16 q/k/v, fp32 gates and state), in one call on the GPU.
+
+    python3 bench/kda_verify.py --out kda_verify.json
+    TRITON_INTERPRET=1 python3 bench/kda_verify.py --smoke        # CPU: correctness only, tiny
+
+Per batch N (1, 16, 64 sequences) of S = 4 tokens each (3 drafts + the last token): a check
+against `k3.reference.kda_recurrent` on fresh random inputs (error ratios of o, the final
+state, the state after every token and the corrections), then median times (CUDA events;
+replayed from a CUDA graph too) of k3 with what "states" rollback needs (per-position states),
+k3 with what "recover" rollback needs (corrections only), fla-core (final state only: it has no
+per-position output), and the reference. Floor: q, k, v, g, beta and the initial state read
+once, o and the final state written once, plus the per-position states (N * S * 96 * 128 * 128
+fp32) for the "states" figure, over the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+
+import torch
+
+from k3 import reference as ref
+
+S, H, D = 4, 96, 128
+
+
+def make(n, s, h, d, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, device=device, generator=g)  # noqa: E731
+    t = n * s
+    args = (ref.l2_norm(rnd(1, t, h, d)).bfloat16(), ref.l2_norm(rnd(1, t, h, d)).bfloat16(),
+            rnd(1, t, h, d).bfloat16(), -5.0 * torch.sigmoid(rnd(1, t, h, d) * 1.5), torch.sigmoid(rnd(1, t, h)))
+    cu = torch.arange(0, t + 1, s, device=device, dtype=torch.int32)
+    return args, {"initial_state": 0.1 * rnd(n, h, d, d), "cu_seqlens": cu}
+
+
+def check(kernel, n, s, h, d, device, seed) -> dict:
+    from measure import ratio
+
+    args, kw = make(n, s, h, d, device, seed)
+    extra = dict(output_per_position_states=True, output_corrections=True)
+    got = kernel(*args, **kw, **extra)
+    want = ref.kda_recurrent(*(a.float() for a in args), **kw, **extra)
+    names = ("o", "final_state", "states", "corrections")
+    out = {f"error_ratio_{name}": ratio(a, b) for name, a, b in zip(names, got, want)}
+    out["passed"] = all(v < 2e-2 for v in out.values())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="kda_verify.json")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, correctness only (CPU interpreter)")
+    args = parser.parse_args()
+    from k3.platforms.triton_kernels.kda_recurrent import kda_recurrent as kernel
+
+    if args.smoke:
+        result = check(kernel, 3, S, 2, 16, "cpu", seed=0)
+        print(result)
+        assert result["passed"], result
+        return
+    import triton
+    from fla.ops.kda import fused_recurrent_kda
+
+    from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms
+
+    copy_GBps = copy_bandwidth_GBps()
+    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
+              "shape": f"H{H} K=V{D}, {S} tokens per sequence, bf16 q/k/v, fp32 gates and state"}
+    for n in args.batch:
+        entry = {"check": check(kernel, n, S, H, D, "cuda", seed=n)}
+        if entry["check"]["passed"]:
+            a, kw = make(n, S, H, D, "cuda", seed=100 + n)
+            runs = {
+                "k3_states": lambda: kernel(*a, **kw, output_per_position_states=True),
+                "k3_corrections": lambda: kernel(*a, **kw, output_corrections=True),
+                "fla_final_state_only": lambda: fused_recurrent_kda(
+                    *a, initial_state=kw["initial_state"], output_final_state=True, cu_seqlens=kw["cu_seqlens"]),
+            }
+            for name, fn in runs.items():
+                entry[f"{name}_us"] = bench_ms(fn) * 1e3
+                entry[f"{name}_graph_us"] = graph_replay_ms(fn) * 1e3
+            entry["reference_us"] = bench_ms(lambda: ref.kda_recurrent(*a, **kw, output_per_position_states=True),
+                                             rep_ms=1000) * 1e3
+            state = n * H * D * D * 4
+            inputs = sum(x.numel() * x.element_size() for x in a)
+            base = inputs + 2 * state + n * S * H * D * 2                      # + o in bf16
+            entry["floor_states_us"] = (base + n * S * H * D * D * 4) / copy_GBps / 1e3
+            entry["floor_corrections_us"] = (base + n * S * H * D * 4) / copy_GBps / 1e3
+            entry["k3_states_fraction_of_copy_bw"] = entry["floor_states_us"] / entry["k3_states_graph_us"]
+            entry["k3_corrections_vs_fla"] = entry["fla_final_state_only_graph_us"] / entry["k3_corrections_graph_us"]
+        result[f"N{n}"] = entry
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
