@@ -126,7 +126,7 @@ def variants():
                         "kv_scale_ptr": "*fp32"}, ("scale",))
     for cache, sparse in (("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)):
         yield ("mla_decode", f"kv{cache[1:]}{'_dsa' if sparse else ''}", fn, {**types, "kv_ptr": cache},
-               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT=256, SPARSE=sparse, IEEE=False), 8)
+               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT_LEN=256, SPARSE=sparse, IEEE=False), 8)
 
 
 def main() -> None:

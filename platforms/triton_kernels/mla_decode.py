@@ -3,18 +3,24 @@ k3.reference.mla_decode for the contract).
 
 The weight absorptions stay batched matmuls in torch (q_nope w_uk before, out w_uv after); the
 kernel is the attention in between, MQA over the shared latent rows: split-K flash decoding.
-Program (query token, block of BLOCK_H heads, split of SPLIT_LEN positions) walks its positions
-BLOCK_N at a time through the block table, loads each latent row once for all its heads
-(bf16 / fp16 / fp32, or fp8 times the cache's scale), scores the latent part and the RoPE
+Program (query token, block of BLOCK_H heads, split s of `splits`) walks its share of the
+query's positions (the causal length divided into `splits` equal runs of whole BLOCK_N blocks,
+computed on the device) BLOCK_N at a time through the block table (a loop of constant trip
+count SPLIT_LEN, a power of two no smaller than any share, whose blocks past the share skip),
+loads each latent row once for all its heads (bf16 / fp16 / fp32, or fp8 times the cache's scale), scores the latent part and the RoPE
 part with two dots, and keeps an online softmax; the splits are merged by their log-sum-exp in
 torch. Positions past the sequence or after the query (speculative verify) are masked. With
 DSA indices the programs walk the selection instead of the context (sparse: k rows read per
 query, not the whole context); duplicates and out-of-range entries are dropped on the device
-first (the reference selects a position once). A split that starts past its sequence (or its
-selection) returns at once.
+first (the reference selects a position once). A split whose share is empty returns at once.
+The number of splits depends only on the batch (enough programs to fill the device, at most
+MAX_SPLITS), not on the block table's width, so the partial results take t x H x splits x R
+floats however long max_model_len is (a CUDA graph captured for a padded table keeps them).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -24,16 +30,16 @@ from k3 import reference as ref
 
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
-SPLIT_LEN = 256
+MAX_SPLITS = 64
 
 
 @triton.jit
 def _mla_split_kernel(
     q_ptr, kv_ptr, table_ptr, lens_ptr, seq_of_ptr, q_pos_ptr, sel_ptr, o_ptr, lse_ptr,
     s_qt, s_qh, s_kp, s_ko, s_bt, s_st, s_ot, s_oh, s_os, s_lt, s_lh,
-    H, NUM_SEL, scale, kv_scale_ptr,
+    H, NUM_SEL, SPLITS, scale, kv_scale_ptr,
     PAGE: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr,
+    SPLIT_LEN: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -41,14 +47,16 @@ def _mla_split_kernel(
     mask_h = heads < H
     n = tl.load(seq_of_ptr + t)
     end = tl.minimum(tl.load(lens_ptr + n), tl.load(q_pos_ptr + t) + 1)          # positions < end are causal
-    start = split * SPLIT                   # dense: positions; SPARSE: entries of the selection
     o_ptrs = o_ptr + t * s_ot + heads[:, None] * s_oh + split * s_os + tl.arange(0, R)[None, :]
     lse_ptrs = lse_ptr + t * s_lt + heads * s_lh + split
-    if SPARSE:
+    if SPARSE:                              # dense: positions; SPARSE: entries of the selection
         limit = NUM_SEL
     else:
         limit = end
-    if start >= limit:
+    share = tl.cdiv(tl.cdiv(limit, SPLITS), BLOCK_N) * BLOCK_N           # whole blocks per split
+    start = split * share
+    stop = tl.minimum(start + share, limit)
+    if start >= stop:
         tl.store(o_ptrs, tl.zeros((BLOCK_H, R), dtype=tl.float32), mask=mask_h[:, None])
         tl.store(lse_ptrs, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=mask_h)
         return
@@ -60,35 +68,37 @@ def _mla_split_kernel(
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, R), dtype=tl.float32)
-    for j in range(0, SPLIT, BLOCK_N):
-        if SPARSE:                          # selected positions, -1 for padding and duplicates
-            entry = start + j + tl.arange(0, BLOCK_N)
-            pos = tl.load(sel_ptr + t * s_st + entry, mask=entry < NUM_SEL, other=-1)
-            valid = (pos >= 0) & (pos < end)
-        else:
-            pos = start + j + tl.arange(0, BLOCK_N)
-            valid = pos < end
-        page = tl.load(table_ptr + n * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
-        row = kv_ptr + page * s_kp + (pos % PAGE) * s_ko
-        k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
-        k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
-        if IEEE:
-            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
-            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
-        else:
-            scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
-            scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
-        scores = tl.where(valid[None, :], scores * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)                        # nothing allowed yet
-        alpha = tl.exp(m - shift)
-        p = tl.exp(scores - shift[:, None])
-        total = total * alpha + tl.sum(p, 1)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="tf32")
-        m = m_new
+    for jj in range(0, SPLIT_LEN, BLOCK_N):  # constexpr trip count; blocks past the share skip
+        j = start + jj
+        if j < stop:
+            if SPARSE:                          # selected positions, -1 for padding and duplicates
+                entry = j + tl.arange(0, BLOCK_N)
+                pos = tl.load(sel_ptr + t * s_st + entry, mask=entry < stop, other=-1)
+                valid = (pos >= 0) & (pos < end)
+            else:
+                pos = j + tl.arange(0, BLOCK_N)
+                valid = pos < stop
+            page = tl.load(table_ptr + n * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            row = kv_ptr + page * s_kp + (pos % PAGE) * s_ko
+            k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+            k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+            if IEEE:
+                scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
+                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+            else:
+                scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
+                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
+            scores = tl.where(valid[None, :], scores * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(scores, 1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)                        # nothing allowed yet
+            alpha = tl.exp(m - shift)
+            p = tl.exp(scores - shift[:, None])
+            total = total * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="tf32")
+            m = m_new
     safe = tl.where(total > 0, total, 1.0)
     tl.store(o_ptrs, acc / safe[:, None], mask=mask_h[:, None])
     tl.store(lse_ptrs, tl.where(total > 0, m + tl.log(safe), float("-inf")), mask=mask_h)
@@ -99,6 +109,19 @@ def covers(q_nope, q_pe, kv_cache, w_uk) -> bool:
     r, dr = w_uk.shape[-1], q_pe.shape[-1]
     return (q_nope.dtype in _QUERIES and kv_cache.dtype in _CACHES and r >= 16 and dr >= 16
             and r & (r - 1) == 0 and dr & (dr - 1) == 0 and kv_cache.stride(-1) == 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _processors(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (the interpreter on the CPU: 4)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: torch.device) -> int:
+    """Splits per (query, head block): about 8 programs per processor over the whole launch, at
+    most MAX_SPLITS and at most one per BLOCK_N positions of the table (or selection)."""
+    want = triton.cdiv(8 * _processors(device), max(t, 1) * head_blocks)
+    return max(1, min(MAX_SPLITS, triton.cdiv(positions, block_n), want))
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
@@ -134,20 +157,22 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
     q_lat = torch.einsum("thd,hdr->thr", q_nope.float(), w_uk.float())                       # [T, H, R] fp32
     q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
     positions = max_kv if selection is None else selection.shape[1]
-    splits = max(1, triton.cdiv(positions, SPLIT_LEN))
+    block_h, block_n = 16, 32
+    splits = split_count(t, triton.cdiv(h, block_h), positions, block_n, dev)
+    # the loop's trip count, a power of two (few compilations) covering every split's share
+    split_len = max(block_n, triton.next_power_of_2(triton.cdiv(positions, splits)))
     o_part = torch.empty(t, h, splits, r, dtype=torch.float32, device=dev)
     lse = torch.empty(t, h, splits, dtype=torch.float32, device=dev)
     if t:
         # a per-tensor scale stays on the device (reading it on the host would synchronise)
         kv_scale = (kv_cache_scale.reshape(1).float() if isinstance(kv_cache_scale, torch.Tensor)
                     else torch.full((1,), float(kv_cache_scale) if is_fp8 else 1.0, device=dev))
-        block_h = 16
         _mla_split_kernel[(t, triton.cdiv(h, block_h), splits)](
             q_full, kv_cache, block_table, lens, seq_of, q_pos, selection if selection is not None else lens, o_part,
             lse, q_full.stride(0), q_full.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
             selection.stride(0) if selection is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
-            h, positions, float(scale), kv_scale,
-            PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=32, SPLIT=SPLIT_LEN, SPARSE=selection is not None,
+            h, positions, splits, float(scale), kv_scale,
+            PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=block_n, SPLIT_LEN=split_len, SPARSE=selection is not None,
             IEEE=q_nope.dtype == torch.float32, num_warps=8 if r >= 256 else 4,
         )
     top = lse.amax(-1, keepdim=True)
