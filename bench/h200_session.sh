@@ -8,7 +8,8 @@
 #     K3_NVIDIA_EXPERIMENTAL=all) on the KDA cases, where fla-core autotunes every shape;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
-#     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence (experimental);
+#     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
+#     the DSA indexer decode scores (experimental);
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''").
@@ -56,8 +57,9 @@ kernels)
     step bench-moe 120 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 130 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-kda-prefill 100 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     step bench-kda-verify 60 python3 bench/kda_verify.py --out "$OUT/kda_verify.json"
+    step bench-indexer 45 python3 bench/indexer_decode.py --out "$OUT/indexer_decode.json"
     ;;
 e2e)
     # shellcheck disable=SC2086

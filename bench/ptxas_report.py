@@ -71,7 +71,8 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import attn_res, kda_decode, kda_recurrent, mla_decode, moe_mxfp4, router, short_conv
+    from k3.platforms.triton_kernels import (attn_res, indexer_decode, kda_decode, kda_recurrent, mla_decode, moe_mxfp4,
+                                             router, short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -108,6 +109,11 @@ def variants():
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
                dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
+
+    fn = indexer_decode._paged_scores_kernel
+    types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
+                        "table_ptr": "*i32", "lens_ptr": "*i64", "out_ptr": "*fp32"}, ())
+    yield ("indexer_decode", "k3.1_Hi32_D128_page64", fn, types, dict(HI=32, D=128, PAGE=64, BLOCK_L=64, IEEE=False), 4)
 
     fn = router._select_kernel
     types = _types(fn, {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64"},

@@ -159,7 +159,7 @@ def _index_keys(ctx, item):
     if "head_dim" in p:
         cfg = cfg.replace(index_head_dim=p["head_dim"], index_n_heads=p["heads"])
     dev, tol, fmt, ps = ctx.device, item.case.tolerance(item.dtype), p["fmt"], p["page_size"]
-    entries = ["indexer.scores", "indexer.decode_scores"]
+    entries = ["indexer.scores", "indexer.decode_scores", "indexer.paged_decode_scores"]
     mine, theirs = Capture(), Capture()
 
     def build(cfg, *, kernels, dtype, device):

@@ -3,7 +3,8 @@ the Hadamard rotation.
 
 Top-k selections are compared as sets with ties resolved either way (score inputs are built
 with many exact ties). Decode scores read padded keys whose padding is NaN-poisoned (what the
-model's padded page reads see), and must mask it.
+model's padded page reads see), and must mask it; paged decode scores read the quantised cache
+pages themselves, NaN-poisoned past each sequence.
 """
 
 from __future__ import annotations
@@ -126,6 +127,54 @@ if hasattr(ref, "indexer_decode_scores"):
                                                                            quantize_query=False)),
         ),
         doc="One query per sequence over padded keys (no host sync); padding may hold anything."))
+
+
+def _paged_decode_scores(lens, page, hi, d, fmt, *, quantize_query=True):
+    """Quantised keys written position by position into shuffled cache pages of a pool with
+    NaN-poisoned slots (values and scales) past each sequence and in unused pages; each
+    sequence's unused table entries point at a poisoned page."""
+    def make(g, dtype):
+        n, sd = len(lens), state_dtype(dtype)
+        pages_each = -(-max(lens) // page)
+        pool = n * pages_each + 1                                   # the last page is never written
+        perm = torch.randperm(pool - 1, generator=g)
+        width = (d if fmt == "fp8" else d // 2)
+        if fmt == "fp8":
+            values = poisoned((pool, page, width), torch.float8_e4m3fn)
+            scales = poisoned((pool, page), torch.float32)
+        else:
+            values = poisoned((pool, page, width), torch.uint8)
+            scales = poisoned((pool, page, d // 32), torch.uint8)
+        table = torch.full((n, pages_each), pool - 1, dtype=torch.int32)
+        for i, length in enumerate(lens):
+            used = -(-length // page)
+            table[i, :used] = perm[i * pages_each: i * pages_each + used].to(torch.int32)
+            v, sc = ref.indexer_quantize_keys(randn(g, (length, d), torch.float32), fmt=fmt)
+            pos = torch.arange(length)
+            values[table[i, pos // page].long(), pos % page] = v
+            scales[table[i, pos // page].long(), pos % page] = sc
+        args = (randn(g, (n, hi, d), dtype), randn(g, (n, hi), sd, (hi * d) ** -0.5), values, scales, table,
+                torch.tensor(lens, dtype=torch.int64))
+        return Inputs(args, {"fmt": fmt, "quantize_query": quantize_query})
+    return make
+
+
+register(Case(
+    "indexer.paged_decode_scores", "indexer", "indexer.paged_decode_scores",
+    reference=ref.indexer_paged_decode_scores, outputs=lambda o, a, k: {"scores": o},
+    samples=(
+        Sample("fp8_N3_page16_lens7-48-30_Hi16_D32_poisoned", _paged_decode_scores((7, 48, 30), 16, 16, 32, "fp8"),
+               requires=("fp8",)),
+        Sample("fp8_N2_page64_lens130-1_Hi32_D128_real", _paged_decode_scores((130, 1), 64, 32, 128, "fp8"),
+               requires=("fp8",)),
+        Sample("fp8_N2_page16_lens5-20_Hi16_D64_no_query_quant",
+               _paged_decode_scores((5, 20), 16, 16, 64, "fp8", quantize_query=False), requires=("fp8",)),
+        Sample("fp8_N2_page8_lens3-17_Hi4_D32_few_heads", _paged_decode_scores((3, 17), 8, 4, 32, "fp8"),
+               requires=("fp8",)),
+        Sample("mxfp4_N2_page16_lens9-33_Hi4_D64", _paged_decode_scores((9, 33), 16, 4, 64, "mxfp4")),
+    ),
+    doc="Decode scores over the index-key cache pages (fp8 or MXFP4) through the block table; "
+        "poisoned slots past each sequence must be masked."))
 
 
 def _topk(rows, width, k, *, levels=8, causal=True):

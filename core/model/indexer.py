@@ -50,13 +50,8 @@ class DSAIndexer(K3Module):
         view.scales[pages, offsets] = scales
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
         if meta.max_q_len == 1:   # decode: every sequence's pages, padded and masked (no host sync)
-            n, pages = meta.block_table.shape
-            page = view.values.shape[1]
-            rows = meta.block_table.long()
-            keys = k.dequantize_keys(view.values[rows].reshape(n * pages * page, -1),
-                                     view.scales[rows].reshape(n * pages * page, *view.scales.shape[2:]),
-                                     fmt=view.fmt, dtype=compute_dtype(x))
-            scores = k.decode_scores(q, head_weights, keys.view(n, pages * page, dim), meta.seq_lens)
+            scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,
+                                           meta.seq_lens, fmt=view.fmt)
             return k.topk(scores, topk=cfg.index_topk)
         key_values, cu_kv = gather_sequences(view.values, meta.block_table, meta.seq_lens)
         key_scales, _ = gather_sequences(view.scales, meta.block_table, meta.seq_lens)

@@ -140,6 +140,9 @@ def k3_indexer_kernels(platform):
     scores(q [T, Hi, D], head_weights [T, Hi], keys [S, D], cu_seqlens_q, cu_seqlens_kv) ->
     [T, max_kv] fp32 with -inf outside the causal window; decode_scores(q [N, Hi, D],
     head_weights [N, Hi], keys [N, L, D], seq_lens [N]) -> [N, L] fp32, no host sync;
+    paged_decode_scores(q, head_weights, key_values [P, page, ...], key_scales, block_table
+    [N, max_pages], seq_lens, fmt) -> [N, max_pages * page]: the same, reading the cache's
+    quantised key pages directly (what decode calls);
     topk(scores [T, L], topk) -> int32 [T, topk] (ties to the lower position, -1 padding);
     hadamard(x [..., 2^n]) -> x.dtype."""
 

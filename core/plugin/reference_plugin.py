@@ -40,6 +40,7 @@ def reference_tables() -> dict[str, object]:
         "indexer": IndexerKernels(quantize_keys=ref.indexer_quantize_keys,
                                   dequantize_keys=ref.indexer_dequantize_keys, scores=ref.indexer_scores,
                                   decode_scores=ref.indexer_decode_scores,
+                                  paged_decode_scores=ref.indexer_paged_decode_scores,
                                   topk=ref.indexer_topk, hadamard=ref.hadamard_transform),
         "moe": MoEKernels(router_logits=ref.router_logits, select_experts=ref.select_experts,
                           experts=ref.experts_forward),

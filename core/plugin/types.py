@@ -144,6 +144,7 @@ class IndexerKernels(KernelTable):
     dequantize_keys: Callable | None = _op("k3.reference.indexer_dequantize_keys")
     scores: Callable | None = _op("k3.reference.indexer_scores")
     decode_scores: Callable | None = _op("k3.reference.indexer_decode_scores")
+    paged_decode_scores: Callable | None = _op("k3.reference.indexer_paged_decode_scores")
     topk: Callable | None = _op("k3.reference.indexer_topk")
     hadamard: Callable | None = _op("k3.reference.hadamard_transform")
 

@@ -15,6 +15,7 @@ from .hadamard import hadamard_transform
 from .indexer import (
     index_key_record_bytes,
     indexer_decode_scores,
+    indexer_paged_decode_scores,
     indexer_dequantize_keys,
     indexer_quantize_keys,
     indexer_scores,
@@ -33,7 +34,8 @@ from .sampling import filtered_logits, sample, sampling_probs
 __all__ = [
     "MXFP4Tensor", "attn_res", "attn_res_mix", "experts_forward", "filtered_logits", "fold_attn_res_query",
     "fp8_dequantize", "fp8_quantize", "gated_rms_norm", "glu_activation", "glu_mlp", "hadamard_transform",
-    "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_quantize_keys",
+    "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_paged_decode_scores",
+    "indexer_quantize_keys",
     "indexer_scores",
     "indexer_topk", "kda_chunked", "kda_decode_step", "kda_gate", "kda_rebuild_state", "kda_recurrent", "l2_norm", "latent_moe",
     "latent_moe_finish",

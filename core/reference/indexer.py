@@ -25,6 +25,7 @@ __all__ = [
     "hadamard_transform",
     "index_key_record_bytes",
     "indexer_dequantize_keys",
+    "indexer_paged_decode_scores",
     "indexer_quantize_keys",
     "indexer_scores",
     "indexer_topk",
@@ -217,6 +218,43 @@ def indexer_decode_scores(
     scores = (w[..., None] * torch.relu(dots)).sum(1)                     # [N, L]
     valid = torch.arange(keys.shape[1], device=q.device)[None, :] < seq_lens.to(q.device)[:, None]
     return scores.masked_fill(~valid, float("-inf"))
+
+
+def indexer_paged_decode_scores(
+    q: torch.Tensor,
+    head_weights: torch.Tensor,
+    key_values: torch.Tensor,
+    key_scales: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    fmt: str,
+    quantize_query: bool = True,
+) -> torch.Tensor:
+    """`indexer_decode_scores` reading the quantised keys from the index-key cache pages.
+
+    q [N, Hi, D]; head_weights [N, Hi]; key_values / key_scales: the cache's pages as
+    `indexer_quantize_keys` writes them per token (fp8: values float8_e4m3fn [P, page, D],
+    scales fp32 [P, page]; mxfp4: uint8 [P, page, D/2] and [P, page, D/32]), any strides;
+    block_table int [N, max_pages] (sequence n's positions j*page.. in page block_table[n, j]);
+    seq_lens [N]. Returns [N, max_pages * page] fp32 (fp64 for float64 q), -inf at positions
+    >= seq_lens[n]; pages past a sequence may hold anything. No host synchronisation.
+    Keys are dequantised in the compute dtype of q and head_weights.
+    """
+    _check_fmt(fmt, "indexer_paged_decode_scores")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or key_values.dim() != 3:
+        raise ValueError(
+            f"indexer_paged_decode_scores: block_table must be [N, max_pages] with N = {q.shape[0]} and "
+            f"key_values [P, page, ...]; got {tuple(block_table.shape)}, {tuple(key_values.shape)}"
+        )
+    n, pages = block_table.shape
+    page, d = key_values.shape[1], q.shape[-1]
+    rows = block_table.long()
+    values = key_values[rows].reshape(n * pages * page, -1)
+    scales = key_scales[rows].reshape(n * pages * page, *key_scales.shape[2:])
+    keys = indexer_dequantize_keys(values, scales, fmt=fmt, dtype=compute_dtype(q, head_weights))
+    return indexer_decode_scores(q, head_weights, keys.view(n, pages * page, d), seq_lens,
+                                 quantize_query=quantize_query)
 
 
 def indexer_topk(scores: torch.Tensor, *, topk: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import AttnResKernels, KDAKernels, MLAKernels, MoEKernels, hookimpl
+from k3.plugin import AttnResKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels, hookimpl
 
 from . import capabilities, detect, experimental
 
@@ -105,6 +105,15 @@ def k3_mla_kernels(platform):
 
         entries["prefill"] = mla_prefill_sdpa.mla_prefill
     return MLAKernels(**entries) if entries else None
+
+
+@hookimpl
+def k3_indexer_kernels(platform):
+    if platform.name != NAME or not experimental.enabled("indexer_decode_scores") or not has_module("triton"):
+        return None
+    from k3.platforms.triton_kernels import indexer_decode
+
+    return IndexerKernels(paged_decode_scores=indexer_decode.paged_decode_scores)
 
 
 @hookimpl

@@ -66,3 +66,18 @@ def test_kda_verify_bench_check_passes_the_kernel_and_rejects_a_wrong_one():
         return o, final, torch.roll(states, 1, dims=1), u
 
     assert not bench.check(stale_states, 3, 4, 2, 16, "cpu", seed=0)["passed"]
+
+
+def test_indexer_decode_bench_check_passes_the_kernel_and_rejects_a_wrong_one():
+    """bench/indexer_decode.py's correctness gate, at tiny shapes."""
+    from k3.platforms.triton_kernels.indexer_decode import paged_decode_scores
+
+    spec = importlib.util.spec_from_file_location("bench_indexer", BENCH.with_name("indexer_decode.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.check(paged_decode_scores, 2, 40, 16, 32, 8, "cpu", seed=0)["passed"]
+
+    def one_page_short(q, w, values, scales, table, lens, **kw):     # forgets each sequence's last position
+        return paged_decode_scores(q, w, values, scales, table, lens - 1, **kw)
+
+    assert not bench.check(one_page_short, 2, 40, 16, 32, 8, "cpu", seed=0)["passed"]

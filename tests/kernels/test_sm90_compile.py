@@ -25,7 +25,7 @@ def test_every_kernel_compiles_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
-                                            "router", "attn_res", "mla_decode"}
+                                            "router", "attn_res", "mla_decode", "indexer_decode"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares

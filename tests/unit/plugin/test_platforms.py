@@ -16,8 +16,8 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_kda_kernels", "k3_mla_kernels",
-                           "k3_moe_kernels"]}
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_indexer_kernels", "k3_kda_kernels",
+                           "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -255,6 +255,9 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
+    assert plugin.k3_indexer_kernels(platform=nvidia).provided() == ["paged_decode_scores"]
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_recurrent")
+    assert plugin.k3_indexer_kernels(platform=nvidia) is None
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert "chunked" in plugin.k3_kda_kernels(platform=nvidia).provided()

@@ -1,0 +1,49 @@
+"""DSA indexer decode scores over the fp8 key pages in Triton
+(platforms/triton_kernels/indexer_decode.py): every `indexer.paged_decode_scores` conformance
+sample with the kernel in place of the reference op (shuffled pages, NaN-poisoned slots past each
+sequence, 32 heads of 128, unquantised queries, the MXFP4 and few-head fallbacks), under the
+interpreter; and a block of positions that straddles the end of the table."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from k3 import reference as ref
+from k3.conformance.registry import items
+from k3.conformance.runner import RunContext, run_item
+from k3.plugin import select_platform
+
+kernel = pytest.importorskip("k3.platforms.triton_kernels.indexer_decode")
+
+CASES = [i for i in items("full", ("indexer",)) if i.case.name == "indexer.paged_decode_scores"
+         and i.dtype != "float64"]
+
+
+def _with_kernel():
+    platform = select_platform("reference")
+    k = platform.kernels
+    platform.kernels = dataclasses.replace(
+        k, indexer=dataclasses.replace(k.indexer, paged_decode_scores=kernel.paged_decode_scores))
+    return platform
+
+
+@pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
+def test_conformance_samples_with_the_kernel(item):
+    outcome = run_item(RunContext(_with_kernel()), item)
+    assert outcome.passed, outcome.summary()
+
+
+def test_the_kernel_covers_the_k3_shapes_and_writes_only_its_rows():
+    g = torch.Generator().manual_seed(3)
+    n, hi, d, page, pages = 2, 16, 32, 8, 3                # 24 positions: a 64-position block straddles the end
+    keys = torch.randn(n * pages, page, d, generator=g)
+    values, scales = ref.indexer_quantize_keys(keys.reshape(-1, d), fmt="fp8")
+    values, scales = values.view(n * pages, page, d), scales.view(n * pages, page)
+    table = torch.randperm(n * pages, generator=g).view(n, pages).int()
+    q, w, lens = torch.randn(n, hi, d, generator=g), torch.randn(n, hi, generator=g), torch.tensor([24, 9])
+    assert kernel.covers(q, w, values, scales, "fp8")
+    got = kernel.paged_decode_scores(q, w, values, scales, table, lens, fmt="fp8")
+    want = ref.indexer_paged_decode_scores(q, w, values, scales, table, lens, fmt="fp8")
+    assert got.shape == (n, pages * page) and torch.equal(torch.isinf(got), torch.isinf(want))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
