@@ -10,7 +10,9 @@ Per (batch N, context): a check against `k3.reference.indexer_paged_decode_score
 random keys in shuffled pages (error ratio over the finite scores, -inf pattern equal), then
 median times (CUDA events; replayed from a CUDA graph too) of both, and the floor: every
 sequence's key values and scales read once and the scores written once, over the measured copy
-bandwidth.
+bandwidth. Then K3.1 Pro's top-2048 of those scores: torch.topk (experimental `indexer_topk`)
+against the reference's stable sort, and whether they select the same sets (random scores have
+no ties).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 from k3 import reference as ref
 
-HI, D, PAGE = 32, 128, 64
+HI, D, PAGE, TOPK = 32, 128, 64, 2048
 
 
 def make(n, context, hi, d, page, device, seed):
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--out", default="indexer_decode.json")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, correctness only (CPU interpreter)")
     args = parser.parse_args()
+    from k3.platforms.torch_kernels.indexer_topk import indexer_topk
     from k3.platforms.triton_kernels.indexer_decode import paged_decode_scores as kernel
 
     if args.smoke:
@@ -79,6 +82,11 @@ def main() -> None:
             nbytes = n * context * (D + 4 + 4)                   # fp8 values + fp32 scale read, fp32 score written
             entry["floor_us"] = nbytes / copy_GBps / 1e3
             entry["fraction_of_copy_bw"] = entry["floor_us"] / entry["k3_graph_us"]
+            scores = kernel(*a, **kw)                            # then the selection: K3.1 Pro's top-2048
+            entry["topk_torch_us"] = bench_ms(lambda: indexer_topk(scores, topk=TOPK)) * 1e3
+            entry["topk_reference_us"] = bench_ms(lambda: ref.indexer_topk(scores, topk=TOPK)) * 1e3
+            entry["topk_same_sets"] = bool(torch.equal(indexer_topk(scores, topk=TOPK).sort(-1).values,
+                                                       ref.indexer_topk(scores, topk=TOPK).sort(-1).values))
         result[f"N{n}_ctx{context}"] = entry
         torch.cuda.empty_cache()
         with open(args.out, "w") as f:

@@ -27,6 +27,7 @@ KERNELS = {
     "kda_chunked": "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
     "kda_recurrent": "token-serial KDA for speculative verify: per-position states and corrections",
     "indexer_decode_scores": "DSA indexer decode scores read from the fp8 key pages through the block table",
+    "indexer_topk": "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort",
 }
 
 

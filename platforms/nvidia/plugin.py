@@ -109,11 +109,18 @@ def k3_mla_kernels(platform):
 
 @hookimpl
 def k3_indexer_kernels(platform):
-    if platform.name != NAME or not experimental.enabled("indexer_decode_scores") or not has_module("triton"):
+    if platform.name != NAME:
         return None
-    from k3.platforms.triton_kernels import indexer_decode
+    entries = {}
+    if experimental.enabled("indexer_decode_scores") and has_module("triton"):
+        from k3.platforms.triton_kernels import indexer_decode
 
-    return IndexerKernels(paged_decode_scores=indexer_decode.paged_decode_scores)
+        entries["paged_decode_scores"] = indexer_decode.paged_decode_scores
+    if experimental.enabled("indexer_topk"):
+        from k3.platforms.torch_kernels import indexer_topk
+
+        entries["topk"] = indexer_topk.indexer_topk
+    return IndexerKernels(**entries) if entries else None
 
 
 @hookimpl
