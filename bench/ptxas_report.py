@@ -130,9 +130,11 @@ def variants():
     types = _types(fn, {"q_ptr": "*fp32", "table_ptr": "*i32", "lens_ptr": "*i64", "seq_of_ptr": "*i64",
                         "q_pos_ptr": "*i64", "sel_ptr": "*i32", "o_ptr": "*fp32", "lse_ptr": "*fp32",
                         "kv_scale_ptr": "*fp32"}, ("scale",))
-    for cache, sparse in (("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)):
-        yield ("mla_decode", f"kv{cache[1:]}{'_dsa' if sparse else ''}", fn, {**types, "kv_ptr": cache},
-               dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT_LEN=256, SPARSE=sparse, IEEE=False), 8)
+    for cache, sparse, native in (("*bf16", False, False), ("*fp8e4nv", False, False), ("*fp8e4nv", True, False),
+                                  ("*bf16", False, True), ("*fp8e4nv", False, True)):
+        yield ("mla_decode", f"kv{cache[1:]}{'_dsa' if sparse else ''}{'_native' if native else ''}", fn,
+               {**types, "kv_ptr": cache}, dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT_LEN=256,
+                                                SPARSE=sparse, IEEE=False, NATIVE=native), 8)
 
 
 def main() -> None:

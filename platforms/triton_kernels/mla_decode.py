@@ -39,7 +39,7 @@ def _mla_split_kernel(
     s_qt, s_qh, s_kp, s_ko, s_bt, s_st, s_ot, s_oh, s_os, s_lt, s_lh,
     H, NUM_SEL, SPLITS, scale, kv_scale_ptr,
     PAGE: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_LEN: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr,
+    SPLIT_LEN: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr, NATIVE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -65,6 +65,9 @@ def _mla_split_kernel(
     kv_scale = tl.load(kv_scale_ptr)
     q_lat = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + lat[None, :], mask=mask_h[:, None], other=0.0)
     q_pe = tl.load(q_ptr + t * s_qt + heads[:, None] * s_qh + R + rope[None, :], mask=mask_h[:, None], other=0.0)
+    if NATIVE:                              # bf16 operands: the query rounded once, the rows as stored
+        q_lat = q_lat.to(tl.bfloat16)
+        q_pe = q_pe.to(tl.bfloat16)
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     total = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, R), dtype=tl.float32)
@@ -80,21 +83,28 @@ def _mla_split_kernel(
                 valid = pos < stop
             page = tl.load(table_ptr + n * s_bt + pos // PAGE, mask=valid, other=0).to(tl.int64)
             row = kv_ptr + page * s_kp + (pos % PAGE) * s_ko
-            k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
-            k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
-            if IEEE:
-                scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
-                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+            if NATIVE:      # bf16 rows (fp8 codes widen exactly); the scale goes on scores and output
+                k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.bfloat16)
+                k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.bfloat16)
+                scores = (tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_pe, tl.trans(k_pe))) * kv_scale
             else:
-                scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
-                scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
+                k_lat = tl.load(row[:, None] + lat[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+                k_pe = tl.load(row[:, None] + R + rope[None, :], mask=valid[:, None], other=0.0).to(tl.float32) * kv_scale
+                if IEEE:
+                    scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")
+                    scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
+                else:
+                    scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
+                    scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
             scores = tl.where(valid[None, :], scores * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, 1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)                        # nothing allowed yet
             alpha = tl.exp(m - shift)
             p = tl.exp(scores - shift[:, None])
             total = total * alpha + tl.sum(p, 1)
-            if IEEE:
+            if NATIVE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k_lat) * kv_scale
+            elif IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(p, k_lat, input_precision="tf32")
@@ -125,8 +135,16 @@ def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: 
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
-               kv_cache_scale=None, topk_indices=None):
-    """`k3.reference.mla_decode` with the attention in Triton (same signature and contract)."""
+               kv_cache_scale=None, topk_indices=None, operands="fp32"):
+    """`k3.reference.mla_decode` with the attention in Triton (same signature and contract).
+
+    operands (a launch option for benchmarks): "fp32" (the default: rows widened to fp32, tf32
+    products; IEEE for fp32 models) or "native" (bf16 and fp8 caches: bf16 tensor-core products
+    straight from the stored rows, the query and the softmax weights rounded to bf16, the fp8
+    scale applied to the scores and the output; fp32 caches keep "fp32").
+    """
+    if operands not in ("fp32", "native"):
+        raise ValueError(f"mla_decode: operands must be 'fp32' or 'native', got {operands!r}")
     if not covers(q_nope, q_pe, kv_cache, w_uk):
         return ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
                               cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices)
@@ -174,6 +192,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
             h, positions, splits, float(scale), kv_scale,
             PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=block_n, SPLIT_LEN=split_len, SPARSE=selection is not None,
             IEEE=q_nope.dtype == torch.float32, num_warps=8 if r >= 256 else 4,
+            NATIVE=operands == "native" and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
         )
     top = lse.amax(-1, keepdim=True)
     weight = torch.exp(lse - torch.where(torch.isfinite(top), top, 0.0))                     # [T, H, S]

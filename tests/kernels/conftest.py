@@ -7,7 +7,9 @@ one program (the interpreter runs a program's lanes in lockstep, one program at 
 Triton 3.6's interpreter also truncates fp32 -> bf16 casts where the GPU rounds to nearest even
 (`cvt.rn.bf16.f32`); a kernel that rounds to bf16 every layer then drifts far from the
 reference (a tiny K3 model's bf16 logits by 60%). `round_bf16_to_nearest_even` below makes the
-interpreter round as the GPU does, for every test of this tier."""
+interpreter round as the GPU does, for every test of this tier. And the interpreter multiplies
+bf16 `tl.dot` operands as their raw 16-bit patterns (numpy has no bf16); `dot_bf16_as_float32`
+widens them first (exact), as the tensor cores' bf16 products with fp32 accumulation do."""
 
 import os
 
@@ -41,4 +43,28 @@ def round_bf16_to_nearest_even() -> None:
     interpreter.InterpreterBuilder.cast_impl = cast_impl
 
 
+def dot_bf16_as_float32() -> None:
+    """Patch the interpreter's tl.dot to widen bf16 operands to fp32 before multiplying."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter.InterpreterBuilder.create_dot, "k3_bf16", False):
+        return
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widen(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        bits = np.ascontiguousarray(handle.data).view(np.uint16).astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot.k3_bf16 = True
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
 round_bf16_to_nearest_even()
+dot_bf16_as_float32()

@@ -39,8 +39,8 @@ def _case(lens, dtype, cache_dtype, seed=0, q_lens=None, topk=None):
     return (q_nope, q_pe, cache, table, torch.tensor(lens), w_uk, w_uv), kw
 
 
-def _check(args, kw, tol):
-    got = kernel.mla_decode(*args, **kw)
+def _check(args, kw, tol, **options):
+    got = kernel.mla_decode(*args, **kw, **options)
     want = ref.mla_decode(*args, **kw)
     assert got.dtype == want.dtype and got.isfinite().all()
     assert ((got.double() - want.double()).norm() / want.double().norm()) < tol
@@ -50,7 +50,19 @@ def _check(args, kw, tol):
     (torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 2e-2),
     (torch.bfloat16, torch.float8_e4m3fn, 2e-2)], ids=["fp32", "bf16", "bf16_fp8_cache"])
 def test_decode_matches_the_reference(dtype, cache_dtype, tol):
-    _check(*_case([7, 300, 33, 1], dtype, cache_dtype), tol)        # 300 tokens: two splits of 256
+    _check(*_case([7, 300, 33, 1], dtype, cache_dtype), tol)        # 300 tokens: several splits
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_native_operands_match_the_reference(cache_dtype):
+    """operands="native": bf16 products straight from the stored rows, verify queries and DSA."""
+    _check(*_case([7, 300, 33, 1], torch.bfloat16, cache_dtype), 2e-2, operands="native")
+    _check(*_case([20, 290], torch.bfloat16, cache_dtype, seed=1, q_lens=[3, 4]), 2e-2, operands="native")
+    topk = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(2))
+    _check(*_case([40, 35], torch.bfloat16, cache_dtype, seed=2, topk=topk), 2e-2, operands="native")
+    with pytest.raises(ValueError, match="operands must be"):
+        kernel.mla_decode(*_case([5], torch.bfloat16, cache_dtype)[0], **_case([5], torch.bfloat16, cache_dtype)[1],
+                          operands="bf16")
 
 
 def test_speculative_verify_is_causal():
