@@ -14,13 +14,11 @@ blocks read, h written) over the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
 from k3 import reference as ref
-from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
+from measure import bench_ms, graph_replay_ms, ratio, run_header, save
 
 D, BANK, VISIBLE = 7168, 12, 8
 
@@ -37,14 +35,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="attn_res.json")
     args = parser.parse_args()
-    import triton
-
     from k3.platforms.triton_kernels.attn_res import attn_res as kernel
 
-    copy_GBps = copy_bandwidth_GBps()
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
-              "shape": f"D{D} bank {BANK} visible {VISIBLE} bf16, delta + write + mix + RMSNorm"}
+    result = run_header(f"D{D} bank {BANK} visible {VISIBLE} bf16, delta + write + mix + RMSNorm")
+    copy_GBps = result["copy_GBps"]
     for t in (1, 64, 8192):
         prefix, delta, blocks, kw = inputs(t, seed=t)
         mine = blocks.clone()
@@ -65,9 +59,8 @@ def main() -> None:
             entry["floor_us"] = nbytes / copy_GBps / 1e3
             entry["fraction_of_copy_bw"] = entry["floor_us"] / entry.get("k3_graph_us", entry["k3_us"])
         result[f"T{t}"] = entry
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+        save(result, args.out)
+    save(result, args.out, show=True)
 
 
 if __name__ == "__main__":

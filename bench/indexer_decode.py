@@ -18,8 +18,6 @@ no ties).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
@@ -63,14 +61,10 @@ def main() -> None:
         print(result)
         assert result["passed"], result
         return
-    import triton
+    from measure import bench_ms, graph_replay_ms, run_header, save
 
-    from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms
-
-    copy_GBps = copy_bandwidth_GBps()
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
-              "shape": f"Hi{HI} D{D} fp8 keys, page {PAGE}"}
+    result = run_header(f"Hi{HI} D{D} fp8 keys, page {PAGE}")
+    copy_GBps = result["copy_GBps"]
     for n, context in ((1, 8192), (16, 8192), (64, 8192), (1, 131072)):
         entry = {"check": check(kernel, n, context, HI, D, PAGE, "cuda", seed=n + context)}
         if entry["check"]["passed"]:
@@ -89,9 +83,8 @@ def main() -> None:
                                                        ref.indexer_topk(scores, topk=TOPK).sort(-1).values))
         result[f"N{n}_ctx{context}"] = entry
         torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+        save(result, args.out)
+    save(result, args.out, show=True)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ fp32) for the "states" figure, over the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
@@ -64,15 +62,12 @@ def main() -> None:
         print(result)
         assert result["passed"], result
         return
-    import triton
     from fla.ops.kda import fused_recurrent_kda
 
-    from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms
+    from measure import bench_ms, graph_replay_ms, run_header, save
 
-    copy_GBps = copy_bandwidth_GBps()
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
-              "shape": f"H{H} K=V{D}, {S} tokens per sequence, bf16 q/k/v, fp32 gates and state"}
+    result = run_header(f"H{H} K=V{D}, {S} tokens per sequence, bf16 q/k/v, fp32 gates and state")
+    copy_GBps = result["copy_GBps"]
     for n in args.batch:
         entry = {"check": check(kernel, n, S, H, D, "cuda", seed=n)}
         if entry["check"]["passed"]:
@@ -97,9 +92,8 @@ def main() -> None:
             entry["k3_corrections_vs_fla"] = entry["fla_final_state_only_graph_us"] / entry["k3_corrections_graph_us"]
         result[f"N{n}"] = entry
         torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+        save(result, args.out)
+    save(result, args.out, show=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ The scripts in bench/ run as `python3 bench/NAME.py`, which puts this folder on 
 
 from __future__ import annotations
 
+import datetime
+import json
+
 import torch
 
 
@@ -45,3 +48,21 @@ def graph_replay_ms(fn, rep_ms: int = 300) -> float:
     with torch.cuda.graph(graph):
         fn()
     return bench_ms(graph.replay, rep_ms)
+
+
+def run_header(shape: str, **extra) -> dict:
+    """The fields every GPU benchmark's JSON starts with: date, device, torch and triton
+    versions, the measured copy bandwidth (GB/s) and the workload's shape, plus `extra`."""
+    import triton
+
+    return {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_bandwidth_GBps(),
+            "shape": shape, **extra}
+
+
+def save(result: dict, path: str, *, show: bool = False) -> None:
+    """Write the results so far (a run cut short keeps them); show: print them too."""
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    if show:
+        print(json.dumps(result, indent=2))

@@ -17,13 +17,11 @@ matmul floor (expansion plus attention FLOPs over the measured bf16 matmul rate)
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
 from k3 import reference as ref
-from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
+from measure import bench_ms, graph_replay_ms, ratio, run_header, save
 
 H, DN, R, DR, DV, PAGE = 96, 128, 512, 64, 128, 64
 
@@ -50,14 +48,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="mla.json")
     args = parser.parse_args()
-    import triton
-
     from k3.platforms.triton_kernels.mla_decode import mla_decode as kernel
 
-    copy_GBps = copy_bandwidth_GBps()
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
-              "shape": f"H{H} latent {R}+{DR} page {PAGE}"}
+    result = run_header(f"H{H} latent {R}+{DR} page {PAGE}")
+    copy_GBps = result["copy_GBps"]
     for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for n, context in ((1, 8192), (16, 8192), (64, 8192), (1, 131072)):
             key = f"{str(cache_dtype).split('.')[-1]}_N{n}_ctx{context}"
@@ -79,12 +73,9 @@ def main() -> None:
                 entry["fraction_of_copy_bw"] = entry["floor_us"] / entry["k3_graph_us"]
             result[key] = entry
             torch.cuda.empty_cache()
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
+            save(result, args.out)
     result["prefill"] = prefill()
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+    save(result, args.out, show=True)
 
 
 def prefill() -> dict:

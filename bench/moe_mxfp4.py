@@ -16,14 +16,12 @@ about 128 * (1 - (1 - 16/128)^T) experts.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 
 import torch
 
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
-from measure import bench_ms, copy_bandwidth_GBps, ratio
+from measure import bench_ms, ratio, run_header, save
 
 SITU_BETA = 4.0
 # launch options of experts_forward swept per batch size (each checked before it is timed)
@@ -84,13 +82,9 @@ def main() -> None:
         print(result)
         assert result["passed"], result
         return
-    import triton
-
-    copy_GBps = copy_bandwidth_GBps()
     e, inter, l, k = 128, 3072, 3584, 16
-    result = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_GBps,
-              "shape": f"E{e} top{k} L{l} I{inter} MXFP4 experts, bf16 activations, SiTU-GLU beta {SITU_BETA}"}
+    result = run_header(f"E{e} top{k} L{l} I{inter} MXFP4 experts, bf16 activations, SiTU-GLU beta {SITU_BETA}")
+    copy_GBps = result["copy_GBps"]
     rows = []
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
     for t in args.batch:
@@ -119,8 +113,7 @@ def main() -> None:
         result[f"T{t}"] = entry
         rows.append((t, entry))
         torch.cuda.empty_cache()
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        save(result, args.out)
     print(f"copy bandwidth {copy_GBps:.0f} GB/s")
     print(f"{'T':>4} {'ok':<4} {'experts':>7} {'k3 us':>9} {'roofline':>9} {'%roof':>6} {'ref us':>10} {'vs ref':>7}")
     for t, e_ in rows:
