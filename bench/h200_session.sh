@@ -4,8 +4,9 @@
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then the experimental kernel (fla-core's chunked KDA,
-#     K3_NVIDIA_EXPERIMENTAL=all) on the KDA cases, where fla-core autotunes every shape;
+#     conformance/reports/nvidia-h200/; then the experimental kernels (K3_NVIDIA_EXPERIMENTAL=all:
+#     fla-core's chunked KDA, which autotunes every shape, the KDA verify recurrence, the DSA
+#     indexer decode scores and top-k) on the KDA, indexer and cache cases;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
@@ -49,7 +50,7 @@ case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
     step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=all \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda"
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda or indexer or cache"
     rm -f "$OUT/conf_exp/report.md"
     ;;
 kernels)
