@@ -12,7 +12,8 @@ median times (CUDA events; replayed from a CUDA graph too) of both, and the floo
 sequence's key values and scales read once and the scores written once, over the measured copy
 bandwidth. Then K3.1 Pro's top-2048 of those scores: torch.topk (experimental `indexer_topk`)
 against the reference's stable sort, and whether they select the same sets (random scores have
-no ties).
+no ties). Last, the prefill scores (experimental `indexer_prefill_scores`) against the
+reference on a 4K prompt and a 1K chunk after 7K cached tokens.
 """
 
 from __future__ import annotations
@@ -84,7 +85,41 @@ def main() -> None:
         result[f"N{n}_ctx{context}"] = entry
         torch.cuda.empty_cache()
         save(result, args.out)
+    result["prefill"] = prefill(result["copy_GBps"])
     save(result, args.out, show=True)
+
+
+def prefill(copy_GBps) -> dict:
+    """Prefill scores (experimental `indexer_prefill_scores`) against the reference: a 4,096-token
+    prompt and a 1,024-token chunk after 7,168 cached tokens, dequantised fp32 keys as the model
+    passes them; floor: the [T, kv] scores written once (the products are ~T x kv x 32 x 128 x 2
+    FLOPs, reported beside)."""
+    from k3.platforms.triton_kernels.indexer_prefill import indexer_scores
+
+    from measure import bench_ms
+
+    out = {}
+    g = torch.Generator(device="cuda").manual_seed(9)
+    for name, q_len, kv_len in (("T4096", 4096, 4096), ("chunk1024_after7168", 1024, 8192)):
+        q = torch.randn(q_len, HI, D, device="cuda", generator=g).bfloat16()
+        w = torch.randn(q_len, HI, device="cuda", generator=g) * (HI * D) ** -0.5
+        keys = torch.randn(kv_len, D, device="cuda", generator=g)
+        kw = dict(cu_seqlens_q=torch.tensor([0, q_len], device="cuda"),
+                  cu_seqlens_kv=torch.tensor([0, kv_len], device="cuda"))
+        got, want = indexer_scores(q, w, keys, **kw), ref.indexer_scores(q, w, keys, **kw)
+        finite = torch.isfinite(want)
+        entry = {"error_ratio": ((got[finite] - want[finite]).norm() / want[finite].norm()).item(),
+                 "same_inf_pattern": bool(torch.equal(finite, torch.isfinite(got)))}
+        entry["passed"] = entry["same_inf_pattern"] and entry["error_ratio"] < 1e-3
+        if entry["passed"]:
+            entry["k3_ms"] = bench_ms(lambda: indexer_scores(q, w, keys, **kw))
+            entry["reference_ms"] = bench_ms(lambda: ref.indexer_scores(q, w, keys, **kw), rep_ms=1000)
+            entry["speedup_vs_reference"] = entry["reference_ms"] / entry["k3_ms"]
+            entry["floor_ms"] = q_len * kv_len * 4 / copy_GBps / 1e6
+            entry["gflop"] = q_len * kv_len * HI * D * 2 / 1e9
+        out[name] = entry
+        torch.cuda.empty_cache()
+    return out
 
 
 if __name__ == "__main__":

@@ -71,8 +71,8 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import (attn_res, indexer_decode, kda_decode, kda_recurrent, mla_decode, moe_mxfp4,
-                                             router, short_conv)
+    from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_prefill, kda_decode, kda_recurrent,
+                                             mla_decode, moe_mxfp4, router, short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -114,6 +114,14 @@ def variants():
     types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
                         "table_ptr": "*i32", "lens_ptr": "*i64", "out_ptr": "*fp32"}, ())
     yield ("indexer_decode", "k3.1_Hi32_D128_page64", fn, types, dict(HI=32, D=128, PAGE=64, BLOCK_L=64, IEEE=False), 4)
+
+    fn = indexer_prefill._prefill_scores_kernel
+    types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "keys_ptr": "*fp32", "key_start_ptr": "*i32",
+                        "key_count_ptr": "*i32", "pos_ptr": "*i32", "out_ptr": "*fp32"}, ())
+    yield ("indexer_prefill", "k3.1_Hi32_D128_fp32_keys", fn, types,
+           dict(HI=32, D=128, BLOCK_S=64, PRECISION="tf32x3"), 8)
+    yield ("indexer_prefill", "k3.1_Hi32_D128_bf16_keys", fn, {**types, "keys_ptr": "*bf16"},
+           dict(HI=32, D=128, BLOCK_S=64, PRECISION="tf32"), 4)
 
     fn = router._select_kernel
     types = _types(fn, {"logits_ptr": "*fp32", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i64"},

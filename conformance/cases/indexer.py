@@ -99,6 +99,7 @@ register(Case(
         Sample("ragged3_q20-1-9_kv20-45-9_Hi4_D32_fp8_query", _scores((20, 1, 9), (20, 45, 9), 4, 32)),
         Sample("ragged2_q7-3_kv7-30_Hi8_D64_no_query_quant", _scores((7, 3), (7, 30), 8, 64, quantize_query=False)),
         Sample("real_ragged2_q12-1_kv12-60_Hi32_D128", _scores((12, 1), (12, 60), 32, 128)),
+        Sample("ragged3_q5-0-17_kv40-3-17_Hi16_D32", _scores((5, 0, 17), (40, 3, 17), 16, 32)),
         Sample("real_chunk_q64_kv300_Hi32_D128", _scores((64,), (300,), 32, 128)),
     ),
     doc="I(t, s) = sum_h w[t, h] ReLU(q[t, h] . k[s]), causal, -inf masked."))

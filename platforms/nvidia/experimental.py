@@ -28,6 +28,7 @@ KERNELS = {
     "kda_recurrent": "token-serial KDA for speculative verify: per-position states and corrections",
     "indexer_decode_scores": "DSA indexer decode scores read from the fp8 key pages through the block table",
     "indexer_topk": "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort",
+    "indexer_prefill_scores": "DSA indexer prefill scores over the packed batch in one launch",
 }
 
 

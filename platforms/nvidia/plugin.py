@@ -116,6 +116,10 @@ def k3_indexer_kernels(platform):
         from k3.platforms.triton_kernels import indexer_decode
 
         entries["paged_decode_scores"] = indexer_decode.paged_decode_scores
+    if experimental.enabled("indexer_prefill_scores") and has_module("triton"):
+        from k3.platforms.triton_kernels import indexer_prefill
+
+        entries["scores"] = indexer_prefill.indexer_scores
     if experimental.enabled("indexer_topk"):
         from k3.platforms.torch_kernels import indexer_topk
 

@@ -25,7 +25,8 @@ def test_every_kernel_compiles_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
-                                            "router", "attn_res", "mla_decode", "indexer_decode"}
+                                            "router", "attn_res", "mla_decode", "indexer_decode",
+                                            "indexer_prefill"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
@@ -37,3 +38,4 @@ def test_every_kernel_compiles_for_sm90():
         assert {(kernel, "dot_scaled_n64_k128_t16"), (kernel, "dot_scaled_n128_k64_t16")} <= set(compiled)
     assert compiled[("moe_down", "dot_scaled_n128_k64_t16")] == 0
     assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0
+    assert compiled[("indexer_prefill", "k3.1_Hi32_D128_fp32_keys")] == 0

@@ -255,7 +255,7 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
-    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "topk"]
+    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores", "topk"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_recurrent")
     assert plugin.k3_indexer_kernels(platform=nvidia) is None
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
