@@ -136,6 +136,18 @@ def unpack_index_key_page(
     return values, scales.reshape(S, head_dim // 32)
 
 
+def index_query(q: torch.Tensor, head_weights: torch.Tensor, *, quantize_query: bool,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query side of every index score, in `dtype`: (q [.., Hi, D], w [.., Hi]). With
+    quantize_query, q rounded to fp8 e4m3fn per (token, head) (scale amax / 448) and the scale
+    folded into the head weight (DeepSeek-V3.2's `act_quant` + `fp8_index`); else both upcast."""
+    w = upcast(head_weights, dtype)
+    if not quantize_query:
+        return upcast(q, dtype), w
+    q8, q_scale = fp8_quantize(q, block_size=q.shape[-1], dtype=torch.float8_e4m3fn)   # scale [.., Hi, 1]
+    return q8.to(dtype), w * q_scale[..., 0].to(dtype)
+
+
 def indexer_scores(
     q: torch.Tensor,
     head_weights: torch.Tensor,
@@ -167,12 +179,7 @@ def indexer_scores(
         )
     spans = varlen_spans(cu_seqlens_q, cu_seqlens_kv, num_q=T, num_kv=keys.shape[0], op=op)
     cd = compute_dtype(q, head_weights, keys)
-    w = upcast(head_weights, cd)
-    if quantize_query:
-        q8, q_scale = fp8_quantize(q, block_size=D, dtype=torch.float8_e4m3fn)  # scale [T, Hi, 1]
-        qc, w = q8.to(cd), w * q_scale[..., 0].to(cd)
-    else:
-        qc = upcast(q, cd)
+    qc, w = index_query(q, head_weights, quantize_query=quantize_query, dtype=cd)
     kc = upcast(keys, cd)
     max_kv = max((k1 - k0 for _, _, k0, k1 in spans), default=0)
     out = torch.full((T, max_kv), float("-inf"), dtype=cd, device=q.device)
@@ -206,14 +213,8 @@ def indexer_decode_scores(
     if q.dim() != 3 or keys.dim() != 3 or keys.shape[0] != q.shape[0] or keys.shape[2] != q.shape[2]:
         raise ValueError(f"indexer_decode_scores: q must be [N, Hi, D] and keys [N, L, D]; got "
                          f"{tuple(q.shape)}, {tuple(keys.shape)}")
-    n, hi, d = q.shape
     cd = compute_dtype(q, head_weights, keys)
-    w = upcast(head_weights, cd)
-    if quantize_query:
-        q8, q_scale = fp8_quantize(q, block_size=d, dtype=torch.float8_e4m3fn)
-        qc, w = q8.to(cd), w * q_scale[..., 0].to(cd)
-    else:
-        qc = upcast(q, cd)
+    qc, w = index_query(q, head_weights, quantize_query=quantize_query, dtype=cd)
     dots = torch.einsum("nhd,nld->nhl", qc, upcast(keys, cd))            # [N, Hi, L]
     scores = (w[..., None] * torch.relu(dots)).sum(1)                     # [N, L]
     valid = torch.arange(keys.shape[1], device=q.device)[None, :] < seq_lens.to(q.device)[:, None]

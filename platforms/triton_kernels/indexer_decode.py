@@ -26,7 +26,7 @@ import triton.language as tl
 
 from k3 import reference as ref
 from k3.dtypes import compute_dtype
-from k3.quant.fp8 import fp8_quantize
+from k3.reference.indexer import index_query
 
 
 @triton.jit
@@ -80,12 +80,7 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
                                                fmt=fmt, quantize_query=quantize_query)
     n, hi, d = q.shape
     cd = compute_dtype(q, head_weights)                   # fp32 here (float64 went to the reference)
-    w = head_weights.to(cd)
-    if quantize_query:
-        q8, q_scale = fp8_quantize(q, block_size=d, dtype=torch.float8_e4m3fn)      # scale [N, Hi, 1]
-        qc, w = q8.to(cd), w * q_scale[..., 0].to(cd)
-    else:
-        qc = q.to(cd)
+    qc, w = index_query(q, head_weights, quantize_query=quantize_query, dtype=cd)
     pages, page = block_table.shape[1], key_values.shape[1]
     length = pages * page
     out = torch.empty(n, length, dtype=cd, device=q.device)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from k3 import reference as ref
 from k3.dtypes import compute_dtype
-from k3.quant.fp8 import fp8_quantize
+from k3.reference.indexer import index_query
 from k3.reference.mla import varlen_spans
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -91,12 +91,7 @@ def indexer_scores(q, head_weights, keys, *, cu_seqlens_q, cu_seqlens_kv, quanti
     dev = q.device
     as_rows = lambda values: torch.tensor(values, dtype=torch.int32, device=dev)  # noqa: E731
     cd = compute_dtype(q, head_weights, keys)
-    w = head_weights.to(cd)
-    if quantize_query:
-        q8, q_scale = fp8_quantize(q, block_size=d, dtype=torch.float8_e4m3fn)     # scale [T, Hi, 1]
-        qc, w = q8.to(cd), w * q_scale[..., 0].to(cd)
-    else:
-        qc = q.to(cd)
+    qc, w = index_query(q, head_weights, quantize_query=quantize_query, dtype=cd)
     out = torch.empty(t, max_kv, dtype=cd, device=dev)
     exact_in_tf32 = keys.dtype != torch.float32 and (quantize_query or q.dtype != torch.float32)
     if t and max_kv:

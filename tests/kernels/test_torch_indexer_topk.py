@@ -3,25 +3,13 @@
 row, K3.1 Pro's 2,048 of 2,500) with it in place of the reference op, and the reference's errors
 for malformed input."""
 
-import dataclasses
-
 import pytest
 import torch
 
-from k3.conformance.registry import items
-from k3.conformance.runner import RunContext, run_item
 from k3.platforms.torch_kernels.indexer_topk import indexer_topk
-from k3.plugin import select_platform
+from kernel_tables import run_with, samples
 
-CASES = [i for i in items("full", ("indexer",)) if i.case.name == "indexer.topk"]
-
-
-def _with_kernel():
-    platform = select_platform("reference")
-    k = platform.kernels
-    platform.kernels = dataclasses.replace(k, indexer=dataclasses.replace(k.indexer, topk=indexer_topk))
-    return platform
-
+CASES = samples("indexer.topk", float64=True)
 
 def test_every_sample_is_collected():
     assert len(CASES) == 8
@@ -29,7 +17,7 @@ def test_every_sample_is_collected():
 
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_conformance_samples(item):
-    outcome = run_item(RunContext(_with_kernel()), item)
+    outcome = run_with(item, "indexer", topk=indexer_topk)
     assert outcome.passed, outcome.summary()
 
 

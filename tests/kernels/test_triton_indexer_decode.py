@@ -4,33 +4,20 @@ sample with the kernel in place of the reference op (shuffled pages, NaN-poisone
 sequence, 32 heads of 128, unquantised queries, the MXFP4 and few-head fallbacks), under the
 interpreter; and a block of positions that straddles the end of the table."""
 
-import dataclasses
-
 import pytest
 import torch
 
 from k3 import reference as ref
-from k3.conformance.registry import items
-from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from kernel_tables import run_with, samples
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.indexer_decode")
 
-CASES = [i for i in items("full", ("indexer",)) if i.case.name == "indexer.paged_decode_scores"
-         and i.dtype != "float64"]
-
-
-def _with_kernel():
-    platform = select_platform("reference")
-    k = platform.kernels
-    platform.kernels = dataclasses.replace(
-        k, indexer=dataclasses.replace(k.indexer, paged_decode_scores=kernel.paged_decode_scores))
-    return platform
+CASES = samples("indexer.paged_decode_scores")
 
 
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_conformance_samples_with_the_kernel(item):
-    outcome = run_item(RunContext(_with_kernel()), item)
+    outcome = run_with(item, "indexer", paged_decode_scores=kernel.paged_decode_scores)
     assert outcome.passed, outcome.summary()
 
 

@@ -3,31 +3,19 @@
 a cached prefix, fp8-rounded and unrounded queries, 32 heads of 128; few-head samples take the
 reference) with the kernel in place of the reference op, under the interpreter; bf16 inputs."""
 
-import dataclasses
-
 import pytest
 import torch
 
 from k3 import reference as ref
-from k3.conformance.registry import items
-from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from kernel_tables import run_with, samples
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.indexer_prefill")
 
-CASES = [i for i in items("full", ("indexer",)) if i.case.name == "indexer.scores" and i.dtype != "float64"]
-
-
-def _with_kernel():
-    platform = select_platform("reference")
-    k = platform.kernels
-    platform.kernels = dataclasses.replace(k, indexer=dataclasses.replace(k.indexer, scores=kernel.indexer_scores))
-    return platform
-
+CASES = samples("indexer.scores")
 
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_conformance_samples_with_the_kernel(item):
-    outcome = run_item(RunContext(_with_kernel()), item)
+    outcome = run_with(item, "indexer", scores=kernel.indexer_scores)
     assert outcome.passed, outcome.summary()
 
 

@@ -3,27 +3,15 @@ speculative verify: every `kda.recurrent` conformance sample (ragged batches, pe
 states, delta-rule corrections, no initial state, grouped value heads) with the kernel in place
 of the reference op, under the interpreter; the float64 fallback and the shape errors."""
 
-import dataclasses
-
 import pytest
 import torch
 
 from k3 import reference as ref
-from k3.conformance.registry import items
-from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from kernel_tables import run_with, samples
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.kda_recurrent")
 
-CASES = [i for i in items("full", ("kda",)) if i.case.name == "kda.recurrent" and i.dtype != "float64"]
-
-
-def _with_kernel():
-    platform = select_platform("reference")
-    k = platform.kernels
-    platform.kernels = dataclasses.replace(k, kda=dataclasses.replace(k.kda, recurrent=kernel.kda_recurrent))
-    return platform
-
+CASES = samples("kda.recurrent")
 
 def test_every_sample_is_collected():
     assert len(CASES) == 12 and any("corrections" in i.id for i in CASES)
@@ -31,7 +19,7 @@ def test_every_sample_is_collected():
 
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_conformance_samples_with_the_kernel(item):
-    outcome = run_item(RunContext(_with_kernel()), item)
+    outcome = run_with(item, "kda", recurrent=kernel.kda_recurrent)
     assert outcome.passed, outcome.summary()
 
 

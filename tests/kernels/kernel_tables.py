@@ -1,0 +1,24 @@
+"""Running conformance samples with one kernel in place of a reference op, under the
+interpreter (the CPU half of a device conformance run for that entry)."""
+
+import dataclasses
+
+from k3.conformance.registry import items
+from k3.conformance.runner import RunContext, run_item
+from k3.plugin import select_platform
+
+
+def samples(case: str, *, float64: bool = False) -> list:
+    """The full tier's items of conformance case `case` (float64 rows only when asked: kernels
+    hand those to the reference op)."""
+    family = case.split(".")[0]
+    return [i for i in items("full", (family,)) if i.case.name == case and (float64 or i.dtype != "float64")]
+
+
+def run_with(item, family: str, **entries):
+    """Outcome of `item` on the reference platform with `entries` of kernel family `family`
+    replaced."""
+    platform = select_platform("reference")
+    table = getattr(platform.kernels, family)
+    platform.kernels = dataclasses.replace(platform.kernels, **{family: dataclasses.replace(table, **entries)})
+    return run_item(RunContext(platform), item)
