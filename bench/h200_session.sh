@@ -4,9 +4,10 @@
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then the experimental kernels (K3_NVIDIA_EXPERIMENTAL=all:
-#     fla-core's chunked KDA, which autotunes every shape, the KDA verify recurrence, the DSA
-#     indexer decode scores and top-k) on the KDA, indexer and cache cases;
+#     conformance/reports/nvidia-h200/; then k3's experimental kernels (K3_NVIDIA_EXPERIMENTAL: the
+#     KDA verify recurrence, the DSA indexer decode / prefill scores and top-k) on the KDA,
+#     indexer, cache and model cases; then fla-core's chunked KDA prefill (which autotunes every
+#     shape) on its own;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
@@ -49,9 +50,12 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=all \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda or indexer or cache"
-    rm -f "$OUT/conf_exp/report.md"
+    # k3's own experimental kernels first, so fla-core's autotuning cannot time their report out
+    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=kda_recurrent,indexer_decode_scores,indexer_topk,indexer_prefill_scores \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda or indexer or cache or model"
+    step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
+    rm -f "$OUT/conf_exp/report.md" "$OUT/conf_fla/report.md"
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
