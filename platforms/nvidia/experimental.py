@@ -11,24 +11,51 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 
 ENV = "K3_NVIDIA_EXPERIMENTAL"
 DISABLE_ENV = "K3_NVIDIA_DISABLE"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel the plugin can serve: the kernel-table entry it backs ("family.entry"), the
+    function ("module:function" under k3.platforms), what it is, and the modules it needs
+    installed (looked up, not imported, until the kernel is served)."""
+
+    entry: str
+    target: str
+    about: str
+    needs: tuple[str, ...] = ("triton",)
+
+
 PROMOTED = {
-    "kda_decode_step": "fused KDA decode step (conv, gates, L2 norms, state update, gated RMSNorm)",
-    "kda_short_conv": "causal short conv of prefill chunks and verify steps, ragged, with checkpoint windows",
-    "moe_experts": "MXFP4 routed experts, W4A16, SiTU-GLU fused",
-    "moe_router": "expert selection (scores, bias, top-k, renormalisation) in one launch",
-    "attn_res_step": "fused Block AttnRes step",
-    "mla_decode": "absorbed MLA decode over paged latents, split-K flash decoding",
-    "mla_prefill": "MLA prefill on torch's fused attention (flash / memory-efficient kernels)",
+    "kda_decode_step": Kernel("kda.decode_step", "triton_kernels.kda_decode:kda_decode_step",
+                              "fused KDA decode step (conv, gates, L2 norms, state update, gated RMSNorm)"),
+    "kda_short_conv": Kernel("kda.short_conv", "triton_kernels.short_conv:short_conv",
+                             "causal short conv of prefill chunks and verify steps, ragged, with checkpoint windows"),
+    "moe_experts": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward",
+                          "MXFP4 routed experts, W4A16, SiTU-GLU fused"),
+    "moe_router": Kernel("moe.select_experts", "triton_kernels.router:select_experts",
+                         "expert selection (scores, bias, top-k, renormalisation) in one launch"),
+    "attn_res_step": Kernel("attn_res.step", "triton_kernels.attn_res:attn_res", "fused Block AttnRes step"),
+    "mla_decode": Kernel("mla.decode", "triton_kernels.mla_decode:mla_decode",
+                         "absorbed MLA decode over paged latents, split-K flash decoding"),
+    "mla_prefill": Kernel("mla.prefill", "torch_kernels.mla_prefill_sdpa:mla_prefill",
+                          "MLA prefill on torch's fused attention (flash / memory-efficient kernels)", needs=()),
 }
 KERNELS = {
-    "kda_chunked": "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
-    "kda_recurrent": "token-serial KDA for speculative verify: per-position states and corrections",
-    "indexer_decode_scores": "DSA indexer decode scores read from the fp8 key pages through the block table",
-    "indexer_topk": "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort",
-    "indexer_prefill_scores": "DSA indexer prefill scores over the packed batch in one launch",
+    "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
+                          "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
+                          needs=("triton", "fla")),
+    "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
+                            "token-serial KDA for speculative verify: per-position states and corrections"),
+    "indexer_decode_scores": Kernel("indexer.paged_decode_scores", "triton_kernels.indexer_decode:paged_decode_scores",
+                                    "DSA indexer decode scores read from the fp8 key pages through the block table"),
+    "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
+                           "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
+    "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
+                                     "DSA indexer prefill scores over the packed batch in one launch"),
 }
 
 

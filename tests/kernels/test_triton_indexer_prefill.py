@@ -13,6 +13,7 @@ kernel = pytest.importorskip("k3.platforms.triton_kernels.indexer_prefill")
 
 CASES = samples("indexer.scores")
 
+
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_conformance_samples_with_the_kernel(item):
     outcome = run_with(item, "indexer", scores=kernel.indexer_scores)
