@@ -59,7 +59,7 @@ conformance)
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-moe 110 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
+    step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
     step bench-kda-prefill 100 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"

@@ -27,6 +27,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 # MXFP4 MoE tiles compiled: (mode 0 dot_scaled / 1 decode, rows, tokens, columns, warps); the first
 # two are what moe_mxfp4.launch_options serves at batch 1 and above
 MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (1, 64, 16, 64, 4))
+# the gemv mode's (rows, columns, warps, pipeline stages)
+MOE_GEMV_TILES = ((16, 256, 4, 1), (16, 512, 4, 1), (16, 256, 4, 3), (32, 256, 4, 3), (16, 128, 4, 4))
 
 
 def ptxas_path() -> str:
@@ -40,8 +42,10 @@ def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) 
     constexprs: the compile-time arguments.
     """
     signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
-    # pointers 16-byte aligned, as Triton specialises them at launch (else it emits byte loads)
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if types.get(name, "")[:1] == "*"}
+    # pointers 16-byte aligned and strides (s_*) multiples of 16, as Triton specialises them at
+    # launch for K3's dimensions (without it, it emits byte loads and keeps more registers)
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if types.get(name, "")[:1] == "*" or (types.get(name) == "i32" and name.startswith("s_"))}
     source = ASTSource(fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
     kernel = triton.compile(source, target=TARGET, options={"num_warps": num_warps})
@@ -72,7 +76,8 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
     from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_prefill, kda_decode, kda_recurrent,
-                                             mla_decode, moe_mxfp4, router, short_conv)
+                                             mla_decode, moe_mxfp4, moe_mxfp4_gemv, router,
+                                             short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -109,6 +114,21 @@ def variants():
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
                dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
+
+    for block_n, block_k, warps, stages in MOE_GEMV_TILES:
+        fn = moe_mxfp4_gemv.gate_up_kernel
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
+                            "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*fp32", "x_ptr": "*fp32"},
+                       ("beta", "linear_beta"))
+        yield ("moe_gate_up", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, BLOCK_N=block_n, BLOCK_K=block_k,
+                    STAGES=stages), warps)
+        fn = moe_mxfp4_gemv.down_kernel
+        types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
+                            "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32",
+                            "act_ptr": "*fp32"}, ())
+        yield ("moe_down", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
+               dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages), warps)
 
     fn = indexer_decode._paged_scores_kernel
     types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*fp8e4nv", "scales_ptr": "*fp32",

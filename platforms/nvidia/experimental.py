@@ -43,19 +43,19 @@ PROMOTED = {
                          "absorbed MLA decode over paged latents, split-K flash decoding"),
     "mla_prefill": Kernel("mla.prefill", "torch_kernels.mla_prefill_sdpa:mla_prefill",
                           "MLA prefill on torch's fused attention (flash / memory-efficient kernels)", needs=()),
+    "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
+                            "token-serial KDA for speculative verify: per-position states and corrections"),
+    "indexer_decode_scores": Kernel("indexer.paged_decode_scores", "triton_kernels.indexer_decode:paged_decode_scores",
+                                    "DSA indexer decode scores read from the fp8 key pages through the block table"),
+    "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
+                                     "DSA indexer prefill scores over the packed batch in one launch"),
 }
 KERNELS = {
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),
-    "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
-                            "token-serial KDA for speculative verify: per-position states and corrections"),
-    "indexer_decode_scores": Kernel("indexer.paged_decode_scores", "triton_kernels.indexer_decode:paged_decode_scores",
-                                    "DSA indexer decode scores read from the fp8 key pages through the block table"),
     "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
-    "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
-                                     "DSA indexer prefill scores over the packed batch in one launch"),
 }
 
 

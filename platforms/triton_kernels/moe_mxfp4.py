@@ -41,17 +41,11 @@ import triton.language as tl
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
+from . import moe_mxfp4_gemv
+from .mxfp4_codes import e2m1_over_16384
+
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode")
-
-
-@triton.jit
-def _e2m1_over_16384(code):
-    """E2M1 nibble (int32, 0..15) -> fp32 value / 2^14: placed as an fp16's sign, two lowest
-    exponent bits and top mantissa bit (code 1, 0.5, lands on an fp16 subnormal, which the
-    conversion keeps exactly)."""
-    bits = ((code << 9) & 0x0E00) | ((code << 12) & 0x8000)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+MODES = ("dot_scaled", "decode", "gemv")
 
 
 @triton.jit
@@ -66,8 +60,8 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
     sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
                  other=127).to(tl.int32)                                               # [R, G]
     mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127).to(tl.float32)))[:, :, None]
-    lo = (_e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
-    hi = (_e2m1_over_16384(packed >> 4) * 16384.0) * mult
+    lo = (e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
+    hi = (e2m1_over_16384(packed >> 4) * 16384.0) * mult
     return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
 
 
@@ -163,6 +157,16 @@ def _down_kernel(
     tl.store(y_ptr + choice[None, :] * s_y + row[:, None], acc * w[None, :], mask=mask_t[None, :] & mask_n[:, None])
 
 
+def merge_repeated_choices(topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+    """Routing that names an expert twice for one token (the router never does; the contract
+    allows it) as routing that names it once with the summed weight: repeats get id -1 (no
+    expert on any rank) and weight 0. On the device, no host synchronisation."""
+    same = topk_ids[:, :, None] == topk_ids[:, None, :]                                  # [T, k, k]
+    repeat = same.tril(-1).any(-1)                                                        # [T, k]
+    merged = (same.to(topk_weights.dtype) * topk_weights[:, None, :]).sum(-1)
+    return topk_ids.masked_fill(repeat, -1), merged.masked_fill(repeat, 0)
+
+
 def covers(x, w13, w2, activation) -> bool:
     """The inputs this kernel computes; anything else goes to the reference op."""
     if not (isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)) or x.dtype not in _ACTIVATIONS:
@@ -175,28 +179,38 @@ def covers(x, w13, w2, activation) -> bool:
 
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
+GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 1.9x the tensor cores at T = 1, 1.35x at 4, 0.77x at 16
+
+
 def default_mode(x: torch.Tensor) -> str:
-    """dot_scaled for bf16 activations on a GPU; decode otherwise (module docstring)."""
+    """gemv for bf16 decode batches of up to GEMV_MAX_TOKENS tokens on a GPU, dot_scaled for
+    larger bf16 batches; decode otherwise (module docstring)."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    return "dot_scaled" if x.dtype == torch.bfloat16 and x.is_cuda and not interpreted else "decode"
+    if x.dtype != torch.bfloat16 or not x.is_cuda or interpreted:
+        return "decode"
+    return "gemv" if x.shape[0] <= GEMV_MAX_TOKENS else "dot_scaled"
 
 
-def launch_options(t: int) -> dict:
-    """Tile sizes by batch: the fastest of bench/moe_mxfp4.py's sweep on the H200 at k3-slice
-    dimensions (BENCHMARKS.md): 64 rows x 128 columns for one token, 128 x 64 on 8 warps above."""
+def launch_options(t: int, mode: str) -> dict:
+    """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
+    k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 256 columns for one token, x 512 above;
+    for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above."""
+    if mode == "gemv":
+        return dict(block_t=1, block_n=16, block_k=256 if t == 1 else 512, num_warps=4, stages=1)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     return dict(block_t=16, block_n=128, block_k=64, num_warps=8)
 
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
-                    dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None):
+                    dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
+                    stages=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
-    mode ("dot_scaled" or "decode"; None: `default_mode`), block_t (tokens per program, >= 16
-    for the tensor cores), block_n (weight rows per program), block_k (columns per step, a power
-    of two, halved until it divides L and I), num_warps: launch options for benchmarks (None:
-    `launch_options` for this batch).
+    mode ("dot_scaled", "decode" or "gemv"; None: `default_mode`), block_t (tokens per program,
+    >= 16 for the tensor cores; gemv takes one), block_n (weight rows per program), block_k (columns per step, a power
+    of two, halved until it divides L and I), num_warps, stages (gemv's software-pipeline depth):
+    launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
         return ref.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
@@ -210,13 +224,16 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
-    chosen = launch_options(t)
+    chosen = launch_options(t, mode)
     block_t, block_n = block_t or chosen["block_t"], block_n or chosen["block_n"]
     block_k, num_warps = block_k or chosen["block_k"], num_warps or chosen["num_warps"]
+    stages = stages or chosen.get("stages", 1)
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
+    if mode != "gemv":           # the tensor-core grid holds T tokens per expert: fold repeated choices
+        topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
     # No host round trip anywhere here, so a CUDA graph can capture it (torch.bincount reads its
     # maximum on the host, a scatter-add does not).
@@ -228,11 +245,17 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
     slots = min(e_local, t * topk)                       # experts with tokens come first in `active`
     active = torch.argsort((counts == 0).to(torch.int8), stable=True)[:slots].to(torch.int32)
+    y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
+    weights = topk_weights.reshape(-1).to(torch.float32)
+    if mode == "gemv":
+        moe_mxfp4_gemv.launch(x, w13, w2, y, weights, active, order, starts, counts, topk=topk, slots=slots,
+                              activation=activation, beta=beta, linear_beta=linear_beta, block_n=block_n,
+                              block_k=block_k, num_warps=num_warps, stages=stages)
+        return y.view(t, topk, l).sum(1).to(x.dtype)
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
-    y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     ieee = x.dtype == torch.float32
-    t_blocks = triton.cdiv(t, block_t)                       # a token chooses an expert at most once
+    t_blocks = triton.cdiv(t, block_t)                       # a token chooses an expert at most once (above)
     common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k,
                   num_warps=num_warps)
     _gate_up_kernel[(slots, t_blocks, triton.cdiv(inter, block_n))](
@@ -241,7 +264,6 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
         topk, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None, **common,
     )
-    weights = topk_weights.reshape(-1).to(torch.float32)
     _down_kernel[(slots, t_blocks, triton.cdiv(l, block_n))](
         act, w2.packed, w2.scales, active, order, starts, counts, weights, y,
         act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),

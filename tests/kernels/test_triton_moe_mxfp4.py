@@ -31,10 +31,11 @@ def _check(got, want, dtype):
     assert err < TOL[dtype], err
 
 
+@pytest.mark.parametrize("mode", ["decode", "gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("act", [("situ", 4.0, None), ("situ", 4.0, 8.0), ("silu", None, None)],
                          ids=["situ", "situ_linear_beta", "silu"])
-def test_matches_the_reference(dtype, act):
+def test_matches_the_reference(dtype, act, mode):
     activation, beta, linear_beta = act
     g = torch.Generator().manual_seed(0)
     t, k, e, inter, l = 5, 3, 6, 64, 96
@@ -43,9 +44,45 @@ def test_matches_the_reference(dtype, act):
     ids[:, 0] = 2                                     # expert 2 gets every token; some get none
     x = torch.randn(t, l, generator=g).to(dtype)
     kw = {"activation": activation, "beta": beta, "linear_beta": linear_beta}
-    got = kernel.experts_forward(x, w13, w2, weights, ids, **kw)
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode=mode, block_k=64, **kw)
     want = ref.experts_forward(x, w13, w2, weights, ids, **kw)
     _check(got, want, dtype)
+
+
+@pytest.mark.parametrize("mode", ["decode", "gemv"])
+def test_a_token_naming_an_expert_twice_counts_twice(mode):
+    """Routing ids need not be distinct: 20 tokens that all name expert 1 twice give it 40
+    routed rows, more than the grid's token blocks hold (the kernels loop over the rest)."""
+    g = torch.Generator().manual_seed(5)
+    t, e, inter, l = 20, 3, 32, 64
+    w13, w2 = _experts(e, inter, l, g)
+    ids = torch.tensor([[1, 1, 0]]).repeat(t, 1)
+    weights = torch.rand(t, 3, generator=g)
+    x = torch.randn(t, l, generator=g)
+    kw = {"activation": "situ", "beta": 4.0}
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode=mode, block_t=16, **kw)
+    _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.float32)
+
+
+def test_gemv_reads_each_nibble_of_each_word_in_its_column():
+    """The gemv mode reads packed codes as 32-bit words and pairs nibbles c and c + 4 of each:
+    a weight that is zero except one code at each column position in turn must give exactly
+    that column of x times the code's value (a wrong pairing moves it to another column)."""
+    g = torch.Generator().manual_seed(4)
+    inter, l = 32, 64
+    x = torch.randn(1, l, generator=g)
+    for col in (0, 1, 3, 4, 6, 7, 8, 13, 31, 32, 63):
+        w13 = torch.zeros(1, 2 * inter, l)
+        w13[0, :inter, col] = 6.0                                  # gate rows: code 6.0 (0b0111) at col
+        w13[0, inter:, col] = -0.5                                 # up rows: code -0.5 (0b1001)
+        w2 = torch.zeros(1, l, inter)
+        w2[0, :, 5] = 1.0
+        q13, q2 = MXFP4Tensor.from_float(w13), MXFP4Tensor.from_float(w2)
+        ids, weights = torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1)
+        got = kernel.experts_forward(x, q13, q2, weights, ids, activation="silu", mode="gemv", block_k=64)
+        want = ref.experts_forward(x, q13, q2, weights, ids, activation="silu")
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_expert_parallel_ranks_sum_to_the_whole():

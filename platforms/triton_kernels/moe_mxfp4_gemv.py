@@ -1,0 +1,157 @@
+"""The "gemv" mode of the MXFP4 routed experts (moe_mxfp4.experts_forward): one program per
+(routed token, block of BLOCK_N weight rows), no tensor cores, for decode steps where an expert
+sees one token or a few.
+
+Why: with one token per expert the matrix product is a matrix-vector product, and the tensor
+core path (`tl.dot_scaled`) pays for it twice: Triton upcasts the E2M1 codes through shared
+memory into a 64-row tile at 255 registers a thread, so only two programs fit on an SM and the
+loop is bound by instruction latency, not bytes (12% of the weight-bytes roofline at T = 1 on
+the H200, BENCHMARKS.md). Here each thread loads whole 16-byte runs of packed codes (one E8M0
+group: 32 weights) with one vector load, decodes them with integer operations (an E2M1 code
+placed as an fp16's sign, two lowest exponent bits and top mantissa bit is its value / 2^14),
+multiplies them by the token's activations in fp32 and keeps per-group partial sums; the group
+scale multiplies a group's sum once, and the partial sums are reduced across the row once,
+after the loop. Few registers, so many programs per SM keep enough loads in flight.
+
+Program (j, active expert slot, row block) takes the expert's routed tokens j, j + T, ... (one
+with distinct expert ids per token; any number if a token names an expert twice); j varies
+fastest in the grid, so the programs reading one expert's rows for its several tokens run
+together and the second reads hit the L2. Programs of
+  - `gate_up_kernel`: gate rows and up rows of w13 against x's token row, SiTU-GLU (or SiLU-GLU)
+    in fp32, one row of activations per (token, choice);
+  - `down_kernel`: rows of w2 against that activation row, times the routing weight, one fp32
+    row per (token, choice).
+The grouping (active experts, order, starts, counts) is moe_mxfp4's, unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+
+@triton.jit
+def _half_to_f32(bits):
+    """Low 16 bits of uint32 `bits` as an fp16, widened to fp32 (exact)."""
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.constexpr, BLOCK_K: tl.constexpr,
+                    s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr):
+    """sum_k W_e[rows, k] * src[k] over k < L in fp32: [R]. src points at the token's row in
+    planes: [8, L / 8], src[c, j] = column 8j + c (so each thread's activations for its words are
+    one contiguous vector load, in the layout of the words themselves).
+
+    The codes are read as uint32 words: word j of a 32-column group holds columns 8j..8j+7, one
+    nibble each (column 8j + c in nibble c). Nibbles c and c + 4 are 16 bits apart, so one
+    shift-and-mask builds both as an fp16 pair (value / 2^14) in one register's halves."""
+    G: tl.constexpr = BLOCK_K // 32
+    PLANE: tl.constexpr = L // 8
+    group_in_step = tl.arange(0, G)
+    words_ptr = (packed_ptr + e * s_pe + rows[:, None, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
+    row_scales = scales_ptr + e * s_se + rows[:, None] * s_sr                                 # [R, 1]
+    acc = tl.zeros((rows.shape[0], G), dtype=tl.float32)
+    for k0 in tl.range(0, L, BLOCK_K, num_stages=STAGES):
+        word = k0 // 8 + group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :]                # [G, 4]
+        w = tl.load(words_ptr + word[None, :, :], mask=mask_r[:, None, None], other=0)        # [R, G, 4] uint32
+        x0 = tl.load(src_ptr + word)[None].to(tl.float32)                                     # [1, G, 4]: column 8j + c
+        x1 = tl.load(src_ptr + PLANE + word)[None].to(tl.float32)
+        x2 = tl.load(src_ptr + 2 * PLANE + word)[None].to(tl.float32)
+        x3 = tl.load(src_ptr + 3 * PLANE + word)[None].to(tl.float32)
+        x4 = tl.load(src_ptr + 4 * PLANE + word)[None].to(tl.float32)
+        x5 = tl.load(src_ptr + 5 * PLANE + word)[None].to(tl.float32)
+        x6 = tl.load(src_ptr + 6 * PLANE + word)[None].to(tl.float32)
+        x7 = tl.load(src_ptr + 7 * PLANE + word)[None].to(tl.float32)
+        p04 = ((w << 9) & 0x0E000E00) | ((w << 12) & 0x80008000)                               # fp16 pairs (c, c + 4)
+        p15 = ((w << 5) & 0x0E000E00) | ((w << 8) & 0x80008000)
+        p26 = ((w << 1) & 0x0E000E00) | ((w << 4) & 0x80008000)
+        p37 = ((w >> 3) & 0x0E000E00) | (w & 0x80008000)
+        part = _half_to_f32(p04) * x0                                                    # one fma chain
+        part += _half_to_f32(p04 >> 16) * x4
+        part += _half_to_f32(p15) * x1
+        part += _half_to_f32(p15 >> 16) * x5
+        part += _half_to_f32(p26) * x2
+        part += _half_to_f32(p26 >> 16) * x6
+        part += _half_to_f32(p37) * x3
+        part += _half_to_f32(p37 >> 16) * x7
+        sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :], mask=mask_r[:, None], other=127).to(tl.int32)
+        mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127 + 14).to(tl.float32)))  # [R, G]
+        acc += tl.sum(part, axis=2) * mult
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def gate_up_kernel(
+    x_ptr, p13_ptr, s13_ptr, active_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
+    s_x, s_pe, s_pr, s_se, s_sr, s_act,
+    TOPK, beta, linear_beta,
+    L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    e = tl.load(active_ptr + tl.program_id(1)).to(tl.int64)  # e * expert stride can pass 2^31
+    count = tl.load(count_ptr + e)
+    first = tl.load(start_ptr + e)
+    col = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = col < I
+    j = tl.program_id(0)
+    while j < count:                                   # the expert's routed tokens j, j + grid, ...
+        choice = tl.load(order_ptr + first + j).to(tl.int64)
+        x_row = x_ptr + (choice // TOPK) * s_x
+        g = _rows_dot_token(p13_ptr, s13_ptr, e, col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
+        u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
+        if SITU:
+            act = beta * (2.0 * tl.sigmoid(2.0 * g / beta) - 1.0) * tl.sigmoid(g)            # beta tanh(g/beta) sig(g)
+            if HAS_LINEAR_BETA:
+                u = linear_beta * (2.0 * tl.sigmoid(2.0 * u / linear_beta) - 1.0)
+        else:
+            act = g * tl.sigmoid(g)
+        out = act * u
+        if ACT_BF16:                                      # as the reference rounds them in a bf16 model
+            out = out.to(tl.bfloat16).to(tl.float32)
+        tl.store(act_ptr + choice * s_act + (col % 8) * (I // 8) + col // 8, out, mask=mask_n)  # planes, as x
+        j += tl.num_programs(0)
+
+
+@triton.jit
+def down_kernel(
+    act_ptr, p2_ptr, s2_ptr, active_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
+    s_act, s_pe, s_pr, s_se, s_sr, s_y,
+    L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    e = tl.load(active_ptr + tl.program_id(1)).to(tl.int64)
+    count = tl.load(count_ptr + e)
+    first = tl.load(start_ptr + e)
+    row = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = row < L
+    j = tl.program_id(0)
+    while j < count:
+        choice = tl.load(order_ptr + first + j).to(tl.int64)
+        out = _rows_dot_token(p2_ptr, s2_ptr, e, row, mask_n, act_ptr + choice * s_act, I, BLOCK_K,
+                              s_pe, s_pr, s_se, s_sr, STAGES)
+        tl.store(y_ptr + choice * s_y + row, out * tl.load(weight_ptr + choice), mask=mask_n)
+        j += tl.num_programs(0)
+
+
+def launch(x, w13, w2, y, weights, active, order, starts, counts, *, topk, slots, activation, beta, linear_beta,
+           block_n, block_k, num_warps, stages=1):
+    """Both launches of the gemv mode (grouping as moe_mxfp4.experts_forward makes it; y [T*k, L]
+    fp32 receives one row per (token, choice))."""
+    t, l = x.shape
+    inter = w13.shape[1] // 2
+    x_planes = x.float().view(t, l // 8, 8).transpose(1, 2).contiguous()              # [T, 8, L/8]
+    act = torch.empty(t * topk, 8, inter // 8, dtype=torch.float32, device=x.device)   # planes
+    gate_up_kernel[(t, slots, triton.cdiv(inter, block_n))](                           # an expert has <= T tokens
+        x_planes, w13.packed, w13.scales, active, order, starts, counts, act,
+        x_planes.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
+        topk, float(beta or 1.0), float(linear_beta or 1.0),
+        L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
+        ACT_BF16=x.dtype == torch.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
+    )
+    down_kernel[(t, slots, triton.cdiv(l, block_n))](
+        act, w2.packed, w2.scales, active, order, starts, counts, weights, y,
+        act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
+        L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
+    )
