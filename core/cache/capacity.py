@@ -82,9 +82,24 @@ ACTIVATION_BUDGET = {"cpu": 1 * GIB, "accelerator": 4 * GIB}
 
 
 def activation_bytes_per_token(cfg: K3Config) -> int:
-    """Prefill activations per token in flight: the AttnRes block bank plus a few hidden-sized
-    bf16 temporaries."""
-    return cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
+    """Prefill activations per token in flight, the largest layer's at once: the AttnRes block
+    bank plus a few hidden-sized bf16 temporaries, plus the biggest of
+      - a routed-expert layer: per (token, choice) one bf16 activation row of the expert width
+        and one fp32 output row of the expert hidden width (k3-slice: 320 KiB a token);
+      - a KDA layer's chunked recurrence: about ten fp32 per-position tensors of heads x head
+        dim, and the fp32 state of each 64-token chunk (K3: 480 KiB a token);
+      - an MLA layer's prefill: every head's keys, values and queries in bf16.
+    Counting only the first term let a lone 32K-token prefill on k3-slice run out of memory
+    on the H200 (the lone-request chunk grew to 21K tokens); with all of them the chunk stays
+    at max_num_batched_tokens there."""
+    bank = cfg.hidden_size * 2 * (cfg.num_attn_res_blocks + 6)
+    moe = (cfg.num_experts_per_token or 0) * ((cfg.moe_intermediate_size or 0) * 2 + cfg.expert_hidden_size * 4)
+    kda = 0
+    if cfg.linear_attn is not None:
+        heads, dim = cfg.linear_attn.num_heads, cfg.linear_attn.head_dim
+        kda = heads * dim * 4 * 10 + heads * dim * dim * 4 // 64
+    mla = cfg.num_attention_heads * (2 * cfg.mla_qk_head_dim + (cfg.v_head_dim or 0)) * 2
+    return bank + max(moe, kda, mla)
 
 
 def prefill_token_limit(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: bool) -> int:
