@@ -14,7 +14,9 @@ ops on cuda):
     the same length so compilation and autotuning stay out of it);
   - with prefix caching: TTFT of an 8K prompt sharing all but its last 64 tokens with an earlier
     request, against the same prompt with caching off;
-  - with n-gram speculation (k = 3): decode tokens/s of one request with a repetitive prompt.
+  - with n-gram speculation (k = 3): decode tokens/s of one request with a repetitive prompt;
+  - seed-notes' 8K-in / 1K-out workload scaled to one GPU (`--workload-requests`, default 8
+    requests at once): output tokens/s, mean TTFT and TPOT.
 Every phase runs on a fresh engine (random weights drawn again, same seed). K3_NVIDIA_EXPERIMENTAL
 is passed through, so `K3_NVIDIA_EXPERIMENTAL=all` measures the experimental kernels too.
 """
@@ -93,6 +95,37 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
+def workload(model_dir, platform, args, vocab, max_model_len) -> dict:
+    """seed-notes' serving workload scaled to one GPU: R requests of I prompt tokens and O output
+    tokens, all arriving at once (greedy, EOS ignored), on a fresh engine: output tokens/s over
+    the whole run, mean TTFT and mean TPOT per request."""
+    r, n_in, n_out = args.workload_requests, args.workload_in, args.workload_out
+    engine = engine_for(model_dir, platform, max_num_seqs=r, max_model_len=max(max_model_len, n_in + n_out + 64),
+                        dtype=args.dtype)
+    decode(engine, 1, 16, 4, vocab)                                       # warm-up (compilation)
+    params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    for i in range(r):
+        engine.add_request(f"w{i}", prompt(n_in, 3000 + i, vocab), params)
+    first, last = {}, {}
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        sync(engine)
+        now = time.perf_counter() - t0
+        for o in outs:
+            if o.outputs[0].token_ids:
+                first.setdefault(o.request_id, now)
+                last[o.request_id] = now
+    elapsed = time.perf_counter() - t0
+    engine = None
+    release()
+    ttfts = [first[k] for k in first]
+    tpots = [(last[k] - first[k]) / max(n_out - 1, 1) for k in first]
+    return {"requests": r, "input_tokens": n_in, "output_tokens": n_out, "seconds": elapsed,
+            "output_tokens_per_s": r * n_out / elapsed, "total_tokens_per_s": r * (n_in + n_out) / elapsed,
+            "mean_ttft_ms": 1e3 * sum(ttfts) / len(ttfts), "mean_tpot_ms": 1e3 * sum(tpots) / len(tpots)}
+
+
 def measure(model_dir, platform, args, vocab, out: dict, save, *, full: bool = True) -> dict:
     """Every figure of the module docstring into `out`, calling save() after each phase so a run
     cut short by a time limit keeps what it measured; full=False (the peer): decode at the
@@ -127,6 +160,9 @@ MLA prefill materialises every head's keys: 24 GiB at 8K tokens)."""
         save(f"{platform} prefix caching {caching}")
         engine = None
         release()
+    if args.workload_requests:
+        out["workload"] = workload(model_dir, platform, args, vocab, big)
+        save(f"{platform} workload")
     repetitive = (prompt(16, 9, vocab) * 16)[: args.prompt_len]
     for spec in (None, {"method": "ngram", "num_speculative_tokens": 3}):
         engine = engine_for(model_dir, platform, max_num_seqs=1, max_model_len=big, dtype=args.dtype,
@@ -156,12 +192,17 @@ def main() -> None:
     parser.add_argument("--ttft", type=int, nargs="+", default=[1024, 8192, 32768])
     parser.add_argument("--prefix-len", type=int, default=8192)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--workload-requests", type=int, default=8,
+                        help="seed-notes' 8K-in / 1K-out workload, scaled: this many requests at once (0: skip)")
+    parser.add_argument("--workload-in", type=int, default=8192)
+    parser.add_argument("--workload-out", type=int, default=1024)
     parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform, tiny sizes")
     args = parser.parse_args()
     preset = "k3-slice"
     if args.smoke:
         preset, args.platform, args.peer, args.dtype = "k3-tiny", "reference", "ppu", "float32"
         args.concurrency, args.decode_tokens, args.prompt_len, args.ttft, args.prefix_len = [1, 3], 6, 24, [40], 64
+        args.workload_requests, args.workload_in, args.workload_out = 2, 40, 6
     cfg = K3Config.preset(preset)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "torch": torch.__version__,
               "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""),
