@@ -5,13 +5,12 @@
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
 #     conformance/reports/nvidia-h200/; then k3's experimental kernels (K3_NVIDIA_EXPERIMENTAL: the
-#     KDA verify recurrence, the DSA indexer decode / prefill scores and top-k) on the KDA,
-#     indexer, cache and model cases; then fla-core's chunked KDA prefill (which autotunes every
-#     shape) on its own;
+#     DSA indexer top-k) on the indexer and model cases; then fla-core's chunked KDA prefill
+#     (which autotunes every shape) on its own;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
-#     the DSA indexer decode scores (experimental);
+#     the DSA indexer decode / prefill scores and top-k;
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''").
@@ -51,8 +50,8 @@ case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
     # k3's own experimental kernels first, so fla-core's autotuning cannot time their report out
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=kda_recurrent,indexer_decode_scores,indexer_topk,indexer_prefill_scores \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "kda or indexer or cache or model"
+    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=indexer_topk \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "indexer or model"
     step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
     rm -f "$OUT/conf_exp/report.md" "$OUT/conf_fla/report.md"
