@@ -17,8 +17,11 @@ list, non-empty first; T * k slots at most): no host synchronisation, so decode 
 captured in a CUDA graph, and `dense_dispatch` (the reference's host-sync-free mode) changes
 nothing here.
 
-Two ways to multiply (the `mode` launch option):
-  - "dot_scaled" (bf16 activations on a GPU, the default there): `tl.dot_scaled` with the E2M1
+Three ways to multiply (the `mode` launch option):
+  - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
+    activation dtype): moe_mxfp4_gemv.py, one program per routed token and 16 weight rows on
+    the CUDA cores, for decode steps where an expert sees a token or two;
+  - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
     the gate/up activations are stored in bf16 (as the reference rounds them in a bf16 model);

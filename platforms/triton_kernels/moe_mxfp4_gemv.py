@@ -6,12 +6,17 @@ Why: with one token per expert the matrix product is a matrix-vector product, an
 core path (`tl.dot_scaled`) pays for it twice: Triton upcasts the E2M1 codes through shared
 memory into a 64-row tile at 255 registers a thread, so only two programs fit on an SM and the
 loop is bound by instruction latency, not bytes (12% of the weight-bytes roofline at T = 1 on
-the H200, BENCHMARKS.md). Here each thread loads whole 16-byte runs of packed codes (one E8M0
-group: 32 weights) with one vector load, decodes them with integer operations (an E2M1 code
-placed as an fp16's sign, two lowest exponent bits and top mantissa bit is its value / 2^14),
-multiplies them by the token's activations in fp32 and keeps per-group partial sums; the group
-scale multiplies a group's sum once, and the partial sums are reduced across the row once,
-after the loop. Few registers, so many programs per SM keep enough loads in flight.
+the H200, BENCHMARKS.md). Here each thread loads a 16-byte run of packed codes (one E8M0
+group: 32 weights) as four 32-bit words with one vector load and decodes two codes per integer
+shift-and-mask (an E2M1 code placed as an fp16's sign, two lowest exponent bits and top
+mantissa bit is its value / 2^14; nibbles c and c + 4 of a word land in one register's two fp16
+halves), multiplies them by the token's activations in fp32 and keeps per-group partial sums;
+the group scale multiplies a group's sum once, and the partial sums are reduced across the row
+once, after the loop. The activations come in "planes" ([8, width / 8]: plane c holds column
+8j + c of every word j), so a thread's activations for its words are one vector load in the
+words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
+in planes for the down kernel. 48-79 registers, so many programs per SM keep loads in flight
+(1.9x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
 
 Program (j, active expert slot, row block) takes the expert's routed tokens j, j + T, ... (one
 with distinct expert ids per token; any number if a token names an expert twice); j varies
