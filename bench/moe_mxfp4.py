@@ -31,12 +31,7 @@ VARIANTS = {
     "gemv_n16_k256_w4": dict(mode="gemv", block_n=16, block_k=256, num_warps=4),
     "gemv_n16_k512_w4": dict(mode="gemv", block_n=16, block_k=512, num_warps=4),
     "gemv_n32_k256_w4": dict(mode="gemv", block_n=32, block_k=256, num_warps=4),
-    "gemv_n64_k256_w4": dict(mode="gemv", block_n=64, block_k=256, num_warps=4),
-    "gemv_n32_k128_w4": dict(mode="gemv", block_n=32, block_k=128, num_warps=4),
     "gemv_n64_k128_w4": dict(mode="gemv", block_n=64, block_k=128, num_warps=4),
-    "gemv_n32_k512_w4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4),
-    "gemv_n16_k512_w4_s3": dict(mode="gemv", block_n=16, block_k=512, num_warps=4, stages=3),
-    "gemv_n64_k256_w8": dict(mode="gemv", block_n=64, block_k=256, num_warps=8),
 }
 GEMV_MAX_T = 16          # one program per (expert, token): past a few tokens per expert the tensor cores win
 

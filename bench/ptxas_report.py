@@ -28,7 +28,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 # two are what moe_mxfp4.launch_options serves at batch 1 and above
 MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (1, 64, 16, 64, 4))
 # the gemv mode's (rows, columns, warps, pipeline stages)
-MOE_GEMV_TILES = ((16, 256, 4, 1), (16, 512, 4, 1), (16, 256, 4, 3), (32, 256, 4, 3), (16, 128, 4, 4))
+MOE_GEMV_TILES = ((16, 256, 4, 1), (16, 512, 4, 1), (64, 128, 4, 1), (16, 512, 4, 3))
 
 
 def ptxas_path() -> str:
@@ -117,16 +117,14 @@ def variants():
 
     for block_n, block_k, warps, stages in MOE_GEMV_TILES:
         fn = moe_mxfp4_gemv.gate_up_kernel
-        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
-                            "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*fp32", "x_ptr": "*fp32"},
-                       ("beta", "linear_beta"))
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*fp32",
+                            "x_ptr": "*fp32"}, ("beta", "linear_beta"))
         yield ("moe_gate_up", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
                dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, BLOCK_N=block_n, BLOCK_K=block_k,
                     STAGES=stages), warps)
         fn = moe_mxfp4_gemv.down_kernel
-        types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
-                            "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32",
-                            "act_ptr": "*fp32"}, ())
+        types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
+                            "y_ptr": "*fp32", "act_ptr": "*fp32"}, ())
         yield ("moe_down", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
                dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages), warps)
 

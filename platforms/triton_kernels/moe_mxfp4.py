@@ -235,8 +235,12 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if mode != "gemv":           # the tensor-core grid holds T tokens per expert: fold repeated choices
-        topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
+    if mode == "gemv":
+        return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+                                              linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,
+                                              block_k=block_k, num_warps=num_warps, stages=stages)
+    # the tensor-core grid holds T tokens per expert: fold repeated choices
+    topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
     # No host round trip anywhere here, so a CUDA graph can capture it (torch.bincount reads its
     # maximum on the host, a scatter-add does not).
@@ -250,11 +254,6 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     active = torch.argsort((counts == 0).to(torch.int8), stable=True)[:slots].to(torch.int32)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
-    if mode == "gemv":
-        moe_mxfp4_gemv.launch(x, w13, w2, y, weights, active, order, starts, counts, topk=topk, slots=slots,
-                              activation=activation, beta=beta, linear_beta=linear_beta, block_n=block_n,
-                              block_k=block_k, num_warps=num_warps, stages=stages)
-        return y.view(t, topk, l).sum(1).to(x.dtype)
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32

@@ -18,15 +18,14 @@ words' own layout (no shuffle through shared memory); the gate/up kernel writes 
 in planes for the down kernel. 48-79 registers, so many programs per SM keep loads in flight
 (1.9x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
 
-Program (j, active expert slot, row block) takes the expert's routed tokens j, j + T, ... (one
-with distinct expert ids per token; any number if a token names an expert twice); j varies
-fastest in the grid, so the programs reading one expert's rows for its several tokens run
-together and the second reads hit the L2. Programs of
-  - `gate_up_kernel`: gate rows and up rows of w13 against x's token row, SiTU-GLU (or SiLU-GLU)
-    in fp32, one row of activations per (token, choice);
+Program ((token, choice) n, row block) of
+  - `gate_up_kernel`: gate rows and up rows of w13 of the expert n chose against x's token row,
+    SiTU-GLU (or SiLU-GLU) in fp32, one row of activations per (token, choice);
   - `down_kernel`: rows of w2 against that activation row, times the routing weight, one fp32
-    row per (token, choice).
-The grouping (active experts, order, starts, counts) is moe_mxfp4's, unchanged.
+    row per (token, choice) (zeros for an expert of another rank).
+No grouping by expert (moe_mxfp4's argsort, counts and active list took 57 of the 261 us of a
+one-token step on the H200): the programs of one row block for all choices run in the same
+wave, so an expert chosen by two tokens is read from DRAM once and from L2 the second time.
 """
 
 from __future__ import annotations
@@ -89,22 +88,27 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.cons
 
 
 @triton.jit
+def _local_expert(ids_ptr, expert_start, E_LOCAL):
+    """This program's (token, choice) n = program_id(0), its expert's local index (int64: the
+    expert stride times it can pass 2^31) and whether this rank holds that expert."""
+    n = tl.program_id(0).to(tl.int64)
+    e = tl.load(ids_ptr + n).to(tl.int64) - expert_start
+    return n, e, (e >= 0) & (e < E_LOCAL)
+
+
+@triton.jit
 def gate_up_kernel(
-    x_ptr, p13_ptr, s13_ptr, active_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
+    x_ptr, p13_ptr, s13_ptr, ids_ptr, act_ptr,
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
-    TOPK, beta, linear_beta,
+    TOPK, expert_start, E_LOCAL, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    e = tl.load(active_ptr + tl.program_id(1)).to(tl.int64)  # e * expert stride can pass 2^31
-    count = tl.load(count_ptr + e)
-    first = tl.load(start_ptr + e)
-    col = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = col < I
-    j = tl.program_id(0)
-    while j < count:                                   # the expert's routed tokens j, j + grid, ...
-        choice = tl.load(order_ptr + first + j).to(tl.int64)
-        x_row = x_ptr + (choice // TOPK) * s_x
+    n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
+    if local:
+        col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = col < I
+        x_row = x_ptr + (n // TOPK) * s_x
         g = _rows_dot_token(p13_ptr, s13_ptr, e, col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
         u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
         if SITU:
@@ -116,47 +120,52 @@ def gate_up_kernel(
         out = act * u
         if ACT_BF16:                                      # as the reference rounds them in a bf16 model
             out = out.to(tl.bfloat16).to(tl.float32)
-        tl.store(act_ptr + choice * s_act + (col % 8) * (I // 8) + col // 8, out, mask=mask_n)  # planes, as x
-        j += tl.num_programs(0)
+        tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=mask_n)  # planes, as x
 
 
 @triton.jit
 def down_kernel(
-    act_ptr, p2_ptr, s2_ptr, active_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
+    act_ptr, p2_ptr, s2_ptr, ids_ptr, weight_ptr, y_ptr,
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
+    expert_start, E_LOCAL,
     L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
-    e = tl.load(active_ptr + tl.program_id(1)).to(tl.int64)
-    count = tl.load(count_ptr + e)
-    first = tl.load(start_ptr + e)
-    row = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
+    row = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = row < L
-    j = tl.program_id(0)
-    while j < count:
-        choice = tl.load(order_ptr + first + j).to(tl.int64)
-        out = _rows_dot_token(p2_ptr, s2_ptr, e, row, mask_n, act_ptr + choice * s_act, I, BLOCK_K,
+    if local:
+        out = _rows_dot_token(p2_ptr, s2_ptr, e, row, mask_n, act_ptr + n * s_act, I, BLOCK_K,
                               s_pe, s_pr, s_se, s_sr, STAGES)
-        tl.store(y_ptr + choice * s_y + row, out * tl.load(weight_ptr + choice), mask=mask_n)
-        j += tl.num_programs(0)
+        tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
+    else:                                                 # another rank's expert: contributes nothing
+        tl.store(y_ptr + n * s_y + row, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=mask_n)
 
 
-def launch(x, w13, w2, y, weights, active, order, starts, counts, *, topk, slots, activation, beta, linear_beta,
-           block_n, block_k, num_warps, stages=1):
-    """Both launches of the gemv mode (grouping as moe_mxfp4.experts_forward makes it; y [T*k, L]
-    fp32 receives one row per (token, choice))."""
+def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
+                    block_n, block_k, num_warps, stages=1):
+    """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
+    program per (token, choice) and row block reads the chosen expert itself (a token naming an
+    expert twice simply runs it twice), so a decode step is the activations' re-layout, two
+    launches and the sum over choices."""
     t, l = x.shape
-    inter = w13.shape[1] // 2
+    e_local, inter = w13.shape[0], w13.shape[1] // 2
+    topk = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1)
+    weights = topk_weights.reshape(-1)
     x_planes = x.float().view(t, l // 8, 8).transpose(1, 2).contiguous()              # [T, 8, L/8]
     act = torch.empty(t * topk, 8, inter // 8, dtype=torch.float32, device=x.device)   # planes
-    gate_up_kernel[(t, slots, triton.cdiv(inter, block_n))](                           # an expert has <= T tokens
-        x_planes, w13.packed, w13.scales, active, order, starts, counts, act,
+    y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
+    gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
+        x_planes, w13.packed, w13.scales, ids, act,
         x_planes.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
-        topk, float(beta or 1.0), float(linear_beta or 1.0),
+        topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
         ACT_BF16=x.dtype == torch.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
     )
-    down_kernel[(t, slots, triton.cdiv(l, block_n))](
-        act, w2.packed, w2.scales, active, order, starts, counts, weights, y,
+    down_kernel[(t * topk, triton.cdiv(l, block_n))](
+        act, w2.packed, w2.scales, ids, weights, y,
         act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
+        expert_start, e_local,
         L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
     )
+    return y.view(t, topk, l).sum(1).to(x.dtype)
