@@ -16,7 +16,7 @@ once, after the loop. The activations come in "planes" ([8, width / 8]: plane c 
 8j + c of every word j), so a thread's activations for its words are one vector load in the
 words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
 in planes for the down kernel. 48-79 registers, so many programs per SM keep loads in flight
-(1.9x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
+(2.0x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
 
 Program ((token, choice) n, row block) of
   - `gate_up_kernel`: gate rows and up rows of w13 of the expert n chose against x's token row,
