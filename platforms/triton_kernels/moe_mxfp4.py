@@ -182,7 +182,7 @@ def covers(x, w13, w2, activation) -> bool:
 
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
-GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 1.9x the tensor cores at T = 1, 1.35x at 4, 0.77x at 16
+GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 2.0x the tensor cores at T = 1, 1.5x at 4, 1.16x at 8, 0.84x at 16
 
 
 def default_mode(x: torch.Tensor) -> str:
@@ -196,10 +196,10 @@ def default_mode(x: torch.Tensor) -> str:
 
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
-    k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 256 columns for one token, x 512 above;
+    k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 512 columns;
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above."""
     if mode == "gemv":
-        return dict(block_t=1, block_n=16, block_k=256 if t == 1 else 512, num_warps=4, stages=1)
+        return dict(block_t=1, block_n=16, block_k=512, num_warps=4, stages=1)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     return dict(block_t=16, block_n=128, block_k=64, num_warps=8)
