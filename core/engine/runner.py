@@ -39,7 +39,7 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
     sample_logits: list[int] = []
     spec_rows: dict[int, slice] = {}
-    spec_lens, spec_states, record_slots = [], [], []
+    spec_lens, spec_states, record_slots, spec_positions = [], [], [], []
     max_spec = max(len(s.spec_tokens) for s in out.scheduled)
     max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
     ckpt_pos, ckpt_rows = [], []
@@ -50,6 +50,8 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         tokens = s.tokens
         spec = len(s.spec_tokens)
         spec_lens.append(spec)
+        if spec:
+            spec_positions += [(i, j) for j in range(len(tokens))]
         spec_states.append((r.spec_rows + [r.state_row] * (1 + max_spec))[: 1 + max_spec])
         record_slots.append(r.record_slot if r.record_slot is not None else 0)
         ids += tokens
@@ -87,6 +89,7 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         meta.checkpoint_state_indices = torch.tensor(ckpt_rows, dtype=torch.long, device=device)
     if max_spec:
         meta.spec_lens = torch.tensor(spec_lens, dtype=torch.int32, device=device)
+        meta.spec_positions = torch.tensor(spec_positions, dtype=torch.long, device=device).view(-1, 2)
         if any(s.request.spec_rows for s in out.scheduled):
             meta.spec_state_indices = torch.tensor(spec_states, dtype=torch.long, device=device)
         else:

@@ -20,7 +20,21 @@ from k3.plugin.contract import CacheViews, ForwardMetadata
 
 
 def is_verify(meta: ForwardMetadata) -> bool:
+    if meta.spec_positions is not None:                  # made on the host: no synchronisation
+        return meta.spec_positions.shape[0] > 0
     return meta.spec_lens is not None and bool((meta.spec_lens > 0).any())
+
+
+def verified_positions(meta: ForwardMetadata) -> torch.Tensor:
+    """[M, 2] (sequence, token) of every token of a verifying sequence: the engine's
+    `meta.spec_positions`, else derived from spec_lens (one host read)."""
+    if meta.spec_positions is not None:
+        return meta.spec_positions
+    lens = meta.q_lens.long()
+    width = int(lens.max())
+    j = torch.arange(width, device=lens.device)
+    mask = (meta.spec_lens > 0)[:, None] & (j[None, :] < lens[:, None])
+    return mask.nonzero()
 
 
 def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in, s0, g, beta):
@@ -45,22 +59,22 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
     view.recurrent[rows[keep]] = s1[keep].to(view.recurrent.dtype)
     starts = cu[:-1].long()
     _write_checkpoints(meta, view, qkv, conv_in, s0, states, spec, starts)
-    for n in spec.nonzero().flatten().tolist():
-        length, start = int(lens[n]), int(starts[n])
-        if states_mode:
-            dest = meta.spec_state_indices[n, :length]
-            view.recurrent[dest] = states[0, start:start + length].to(view.recurrent.dtype)
-            view.conv[dest] = torch.stack([c[n] for c in conv_ckpts[0][:length]])
-        else:
-            rec = cache.kda_records[mixer.kda_index]
-            slot = int(meta.spec_record_slots[n])
-            if length > rec.keys.shape[1]:
-                raise ValueError(f"{length} verified tokens exceed the record slots' {rec.keys.shape[1]}")
-            heads = rec.keys.shape[2]
-            rec.keys[slot, :length] = kk[start:start + length].repeat_interleave(heads // kk.shape[1], dim=1)
-            rec.decays[slot, :length] = g[start:start + length]
-            rec.corrections[slot, :length] = u[0, start:start + length]
-            rec.qkv[slot, :length] = qkv[start:start + length]
+    seq, j = verified_positions(meta).unbind(1)                                 # [M] each
+    src = starts[seq] + j                                                       # token index in the batch
+    if states_mode:
+        dest = meta.spec_state_indices[seq, j]
+        view.recurrent[dest] = states[0, src].to(view.recurrent.dtype)
+        view.conv[dest] = torch.stack(conv_ckpts[0], dim=1)[seq, j]             # [N, S, 3P, W-1] -> [M, ...]
+    else:
+        rec = cache.kda_records[mixer.kda_index]
+        if meta.spec_positions is None and seq.numel() and int(j.max()) >= rec.keys.shape[1]:
+            raise ValueError(f"{int(j.max()) + 1} verified tokens exceed the record slots' {rec.keys.shape[1]}")
+        slot = meta.spec_record_slots[seq]
+        heads = rec.keys.shape[2]
+        rec.keys[slot, j] = kk[src].repeat_interleave(heads // kk.shape[1], dim=1)
+        rec.decays[slot, j] = g[src]
+        rec.corrections[slot, j] = u[0, src]
+        rec.qkv[slot, j] = qkv[src]
     return o[0], None
 
 

@@ -45,6 +45,10 @@ class ForwardMetadata:
     spec_record_slots: [N] int64 or None (rollback "recover"): the slot of `CacheViews.
                     kda_records` receiving the sequence's per-token keys, decays, corrections
                     and pre-conv inputs.
+    spec_positions: [M, 2] int64 or None: (sequence n, token j) of every token of a verifying
+                    sequence, made on the host with the batch so the model writes the
+                    per-token states or records without reading spec_lens back (None: the
+                    model derives them from spec_lens, at a host synchronisation per layer).
     """
 
     input_ids: torch.Tensor
@@ -62,6 +66,7 @@ class ForwardMetadata:
     num_accepted: torch.Tensor | None = None
     spec_state_indices: torch.Tensor | None = None
     spec_record_slots: torch.Tensor | None = None
+    spec_positions: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

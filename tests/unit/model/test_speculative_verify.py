@@ -18,8 +18,9 @@ def _meta(tokens, context, rows, table):
                                  page_size=PAGE, all_logits=True)
 
 
+@pytest.mark.parametrize("host_positions", [False, True], ids=["positions_from_spec_lens", "positions_from_engine"])
 @pytest.mark.parametrize("mode", ["states", "recover"])
-def test_verify_then_commit_equals_sequential(mode, tiny_checkpoint):
+def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpoint):
     model = load_model(tiny_checkpoint("k3.1-pro-tiny"), dtype=torch.float64, progress=False)
     table = contiguous_block_table(12, 4)
     prompt_a, prompt_b = [(3 * i) % 300 + 1 for i in range(21)], [(5 * i) % 300 + 2 for i in range(9)]
@@ -41,6 +42,8 @@ def test_verify_then_commit_equals_sequential(mode, tiny_checkpoint):
     # verify: a brings 1 + 4 tokens (speculating), b one token (not speculating), one forward
     meta = _meta([tokens, [prompt_b[-1]]], [20, 8], [0, 1], table)
     meta.spec_lens = torch.tensor([4, 0], dtype=torch.int32)
+    if host_positions:                                  # as the engine's runner builds them
+        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
     if mode == "states":
         meta.spec_state_indices = torch.tensor([[4, 5, 6, 7, 8], [1, 1, 1, 1, 1]])
     else:
