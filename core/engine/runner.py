@@ -13,7 +13,7 @@ import torch
 
 from k3.plugin.contract import ForwardMetadata
 
-from .sampler import SamplerOutput, SamplingBatch, sample_batch
+from .sampler import SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
 
 
