@@ -88,7 +88,7 @@ class KDAMixer(K3Module):
         k = self.kernels
         t = x.shape[0]
         hl, hd = self.num_heads, self.head_dim
-        rows, cu = meta.state_indices, meta.cu_seqlens
+        rows = meta.state_indices
         fresh = (meta.context_lens == 0)                                        # [N]
         view = cache.kda[self.kda_index]
 
