@@ -1,12 +1,12 @@
 """The "gemv" mode of the MXFP4 routed experts (moe_mxfp4.experts_forward): one program per
-(routed token, block of BLOCK_N weight rows), no tensor cores, for decode steps where an expert
-sees one token or a few.
+((token, choice), block of BLOCK_N weight rows), no tensor cores, for decode steps where an
+expert sees one token or a few.
 
 Why: with one token per expert the matrix product is a matrix-vector product, and the tensor
-core path (`tl.dot_scaled`) pays for it twice: Triton upcasts the E2M1 codes through shared
-memory into a 64-row tile at 255 registers a thread, so only two programs fit on an SM and the
-loop is bound by instruction latency, not bytes (12% of the weight-bytes roofline at T = 1 on
-the H200, BENCHMARKS.md). Here each thread loads a 16-byte run of packed codes (one E8M0
+core path (`tl.dot_scaled`) pays for it twice: Triton upcasts the E2M1 codes into the MMA's
+operand layout through shared memory (about 0.26 warp instructions per weight in its SASS loop)
+and pads the one token to a 16-wide tile, so the loop is bound by instruction latency, not
+bytes (12% of the weight-bytes roofline at T = 1 on the H200, BENCHMARKS.md). Here each thread loads a 16-byte run of packed codes (one E8M0
 group: 32 weights) as four 32-bit words with one vector load and decodes two codes per integer
 shift-and-mask (an E2M1 code placed as an fp16's sign, two lowest exponent bits and top
 mantissa bit is its value / 2^14; nibbles c and c + 4 of a word land in one register's two fp16
@@ -15,7 +15,7 @@ the group scale multiplies a group's sum once, and the partial sums are reduced 
 once, after the loop. The activations come in "planes" ([8, width / 8]: plane c holds column
 8j + c of every word j), so a thread's activations for its words are one vector load in the
 words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
-in planes for the down kernel. 48-79 registers, so many programs per SM keep loads in flight
+in planes for the down kernel. 40-64 registers, so many programs per SM keep loads in flight
 (2.0x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
 
 Program ((token, choice) n, row block) of
@@ -33,7 +33,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 
 
 @triton.jit
@@ -82,8 +81,8 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.cons
         part += _half_to_f32(p37) * x3
         part += _half_to_f32(p37 >> 16) * x7
         sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :], mask=mask_r[:, None], other=127).to(tl.int32)
-        mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127 + 14).to(tl.float32)))  # [R, G]
-        acc += tl.sum(part, axis=2) * mult
+        mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127).to(tl.float32)))  # [R, G]
+        acc += (tl.sum(part, axis=2) * 16384.0) * mult      # two exact steps: 2^(S-127+14) overflows for S > 241
     return tl.sum(acc, axis=1)
 
 

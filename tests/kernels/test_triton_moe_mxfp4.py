@@ -64,6 +64,22 @@ def test_a_token_naming_an_expert_twice_counts_twice(mode):
     _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.float32)
 
 
+@pytest.mark.parametrize("mode", ["decode", "gemv"])
+def test_scales_near_the_top_of_the_e8m0_range_stay_finite(mode):
+    """Weights of magnitude 2^120 (E8M0 scale codes near 247): every intermediate of the kernel
+    must stay inside fp32 (the gemv mode once folded 2^14 into the scale and overflowed)."""
+    g = torch.Generator().manual_seed(6)
+    w13, w2 = _experts(2, 32, 64, g)
+    w2 = MXFP4Tensor.from_float(w2.dequantize() * 2.0 ** 120)
+    assert int(w2.scales.max()) > 241
+    x = torch.randn(2, 64, generator=g)
+    ids, weights = torch.tensor([[0], [1]]), torch.ones(2, 1)
+    got = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode=mode, block_k=64)
+    want = ref.experts_forward(x, w13, w2, weights, ids, activation="silu")
+    assert want.isfinite().all()
+    _check(got, want, torch.float32)
+
+
 def test_gemv_reads_each_nibble_of_each_word_in_its_column():
     """The gemv mode reads packed codes as 32-bit words and pairs nibbles c and c + 4 of each:
     a weight that is zero except one code at each column position in turn must give exactly
