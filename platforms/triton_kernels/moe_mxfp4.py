@@ -235,6 +235,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
+    if mode == "gemv" and not moe_mxfp4_gemv.word_aligned(w13, w2):
+        mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
     if mode == "gemv":
         return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,

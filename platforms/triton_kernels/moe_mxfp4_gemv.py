@@ -140,6 +140,13 @@ def down_kernel(
         tl.store(y_ptr + n * s_y + row, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=mask_n)
 
 
+def word_aligned(w13, w2) -> bool:
+    """Whether both experts' packed codes can be read as 32-bit words: base addresses and row
+    and expert strides (bytes) multiples of 4."""
+    return all(w.packed.data_ptr() % 4 == 0 and w.packed.stride(0) % 4 == 0 and w.packed.stride(1) % 4 == 0
+               for w in (w13, w2))
+
+
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
                     block_n, block_k, num_warps, stages=1):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one

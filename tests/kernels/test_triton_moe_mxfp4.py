@@ -80,6 +80,21 @@ def test_scales_near_the_top_of_the_e8m0_range_stay_finite(mode):
     _check(got, want, torch.float32)
 
 
+def test_gemv_falls_back_when_codes_are_not_word_aligned():
+    """Packed codes at an odd byte offset cannot be read as 32-bit words: the gemv request runs
+    the byte-wise decode mode instead, with the same result."""
+    g = torch.Generator().manual_seed(7)
+    w13, w2 = _experts(2, 32, 64, g)
+    buffer = torch.zeros(w13.packed.numel() + 1, dtype=torch.uint8)
+    shifted = buffer[1:].view(w13.packed.shape)
+    shifted.copy_(w13.packed)
+    odd = MXFP4Tensor(shifted, w13.scales)
+    assert not kernel.moe_mxfp4_gemv.word_aligned(odd, w2)
+    x, ids, weights = torch.randn(2, 64, generator=g), torch.tensor([[0], [1]]), torch.ones(2, 1)
+    got = kernel.experts_forward(x, odd, w2, weights, ids, activation="silu", mode="gemv", block_k=64)
+    _check(got, ref.experts_forward(x, w13, w2, weights, ids, activation="silu"), torch.float32)
+
+
 def test_gemv_reads_each_nibble_of_each_word_in_its_column():
     """The gemv mode reads packed codes as 32-bit words and pairs nibbles c and c + 4 of each:
     a weight that is zero except one code at each column position in turn must give exactly
