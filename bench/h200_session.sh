@@ -13,15 +13,17 @@
 #     the DSA indexer decode / prefill scores and top-k;
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
-#     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''").
+#     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''");
+#   bash bench/h200_session.sh profile
+#     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
 # limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
 # (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != conformance && $phase != kernels && $phase != e2e ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e" >&2
+if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -69,6 +71,10 @@ e2e)
     # shellcheck disable=SC2086
     step bench-k3-slice 330 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" ${K3_SLICE_ARGS:-}
+    ;;
+profile)
+    # where a k3-slice decode step's device time goes, kernel by kernel (eager launches)
+    step profile-k3-slice 240 python3 bench/k3_slice_profile.py --out "$OUT/k3_slice_profile.json"
     ;;
 esac
 grep -E "^:::|passed|failed|Error" "$log" | tail -20

@@ -18,5 +18,16 @@ def test_k3_slice_bench_smoke(tmp_path):
     main, peer = result["reference"], result["ppu"]
     assert [d["concurrency"] for d in main["decode"]] == [1, 3] and all(d["tokens_per_s"] > 0 for d in main["decode"])
     assert set(main) >= {"ttft_ms", "prefix_ttft_ms_caching_on", "prefix_ttft_ms_caching_off",
-                         "single_decode_tokens_per_s_plain", "single_decode_tokens_per_s_ngram"}
+                         "single_decode_tokens_per_s_plain", "single_decode_tokens_per_s_ngram", "workload"}
+    assert main["workload"]["output_tokens_per_s"] > 0 and main["workload"]["mean_tpot_ms"] > 0
     assert [d["concurrency"] for d in peer["decode"]] == [1] and "prefix_ttft_ms_caching_on" not in peer
+
+
+def test_k3_slice_profile_smoke(tmp_path):
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "k3_slice_profile.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["kernels"] and result["kernel_us_per_step"] > 0
+    assert any("linear" in r["kernel"] or "mm" in r["kernel"] for r in result["kernels"])

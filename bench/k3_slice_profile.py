@@ -1,0 +1,96 @@
+"""Where a k3-slice decode step's time goes: device time per kernel, grouped by name, for decode
+steps at one concurrency under torch.profiler, in one call on the GPU.
+
+    python3 bench/k3_slice_profile.py --out k3_slice_profile.json            # nvidia, C = 1
+    python3 bench/k3_slice_profile.py --smoke                                # CPU: k3-tiny
+
+The engine runs eagerly (`enforce_eager`: the same kernels a CUDA graph replays, launched one
+by one, so each has its own record); the table lists the kernels by total device time over the
+profiled steps, with calls per step and microseconds per step, and the sum against the measured
+step time, so the TPOT gap to the bytes roofline (BENCHMARKS.md, NVIDIA kernels issue) can be
+placed on kernels. K3_NVIDIA_EXPERIMENTAL passes through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import tempfile
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from k3.checkpoint.writer import write_config
+from k3.config import K3Config
+from k3.engine.params import SamplingParams
+from k3_slice import engine_for, prompt, sync
+
+
+def kernel_table(prof, steps: int, device: str) -> list[dict]:
+    """Device time per kernel name over the profiled steps, largest first."""
+    totals, calls = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        is_device = (event.device_type == torch.autograd.DeviceType.CUDA) if device == "cuda" else False
+        if device == "cuda" and not is_device:
+            continue
+        if device != "cuda" and (event.cpu_parent is not None or not event.name.startswith("aten::")):
+            continue                              # CPU: top-level aten ops stand in for kernels
+        duration = (getattr(event, "device_time", None) or getattr(event, "cuda_time", 0)) if device == "cuda" \
+            else event.cpu_time
+        totals[event.name] += duration
+        calls[event.name] += 1
+    return [{"kernel": name, "us_per_step": total / steps, "calls_per_step": calls[name] / steps}
+            for name, total in totals.most_common()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="k3_slice_profile.json")
+    parser.add_argument("--platform", default="nvidia")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=8, help="decode steps profiled")
+    parser.add_argument("--top", type=int, default=40, help="kernels printed")
+    parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform")
+    args = parser.parse_args()
+    preset, dtype = ("k3-tiny", "float32") if args.smoke else ("k3-slice", "bfloat16")
+    if args.smoke:
+        args.platform, args.steps = "reference", 2
+    cfg = K3Config.preset(preset)
+    with tempfile.TemporaryDirectory() as model_dir:
+        write_config(__import__("pathlib").Path(model_dir), cfg)
+        engine = engine_for(model_dir, args.platform, max_num_seqs=max(args.concurrency, 1), max_model_len=512,
+                            dtype=dtype, enforce_eager=True)
+        device = engine.device.type
+        params = SamplingParams(max_tokens=args.steps + 4, temperature=0, ignore_eos=True)
+        for i in range(args.concurrency):
+            engine.add_request(f"p{i}", prompt(64, i, cfg.vocab_size), params)
+        for _ in range(3):                          # prefill, then warm decode steps (compilation)
+            engine.step()
+        sync(engine)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                engine.step()
+            sync(engine)
+            step_ms = 1e3 * (time.perf_counter() - t0) / args.steps
+    rows = kernel_table(prof, args.steps, device)
+    result = {"date": datetime.date.today().isoformat(), "preset": preset, "platform": args.platform,
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""), "concurrency": args.concurrency,
+              "eager_step_ms_under_profiler": step_ms,
+              "kernel_us_per_step": sum(r["us_per_step"] for r in rows), "kernels": rows}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"{preset} on {args.platform}, C={args.concurrency}: eager step {step_ms:.2f} ms under the profiler, "
+          f"device time {result['kernel_us_per_step'] / 1e3:.2f} ms per step")
+    for r in rows[: args.top]:
+        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['kernel'][:110]}")
+
+
+if __name__ == "__main__":
+    main()
