@@ -31,6 +31,7 @@ class StepBatch:
     sample_rows: list[int]         # indices into scheduled of the requests that sample a token
     sample_logits: list[int]       # their rows in the logits
     spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
+    token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
 
 
 def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatch:
@@ -94,7 +95,9 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
             meta.spec_state_indices = torch.tensor(spec_states, dtype=torch.long, device=device)
         else:
             meta.spec_record_slots = torch.tensor(record_slots, dtype=torch.long, device=device)
-    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, spec_rows=spec_rows)
+    token_starts = cu[:-1].tolist()                     # cu is still on the host here: no device read
+    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, spec_rows=spec_rows,
+                     token_starts=token_starts)
 
 
 def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device) -> SamplingBatch:
@@ -168,7 +171,7 @@ class ModelRunner:
             broadcast(step.meta, out.row_copies)
         result = self.forward(step.meta, out.row_copies)
         logits = result.logits
-        self.token_starts = step.meta.cu_seqlens[:-1].tolist()
+        self.token_starts = step.token_starts
         self.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1) if self.tap_layers else None
         spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
         if not step.sample_rows:
