@@ -19,7 +19,7 @@ nothing here.
 
 Three ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
-    activation dtype): moe_mxfp4_gemv.py, one program per routed token and 16 weight rows on
+    activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 16 weight rows on
     the CUDA cores, for decode steps where an expert sees a token or two;
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
@@ -45,7 +45,7 @@ from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import moe_mxfp4_gemv
-from .mxfp4_codes import e2m1_over_16384
+from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, gated_activation
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "gemv")
@@ -62,7 +62,7 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
                      mask=mask_r[:, None, None], other=0).to(tl.int32)                  # [R, G, 16]
     sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
                  other=127).to(tl.int32)                                               # [R, G]
-    mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127).to(tl.float32)))[:, :, None]
+    mult = e8m0_multiplier(sc)[:, :, None]
     lo = (e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
     hi = (e2m1_over_16384(packed >> 4) * 16384.0) * mult
     return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
@@ -128,13 +128,7 @@ def _gate_up_kernel(
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
         acc_u = _rows_times_tokens(p13_ptr, s13_ptr, e, I + col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_u,
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
-    if SITU:
-        act = beta * (2.0 * tl.sigmoid(2.0 * acc_g / beta) - 1.0) * tl.sigmoid(acc_g)     # beta tanh(g/beta) sig(g)
-        if HAS_LINEAR_BETA:
-            acc_u = linear_beta * (2.0 * tl.sigmoid(2.0 * acc_u / linear_beta) - 1.0)
-    else:
-        act = acc_g * tl.sigmoid(acc_g)
-    out = act * acc_u                                                                    # [BLOCK_N, BLOCK_T]
+    out = gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA)      # [BLOCK_N, BLOCK_T]
     tl.store(act_ptr + choice[None, :] * s_act + col[:, None], out.to(act_ptr.dtype.element_ty),
              mask=mask_t[None, :] & mask_n[:, None])
 

@@ -15,7 +15,7 @@ the group scale multiplies a group's sum once, and the partial sums are reduced 
 once, after the loop. The activations come in "planes" ([8, width / 8]: plane c holds column
 8j + c of every word j), so a thread's activations for its words are one vector load in the
 words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
-in planes for the down kernel. 40-64 registers, so many programs per SM keep loads in flight
+in planes for the down kernel. 48-64 registers, so many programs per SM keep loads in flight
 (2.0x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
 
 Program ((token, choice) n, row block) of
@@ -34,11 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _half_to_f32(bits):
-    """Low 16 bits of uint32 `bits` as an fp16, widened to fp32 (exact)."""
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+from .moe_mxfp4_common import e8m0_multiplier, fp16_bits_to_f32, gated_activation
 
 
 @triton.jit
@@ -72,17 +68,17 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.cons
         p15 = ((w << 5) & 0x0E000E00) | ((w << 8) & 0x80008000)
         p26 = ((w << 1) & 0x0E000E00) | ((w << 4) & 0x80008000)
         p37 = ((w >> 3) & 0x0E000E00) | (w & 0x80008000)
-        part = _half_to_f32(p04) * x0                                                    # one fma chain
-        part += _half_to_f32(p04 >> 16) * x4
-        part += _half_to_f32(p15) * x1
-        part += _half_to_f32(p15 >> 16) * x5
-        part += _half_to_f32(p26) * x2
-        part += _half_to_f32(p26 >> 16) * x6
-        part += _half_to_f32(p37) * x3
-        part += _half_to_f32(p37 >> 16) * x7
+        part = fp16_bits_to_f32(p04) * x0                                                    # one fma chain
+        part += fp16_bits_to_f32(p04 >> 16) * x4
+        part += fp16_bits_to_f32(p15) * x1
+        part += fp16_bits_to_f32(p15 >> 16) * x5
+        part += fp16_bits_to_f32(p26) * x2
+        part += fp16_bits_to_f32(p26 >> 16) * x6
+        part += fp16_bits_to_f32(p37) * x3
+        part += fp16_bits_to_f32(p37 >> 16) * x7
         sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :], mask=mask_r[:, None], other=127).to(tl.int32)
-        mult = tl.where(sc == 255, float("nan"), tl.exp2((tl.minimum(sc, 254) - 127).to(tl.float32)))  # [R, G]
-        acc += (tl.sum(part, axis=2) * 16384.0) * mult      # two exact steps: 2^(S-127+14) overflows for S > 241
+        # two exact steps: 2^14 folded into the scale would overflow fp32 for scale codes above 241
+        acc += (tl.sum(part, axis=2) * 16384.0) * e8m0_multiplier(sc)                         # [R, G]
     return tl.sum(acc, axis=1)
 
 
@@ -110,13 +106,7 @@ def gate_up_kernel(
         x_row = x_ptr + (n // TOPK) * s_x
         g = _rows_dot_token(p13_ptr, s13_ptr, e, col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
         u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
-        if SITU:
-            act = beta * (2.0 * tl.sigmoid(2.0 * g / beta) - 1.0) * tl.sigmoid(g)            # beta tanh(g/beta) sig(g)
-            if HAS_LINEAR_BETA:
-                u = linear_beta * (2.0 * tl.sigmoid(2.0 * u / linear_beta) - 1.0)
-        else:
-            act = g * tl.sigmoid(g)
-        out = act * u
+        out = gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA)
         if ACT_BF16:                                      # as the reference rounds them in a bf16 model
             out = out.to(tl.bfloat16).to(tl.float32)
         tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=mask_n)  # planes, as x

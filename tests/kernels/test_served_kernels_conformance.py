@@ -28,22 +28,3 @@ def test_sample_with_the_served_kernels(item):
     outcome = run_item(RunContext(with_kernels(select_platform("reference"))), item)
     assert outcome.passed, outcome.summary()
 
-
-MOE_CASES = [i for i in CASES if i.case.entry == "moe.experts"]
-
-
-@pytest.mark.parametrize("item", MOE_CASES, ids=lambda i: i.id)
-def test_moe_samples_in_the_gemv_mode(item):
-    """The gemv mode serves bf16 decode batches on the GPU, where the interpreter's default
-    (decode) mode does not run: every moe.experts sample through it too."""
-    import dataclasses
-    import functools
-
-    from k3.platforms.triton_kernels import moe_mxfp4
-
-    platform = with_kernels(select_platform("reference"))
-    gemv = functools.partial(moe_mxfp4.experts_forward, mode="gemv", block_k=64)
-    platform.kernels = dataclasses.replace(platform.kernels, moe=dataclasses.replace(platform.kernels.moe,
-                                                                                      experts=gemv))
-    outcome = run_item(RunContext(platform), item)
-    assert outcome.passed, outcome.summary()

@@ -3,6 +3,8 @@ k3.reference.experts_forward on the same MXFP4 weights: SiTU-GLU with and withou
 beta, SiLU-GLU, bf16 and fp32 activations, ragged expert loads (an expert with no token, one
 with every token), expert parallelism (ids of other ranks contribute nothing) and odd sizes."""
 
+import functools
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
+from kernel_tables import run_with, samples  # noqa: E402
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -93,6 +96,15 @@ def test_gemv_falls_back_when_codes_are_not_word_aligned():
     x, ids, weights = torch.randn(2, 64, generator=g), torch.tensor([[0], [1]]), torch.ones(2, 1)
     got = kernel.experts_forward(x, odd, w2, weights, ids, activation="silu", mode="gemv", block_k=64)
     _check(got, ref.experts_forward(x, w13, w2, weights, ids, activation="silu"), torch.float32)
+
+
+@pytest.mark.parametrize("item", samples("moe.experts"), ids=lambda i: i.id)
+def test_conformance_samples_in_the_gemv_mode(item):
+    """The gemv mode serves bf16 decode batches on the GPU, where the interpreter's default
+    (decode) mode does not run: every moe.experts sample through it."""
+    gemv = functools.partial(kernel.experts_forward, mode="gemv", block_k=64)
+    outcome = run_with(item, "moe", experts=gemv)
+    assert outcome.passed, outcome.summary()
 
 
 def test_gemv_reads_each_nibble_of_each_word_in_its_column():

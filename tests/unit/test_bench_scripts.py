@@ -9,12 +9,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_k3_slice_bench_smoke(tmp_path):
-    out = tmp_path / "k3_slice.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "k3_slice.py"), "--smoke", "--out", str(out)],
+def _smoke(script: str, tmp_path) -> dict:
+    """Run bench/`script` --smoke and return the JSON it wrote."""
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_k3_slice_bench_smoke(tmp_path):
+    result = _smoke("k3_slice.py", tmp_path)
     main, peer = result["reference"], result["ppu"]
     assert [d["concurrency"] for d in main["decode"]] == [1, 3] and all(d["tokens_per_s"] > 0 for d in main["decode"])
     assert set(main) >= {"ttft_ms", "prefix_ttft_ms_caching_on", "prefix_ttft_ms_caching_off",
@@ -24,10 +29,6 @@ def test_k3_slice_bench_smoke(tmp_path):
 
 
 def test_k3_slice_profile_smoke(tmp_path):
-    out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "k3_slice_profile.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = _smoke("k3_slice_profile.py", tmp_path)
     assert result["kernels"] and result["kernel_us_per_step"] > 0
     assert any("linear" in r["kernel"] or "mm" in r["kernel"] for r in result["kernels"])
