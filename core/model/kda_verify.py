@@ -67,8 +67,9 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
         view.conv[dest] = torch.stack(conv_ckpts[0], dim=1)[seq, j]             # [N, S, 3P, W-1] -> [M, ...]
     else:
         rec = cache.kda_records[mixer.kda_index]
-        if meta.spec_positions is None and seq.numel() and int(j.max()) >= rec.keys.shape[1]:
-            raise ValueError(f"{int(j.max()) + 1} verified tokens exceed the record slots' {rec.keys.shape[1]}")
+        longest = int(j.max()) + 1 if seq.numel() else 0    # a host read, in this rollback mode only
+        if longest > rec.keys.shape[1]:
+            raise ValueError(f"{longest} verified tokens exceed the record slots' {rec.keys.shape[1]}")
         slot = meta.spec_record_slots[seq]
         heads = rec.keys.shape[2]
         rec.keys[slot, j] = kk[src].repeat_interleave(heads // kk.shape[1], dim=1)

@@ -68,3 +68,19 @@ def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpo
             rec, conv = seq_states[kept - 1][layer]
             torch.testing.assert_close(v.recurrent[0], rec, rtol=0, atol=1e-10)
             torch.testing.assert_close(v.conv[0], conv, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("host_positions", [False, True], ids=["positions_from_spec_lens", "positions_from_engine"])
+def test_recover_mode_refuses_more_verified_tokens_than_record_slots(host_positions, tiny_checkpoint):
+    model = load_model(tiny_checkpoint("k3.1-pro-tiny"), dtype=torch.float64, progress=False)
+    table = contiguous_block_table(4, 4)
+    cache = model.allocate_cache(num_state_rows=4, num_pages=16, page_size=PAGE)
+    model(_meta([[5, 6, 7]], [0], [0], table), cache)
+    cache.kda_records = model.allocate_records(slots=1, tokens=3)
+    meta = _meta([[8, 9, 10, 11, 12]], [3], [0], table)                  # 1 + 4 drafts into 3-token records
+    meta.spec_lens = torch.tensor([4], dtype=torch.int32)
+    meta.spec_record_slots = torch.tensor([0])
+    if host_positions:
+        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
+    with pytest.raises(ValueError, match="5 verified tokens exceed the record slots' 3"):
+        model(meta, cache)
