@@ -15,15 +15,18 @@
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''");
 #   bash bench/h200_session.sh profile
-#     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py).
+#     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py);
+#   bash bench/h200_session.sh tune
+#     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
+#     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
 # limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
 # (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile" >&2
+if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile && $phase != tune ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile|tune" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -74,7 +77,11 @@ e2e)
     ;;
 profile)
     # where a k3-slice decode step's device time goes, kernel by kernel (eager launches)
-    step profile-k3-slice 240 python3 bench/k3_slice_profile.py --out "$OUT/k3_slice_profile.json"
+    step profile-k3-slice 240 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
+    ;;
+tune)
+    # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished
+    step tune-fla 300 python3 -m k3.platforms.triton_kernels.fla_configs --out "$OUT/fla_configs.json"
     ;;
 esac
 grep -E "^:::|passed|failed|Error" "$log" | tail -20

@@ -9,15 +9,23 @@ by one, so each has its own record); the table lists the kernels by total device
 profiled steps, with calls per step and microseconds per step, and the sum against the measured
 step time, so the TPOT gap to the bytes roofline (BENCHMARKS.md, NVIDIA kernels issue) can be
 placed on kernels. K3_NVIDIA_EXPERIMENTAL passes through.
+
+Two more views of the same steps: `stacks`, the device time of each torch op grouped by the
+Python lines that called it (which model line launches the copies and elementwise kernels), and
+`host` (with --graph), the engine with CUDA-graph decode as it serves, under cProfile: the wall
+time per step against the device time, and the Python functions that take the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import collections
 import datetime
+import io
 import json
 import os
+import pstats
 import tempfile
 import time
 
@@ -47,6 +55,41 @@ def kernel_table(prof, steps: int, device: str) -> list[dict]:
             for name, total in totals.most_common()]
 
 
+def stack_table(prof, steps: int, rows: int) -> list[dict]:
+    """Device time of torch ops grouped by their calling Python lines (needs with_stack)."""
+    table = []
+    for avg in prof.key_averages(group_by_stack_n=6):
+        device_us = getattr(avg, "self_device_time_total", None) or getattr(avg, "self_cuda_time_total", 0)
+        if device_us > 0:
+            stack = [line for line in avg.stack if "/torch/" not in line][:4]
+            table.append({"op": avg.key, "us_per_step": device_us / steps, "calls_per_step": avg.count / steps,
+                          "stack": stack})
+    table.sort(key=lambda r: -r["us_per_step"])
+    return table[:rows]
+
+
+def host_profile(model_dir, platform, concurrency, steps, dtype, vocab) -> dict:
+    """Graph-mode decode steps under cProfile: wall ms per step and the top functions."""
+    engine = engine_for(model_dir, platform, max_num_seqs=max(concurrency, 1), max_model_len=512, dtype=dtype)
+    params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True)
+    for i in range(concurrency):
+        engine.add_request(f"h{i}", prompt(64, i, vocab), params)
+    for _ in range(4):
+        engine.step()
+    sync(engine)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    sync(engine)
+    profiler.disable()
+    step_ms = 1e3 * (time.perf_counter() - t0) / steps
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(45)
+    return {"graph_step_ms_under_cprofile": step_ms, "cprofile_top": text.getvalue()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="k3_slice_profile.json")
@@ -55,6 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="decode steps profiled")
     parser.add_argument("--top", type=int, default=40, help="kernels printed")
     parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform")
+    parser.add_argument("--graph", action="store_true", help="also profile the host side of graph-mode steps")
     args = parser.parse_args()
     preset, dtype = ("k3-tiny", "float32") if args.smoke else ("k3-slice", "bfloat16")
     if args.smoke:
@@ -72,24 +116,35 @@ def main() -> None:
             engine.step()
         sync(engine)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, with_stack=True) as prof:
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()
             sync(engine)
             step_ms = 1e3 * (time.perf_counter() - t0) / args.steps
+        engine = None
+        host = (host_profile(model_dir, args.platform, args.concurrency, args.steps * 4, dtype, cfg.vocab_size)
+                if args.graph else None)
     rows = kernel_table(prof, args.steps, device)
+    stacks = stack_table(prof, args.steps, args.top)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "platform": args.platform,
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""), "concurrency": args.concurrency,
               "eager_step_ms_under_profiler": step_ms,
-              "kernel_us_per_step": sum(r["us_per_step"] for r in rows), "kernels": rows}
+              "kernel_us_per_step": sum(r["us_per_step"] for r in rows), "kernels": rows, "stacks": stacks,
+              "host": host}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"{preset} on {args.platform}, C={args.concurrency}: eager step {step_ms:.2f} ms under the profiler, "
           f"device time {result['kernel_us_per_step'] / 1e3:.2f} ms per step")
     for r in rows[: args.top]:
         print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['kernel'][:110]}")
+    print("device time by calling lines:")
+    for r in stacks:
+        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['op']}  <- {' | '.join(r['stack'])[:300]}")
+    if host:
+        print(f"graph-mode step: {host['graph_step_ms_under_cprofile']:.2f} ms under cProfile")
+        print(host["cprofile_top"])
 
 
 if __name__ == "__main__":

@@ -138,7 +138,8 @@ class LLMEngine:
             max_model_len=self.max_model_len, block_size=block,
             adaptive_token_limit=self._adaptive_token_limit(cfg),
             checkpoint_interval=config.kda_checkpoint_interval), self.pool, self.prefix_cache)
-        self.runner = ModelRunner(self.model, self.cache, block_size=block, device=self.device)
+        self.runner = ModelRunner(self.model, self.cache, block_size=block, vocab_size=cfg.vocab_size,
+                                  device=self.device)
         if graph_runner is not None:
             from .graphs import DecodeGraphs, default_buckets
 

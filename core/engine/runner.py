@@ -109,6 +109,8 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
         return torch.tensor(values, dtype=dtype, device=device)
 
     batch = SamplingBatch(
+        all_greedy=all(p.temperature <= 0 for p in params),
+        filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
         temperature=tensor([p.temperature for p in params], torch.float32),
         top_k=tensor([p.top_k for p in params], torch.long),
         top_p=tensor([p.top_p for p in params], torch.float32),
@@ -143,8 +145,9 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
 class ModelRunner:
     """Runs scheduled steps on one rank's model and cache (rank 0 also samples)."""
 
-    def __init__(self, model, cache, *, block_size: int, device):
+    def __init__(self, model, cache, *, block_size: int, vocab_size: int, device):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
+        self.vocab_size = vocab_size                # the logits' width
         self.tap_layers: tuple[int, ...] = ()      # target layers a DSpark draft reads
         self.taps: torch.Tensor | None = None       # last forward's taps [T, n * d], layer order
         self.token_starts: list[int] = []           # last forward: first packed token of each request
@@ -167,6 +170,15 @@ class ModelRunner:
         broadcast: called with the metadata before the forward (tensor parallel ranks follow).
         """
         step = build_metadata(out, block_size=self.block_size, device=self.device)
+        # Everything the sampler reads is on the device before the forward is launched: a host
+        # to device copy after it (from pageable memory) would wait for the whole forward, and the
+        # sampler's launches would then run with the GPU idle instead of behind the forward.
+        sampling = sample_index = None
+        if step.sample_rows:
+            sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device)
+            self._block_stop_ids(sampling, [stop_ids[i] for i in step.sample_rows])
+            if step.sample_logits != list(range(len(step.sample_logits))):
+                sample_index = torch.tensor(step.sample_logits, dtype=torch.long, device=self.device)
         if broadcast is not None:
             broadcast(step.meta, out.row_copies)
         result = self.forward(step.meta, out.row_copies)
@@ -174,18 +186,23 @@ class ModelRunner:
         self.token_starts = step.token_starts
         self.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1) if self.tap_layers else None
         spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
-        if not step.sample_rows:
+        if sampling is None:
             return [], None, spec_logits
-        logits = logits[step.sample_logits]
-        sampling = build_sampling(out, step.sample_rows, vocab_size=logits.shape[1], device=self.device)
-        blocked = [stop_ids[i] for i in step.sample_rows]
-        if any(blocked):
-            allowed = sampling.allowed if sampling.allowed is not None else torch.ones_like(logits, dtype=torch.bool)
-            for row, ids in enumerate(blocked):
-                if ids:
-                    allowed[row, torch.tensor(sorted(ids), device=self.device)] = False
-            sampling.allowed = allowed
+        if logits.shape[1] != self.vocab_size:
+            raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
+                               f"size {self.vocab_size}")
+        logits = logits[sample_index] if sample_index is not None else logits[: len(step.sample_logits)]
         return step.sample_rows, sample_batch(logits, sampling), spec_logits
+
+    def _block_stop_ids(self, sampling: SamplingBatch, blocked: list[set[int]]) -> None:
+        """Mask the token ids each row must not emit yet (min_tokens) into `sampling.allowed`."""
+        if not any(blocked):
+            return
+        if sampling.allowed is None:
+            sampling.allowed = torch.ones(len(blocked), self.vocab_size, dtype=torch.bool, device=self.device)
+        for row, ids in enumerate(blocked):
+            if ids:
+                sampling.allowed[row, torch.tensor(sorted(ids), device=self.device)] = False
 
     def apply_row_copies(self, copies: list[tuple[int, int]]) -> None:
         for src, dst in copies:

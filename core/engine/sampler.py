@@ -57,6 +57,10 @@ class SamplingBatch:
     bool (tokens seen in the prompt, for the repetition penalty), or None when no row has a
     penalty; allowed [B, V] bool or None (logits-processor / structured-output token mask);
     num_logprobs: host int, top logprobs to return (0: only the sampled token's).
+    all_greedy, filters_off: host facts about every row (set by the engine from the requests'
+    parameters, never read back from the device): every row has temperature 0, or no row
+    filters (top-k 0, top-p 1, min-p 0). They select shorter paths that draw the same tokens:
+    argmax alone, or the race over softmax(logits / T) without the sort the filters need.
     """
 
     temperature: torch.Tensor
@@ -72,6 +76,8 @@ class SamplingBatch:
     prompt_mask: torch.Tensor | None = None
     allowed: torch.Tensor | None = None
     num_logprobs: int = 0
+    all_greedy: bool = False
+    filters_off: bool = False
 
 
 @dataclass
@@ -101,20 +107,33 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
 
 
 def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
-    """Next token of every row. logits [B, V] (fp32 from the model)."""
-    raw_logprobs = torch.log_softmax(logits.float(), dim=-1)
-    x = apply_penalties(logits.float(), b)
+    """Next token of every row. logits [B, V] (fp32 from the model).
+
+    Log-probabilities are of the raw model distribution, logit - logsumexp(logits): one parallel
+    reduction per row instead of a log-softmax over the whole vocabulary (a decode step's
+    single-row softmax runs on one thread block: 36 us per call at K3's 163,840 tokens on an H200).
+    """
+    raw = logits.float()
+    log_normaliser = torch.logsumexp(raw, dim=-1)                                     # [B]
+    x = apply_penalties(raw, b)
     if b.allowed is not None:
         x = x.masked_fill(~b.allowed, float("-inf"))
-    greedy = b.temperature <= 0
-    temperature = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
-    probs = torch.softmax(filtered_logits(x, temperature=temperature, top_k=b.top_k, top_p=b.top_p, min_p=b.min_p),
-                          dim=-1).double()
-    race = -torch.log(uniform_noise(b.seeds, b.steps, x.shape[1]))                     # Exp(1)
-    sampled = (probs / race).argmax(dim=-1)
-    tokens = torch.where(greedy, x.argmax(dim=-1), sampled)
-    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    if b.all_greedy:
+        tokens = x.argmax(dim=-1)
+    else:
+        greedy = b.temperature <= 0
+        temperature = torch.where(greedy, torch.ones_like(b.temperature), b.temperature)
+        if b.filters_off:
+            drawn_from = x / temperature.unsqueeze(1)
+        else:
+            drawn_from = filtered_logits(x, temperature=temperature, top_k=b.top_k, top_p=b.top_p, min_p=b.min_p)
+        probs = torch.softmax(drawn_from, dim=-1).double()
+        race = -torch.log(uniform_noise(b.seeds, b.steps, x.shape[1]))                 # Exp(1)
+        sampled = (probs / race).argmax(dim=-1)
+        tokens = torch.where(greedy, x.argmax(dim=-1), sampled)
+    chosen = raw.gather(1, tokens[:, None])[:, 0] - log_normaliser
     top_lp = top_ids = None
     if b.num_logprobs > 0:
-        top_lp, top_ids = raw_logprobs.topk(b.num_logprobs, dim=-1)
+        top_values, top_ids = raw.topk(b.num_logprobs, dim=-1)
+        top_lp = top_values - log_normaliser[:, None]
     return SamplerOutput(tokens=tokens, logprobs=chosen, top_logprobs=top_lp, top_ids=top_ids)

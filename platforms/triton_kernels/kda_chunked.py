@@ -24,13 +24,17 @@ import torch
 from k3 import reference as ref
 from k3.reference.conv import checkpoint_offsets_per_sequence
 
+from . import fla_configs
+
 # fla_call(q, k, v, g, beta, scale, initial_state [N, HV, K, V] fp32, cu_seqlens [N+1] int64 | None)
 #   -> (o [1, T, HV, V], final_state [N, HV, K, V] fp32)
 FlaCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def fla_chunk_kda(q, k, v, g, beta, scale, initial_state, cu_seqlens):
-    """One call of fla-core's chunk_kda in k3's conventions (g log decay, beta after sigmoid)."""
+    """One call of fla-core's chunk_kda in k3's conventions (g log decay, beta after sigmoid), with
+    k3's tuned launch configurations for this GPU where it ships them (fla_configs.py)."""
+    fla_configs.pin()
     from fla.ops.kda import chunk_kda
 
     return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,

@@ -142,3 +142,29 @@ def test_a_failing_capture_falls_back_to_eager_decoding(ckpt, monkeypatch, capsy
     _, eager = _generate(ckpt, monkeypatch, None)
     assert tokens == eager and engine.runner.graphs is None
     assert "not permitted" in engine.graph_capture_error and "decoding eagerly" in capsys.readouterr().err
+
+
+def test_sampler_inputs_are_on_the_device_before_the_forward_launches(ckpt, monkeypatch):
+    """A host-to-device copy after the forward waits for it to finish (pageable memory), which
+    serialised the sampler's launches behind every decode step: the runner builds them first."""
+    import k3.engine.runner as runner_module
+
+    events = []
+    build = runner_module.build_sampling
+
+    def recording_build(*args, **kw):
+        batch = build(*args, **kw)
+        events.append(("sampling", batch.all_greedy, batch.filters_off))
+        return batch
+
+    monkeypatch.setattr(runner_module, "build_sampling", recording_build)
+    forward = runner_module.ModelRunner.forward
+    monkeypatch.setattr(runner_module.ModelRunner, "forward",
+                        lambda self, *a, **kw: (events.append(("forward",)), forward(self, *a, **kw))[1])
+    engine = LLMEngine(EngineConfig(model=str(ckpt), dtype="float64", load_progress=False, kv_cache_memory_gib=0.02))
+    engine.add_request("greedy", PROMPTS[0], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine.add_request("sampled", PROMPTS[1], SamplingParams(max_tokens=3, temperature=0.8, seed=3, min_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert events and all(a[0] == "sampling" and b == ("forward",) for a, b in zip(events[::2], events[1::2]))
+    assert ("sampling", False, True) in events

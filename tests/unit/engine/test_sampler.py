@@ -82,3 +82,30 @@ def test_logprobs_are_of_the_raw_distribution():
     raw = torch.log_softmax(logits, -1)
     torch.testing.assert_close(out.logprobs, raw.gather(1, out.tokens[:, None])[:, 0])
     torch.testing.assert_close(out.top_logprobs, raw.topk(4, -1).values)
+
+
+def test_host_flags_take_shorter_paths_that_draw_the_same_tokens():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 300, generator=g) * 3
+    greedy = _batch(64, temperature=torch.zeros(64), num_logprobs=3)
+    full, fast = sample_batch(logits, greedy), sample_batch(logits, _batch(64, temperature=torch.zeros(64),
+                                                                            num_logprobs=3, all_greedy=True))
+    assert torch.equal(full.tokens, fast.tokens) and torch.equal(fast.tokens, logits.argmax(-1))
+    torch.testing.assert_close(full.logprobs, fast.logprobs)
+    torch.testing.assert_close(full.top_logprobs, fast.top_logprobs)
+    # rows mixing greedy and sampled, no filters: the race without the sort draws the same tokens
+    kw = dict(temperature=torch.tensor([0.0, 0.7, 1.3, 0.0] * 16), seeds=torch.arange(64) * 7 + 1,
+              steps=torch.arange(64) % 5)
+    full, fast = sample_batch(logits, _batch(64, **kw)), sample_batch(logits, _batch(64, **kw, filters_off=True))
+    assert torch.equal(full.tokens, fast.tokens)
+    assert not torch.equal(fast.tokens, logits.argmax(-1))       # the sampled rows did sample
+    torch.testing.assert_close(full.logprobs, fast.logprobs)
+
+
+def test_logprobs_match_log_softmax_on_wide_rows():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 163_840, generator=g) * 4
+    out = sample_batch(logits, _batch(2, temperature=torch.zeros(2), num_logprobs=2, all_greedy=True))
+    raw = torch.log_softmax(logits.double(), -1).float()
+    torch.testing.assert_close(out.logprobs, raw.gather(1, out.tokens[:, None])[:, 0], atol=2e-5, rtol=0)
+    torch.testing.assert_close(out.top_logprobs, raw.topk(2, -1).values, atol=2e-5, rtol=0)
