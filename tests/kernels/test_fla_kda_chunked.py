@@ -21,6 +21,13 @@ def stand_in(calls):
     return fla_call
 
 
+@pytest.fixture(autouse=True)
+def cutting_in_float32(monkeypatch):
+    """The cutting is dtype-agnostic; float32 (served by the reference, not fla-core) makes the
+    stand-in's comparison exact, so these tests let the wrapper take it."""
+    monkeypatch.setattr(wrapper, "FLA_DTYPES", (torch.bfloat16, torch.float16, torch.float32))
+
+
 def inputs(lens, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     t = sum(lens)
@@ -75,11 +82,13 @@ def test_a_single_sequence_is_cut_into_views_and_batches_flatten():
     close(got[1], want[1])
 
 
-def test_float64_goes_to_the_reference():
-    args, kw = inputs([5, 7], seed=3, dtype=torch.float64)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_full_precision_goes_to_the_reference(monkeypatch, dtype):
+    monkeypatch.undo()                            # the served dtypes, not the fixture's
+    args, kw = inputs([5, 7], seed=3, dtype=dtype)
 
     def never(*a):
-        raise AssertionError("fla-core does not take float64")
+        raise AssertionError(f"fla-core must not take {dtype} (float32: its dots round to TF32)")
 
     got = wrapper.kda_chunked(*args, **kw, fla_call=never)
     want = ref.kda_chunked(*args, **kw)
