@@ -117,14 +117,14 @@ def variants():
 
     for block_n, block_k, warps, stages in MOE_GEMV_TILES:
         fn = moe_mxfp4_gemv.gate_up_kernel
-        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*fp32",
-                            "x_ptr": "*fp32"}, ("beta", "linear_beta"))
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*bf16",
+                            "x_ptr": "*bf16"}, ("beta", "linear_beta"))
         yield ("moe_gate_up", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
                dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, BLOCK_N=block_n, BLOCK_K=block_k,
                     STAGES=stages), warps)
         fn = moe_mxfp4_gemv.down_kernel
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
-                            "y_ptr": "*fp32", "act_ptr": "*fp32"}, ())
+                            "y_ptr": "*fp32", "act_ptr": "*bf16"}, ())
         yield ("moe_down", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
                dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages), warps)
 

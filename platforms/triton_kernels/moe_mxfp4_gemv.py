@@ -148,8 +148,13 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     topk = topk_ids.shape[1]
     ids = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1)
-    x_planes = x.float().view(t, l // 8, 8).transpose(1, 2).contiguous()              # [T, 8, L/8]
-    act = torch.empty(t * topk, 8, inter // 8, dtype=torch.float32, device=x.device)   # planes
+    # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
+    # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
+    # Activation loads, not weight bytes, bound this kernel (L1, BENCHMARKS.md): half the bytes.
+    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()       # [T, 8, L/8]
+    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    act = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)       # planes
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
         x_planes, w13.packed, w13.scales, ids, act,
