@@ -55,17 +55,34 @@ def kernel_table(prof, steps: int, device: str) -> list[dict]:
             for name, total in totals.most_common()]
 
 
-def stack_table(prof, steps: int, rows: int) -> list[dict]:
-    """Device time of torch ops grouped by their calling Python lines (needs with_stack)."""
-    table = []
-    for avg in prof.key_averages(group_by_stack_n=6):
-        device_us = getattr(avg, "self_device_time_total", None) or getattr(avg, "self_cuda_time_total", 0)
-        if device_us > 0:
-            stack = [line for line in avg.stack if "/torch/" not in line][:4]
-            table.append({"op": avg.key, "us_per_step": device_us / steps, "calls_per_step": avg.count / steps,
-                          "stack": stack})
-    table.sort(key=lambda r: -r["us_per_step"])
-    return table[:rows]
+def _calling_line(event) -> str:
+    """The innermost k3 source line above a profiler event (torch's Python tracer records each
+    Python frame as a parent event named "path(line): function")."""
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if ("core/" in name or "platforms/" in name) and "(" in name:
+            return name[max(name.find("core/"), name.find("platforms/")):]
+        parent = parent.cpu_parent
+    return "?"
+
+
+def stack_table(prof, steps: int, rows: int, device: str) -> list[dict]:
+    """Time of the top-level torch ops (device time on the GPU, CPU time on the CPU), grouped by
+    op name and the k3 line that called it: which model line launches the copies and the
+    elementwise kernels."""
+    totals, calls = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if not event.name.startswith("aten::") or (event.cpu_parent is not None
+                                                   and event.cpu_parent.name.startswith("aten::")):
+            continue
+        spent = (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) \
+            if device == "cuda" else event.cpu_time_total
+        key = (event.name, _calling_line(event))
+        totals[key] += spent
+        calls[key] += 1
+    return [{"op": op, "line": line, "us_per_step": total / steps, "calls_per_step": calls[(op, line)] / steps}
+            for (op, line), total in totals.most_common(rows)]
 
 
 def host_profile(model_dir, platform, concurrency, steps, dtype, vocab) -> dict:
@@ -126,7 +143,7 @@ def main() -> None:
         host = (host_profile(model_dir, args.platform, args.concurrency, args.steps * 4, dtype, cfg.vocab_size)
                 if args.graph else None)
     rows = kernel_table(prof, args.steps, device)
-    stacks = stack_table(prof, args.steps, args.top)
+    stacks = stack_table(prof, args.steps, args.top, device)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "platform": args.platform,
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""), "concurrency": args.concurrency,
@@ -141,7 +158,7 @@ def main() -> None:
         print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['kernel'][:110]}")
     print("device time by calling lines:")
     for r in stacks:
-        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['op']}  <- {' | '.join(r['stack'])[:300]}")
+        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['op']:28s} <- {r['line']}")
     if host:
         print(f"graph-mode step: {host['graph_step_ms_under_cprofile']:.2f} ms under cProfile")
         print(host["cprofile_top"])

@@ -54,6 +54,8 @@ KERNELS = {
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),
+    "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm",
+                       "K3's RMSNorm (fp32 inside, rounded as the reference) in one launch"),
     "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
 }

@@ -13,7 +13,8 @@ import importlib
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import AttnResKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels, hookimpl
+from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels,
+                       hookimpl)
 
 from . import capabilities, detect, experimental
 
@@ -90,3 +91,8 @@ def k3_indexer_kernels(platform):
 @hookimpl
 def k3_attn_res_kernels(platform):
     return _kernel_table(platform, "attn_res", AttnResKernels)
+
+
+@hookimpl
+def k3_elementwise_kernels(platform):
+    return _kernel_table(platform, "elementwise", ElementwiseKernels)

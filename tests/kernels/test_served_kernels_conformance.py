@@ -14,8 +14,8 @@ pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from test_model_with_kernels import with_kernels  # noqa: E402
 
 SERVED = {"kda.short_conv", "kda.decode_step", "moe.experts", "moe.select_experts", "attn_res.step", "mla.decode",
-          "mla.prefill"}
-CASES = [i for i in items("full", ("kda", "moe", "attn_res", "mla", "cache"))
+          "mla.prefill", "elementwise.rms_norm"}
+CASES = [i for i in items("full", ("kda", "moe", "attn_res", "mla", "cache", "elementwise"))
          if i.dtype != "float64" and (i.case.entry in SERVED or i.case.family == "cache")]
 
 

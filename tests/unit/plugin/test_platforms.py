@@ -16,7 +16,7 @@ from k3.plugin.manager import discover
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_graph_runner", "k3_indexer_kernels", "k3_kda_kernels",
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels", "k3_kda_kernels",
                            "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
