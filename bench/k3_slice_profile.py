@@ -38,6 +38,12 @@ from k3.engine.params import SamplingParams
 from k3_slice import engine_for, prompt, sync
 
 
+def _top_level_aten(event) -> bool:
+    """An aten op not called by another aten op (its parents may be Python frames)."""
+    return event.name.startswith("aten::") and not (event.cpu_parent is not None
+                                                    and event.cpu_parent.name.startswith("aten::"))
+
+
 def kernel_table(prof, steps: int, device: str) -> list[dict]:
     """Device time per kernel name over the profiled steps, largest first."""
     totals, calls = collections.Counter(), collections.Counter()
@@ -45,7 +51,7 @@ def kernel_table(prof, steps: int, device: str) -> list[dict]:
         is_device = (event.device_type == torch.autograd.DeviceType.CUDA) if device == "cuda" else False
         if device == "cuda" and not is_device:
             continue
-        if device != "cuda" and (event.cpu_parent is not None or not event.name.startswith("aten::")):
+        if device != "cuda" and not _top_level_aten(event):
             continue                              # CPU: top-level aten ops stand in for kernels
         duration = (getattr(event, "device_time", None) or getattr(event, "cuda_time", 0)) if device == "cuda" \
             else event.cpu_time
@@ -73,8 +79,7 @@ def stack_table(prof, steps: int, rows: int, device: str) -> list[dict]:
     elementwise kernels."""
     totals, calls = collections.Counter(), collections.Counter()
     for event in prof.events():
-        if not event.name.startswith("aten::") or (event.cpu_parent is not None
-                                                   and event.cpu_parent.name.startswith("aten::")):
+        if not _top_level_aten(event):
             continue
         spent = (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) \
             if device == "cuda" else event.cpu_time_total
