@@ -91,6 +91,7 @@ class LLMEngine:
         else:
             load_checkpoint(self.model, config.model, progress=config.load_progress)
         self.platform.process_weights(self.model)
+        self.model.model.fold_weights()
         tp = self.model.parallel.world_size
         self.kv_cache_dtype = _LATENT_AUTO[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
         act = self.activation_dtype = {v: k for k, v in _DTYPES.items()}[dtype]

@@ -59,6 +59,26 @@ class K3Model(K3Module):
         if cfg.uses_attn_res:
             self.add_weight("output_attn_res_norm", (d,), dtype, device)
             self.add_weight("output_attn_res_proj", (1, d), dtype, device)
+        self._folded_queries: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def fold_weights(self) -> None:
+        """Fold every AttnRes mix's logit weight u = norm.weight * proj.weight once
+        (`k3.reference.fold_attn_res_query`) instead of in every forward: 25 launches of a k3-slice
+        decode step and as many nodes of each decode graph. Call once the weights are final (the
+        engine does, after loading and the platform's weight processing; call again after changing
+        them). A model never folded folds on the fly, with the same values."""
+        if not self.cfg.uses_attn_res:
+            return
+        pairs = [(layer.self_attention_res_norm, layer.self_attention_res_proj) for layer in self.layers]
+        pairs += [(layer.mlp_res_norm, layer.mlp_res_proj) for layer in self.layers]
+        pairs.append((self.output_attn_res_norm, self.output_attn_res_proj))
+        self._folded_queries = {id(norm): (norm, proj, ref.fold_attn_res_query(norm, proj)) for norm, proj in pairs}
+
+    def _attn_res_query(self, norm: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
+        folded = self._folded_queries.get(id(norm))
+        if folded is not None and folded[0] is norm and folded[1] is proj:
+            return folded[2]
+        return ref.fold_attn_res_query(norm, proj)
 
     def embed(self, input_ids: torch.Tensor, media_embeds: torch.Tensor | None) -> torch.Tensor:
         """[T, d]; vocabulary-parallel lookup; media placeholders take `media_embeds` in order."""
@@ -95,13 +115,13 @@ class K3Model(K3Module):
         for layer in self.layers:
             l, starts_block = layer.layer, layer.layer % block == 0
             visible = math.ceil(l / block)
-            query = ref.fold_attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
+            query = self._attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
             h, prefix = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
                                       write_index=l // block if starts_block else None, eps=eps,
                                       out_norm_weight=layer.input_layernorm, out_eps=eps)
             a = self._mixer(layer, h, meta, cache, per_position, states)
             prefix = a if starts_block else (prefix + a).to(x0.dtype)
-            query = ref.fold_attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
+            query = self._attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
             h, prefix = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
                                       write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
                                       out_eps=eps)
@@ -110,7 +130,7 @@ class K3Model(K3Module):
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)
         sources = torch.cat([bank.transpose(0, 1), prefix.unsqueeze(0)])          # [NB + 1, T, d]
-        query = ref.fold_attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
+        query = self._attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
         return attn_res.mix(sources, query, eps=eps), taps, states
 
     def _residual_layers(self, x0, meta, cache, tap_layers, per_position):
