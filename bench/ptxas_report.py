@@ -76,7 +76,7 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
     from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_prefill, kda_decode, kda_recurrent,
-                                             mla_decode, moe_mxfp4, moe_mxfp4_gemv, rms_norm, router,
+                                             glu, mla_decode, moe_mxfp4, moe_mxfp4_gemv, rms_norm, router,
                                              short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
@@ -156,6 +156,10 @@ def variants():
     types = _types(fn, {}, ("eps",))
     for d, block, warps in ((7168, 8192, 16), (3584, 4096, 16), (1536, 2048, 8), (512, 512, 2)):
         yield ("rms_norm", f"bf16_D{d}", fn, types, dict(D=d, BLOCK_D=block, HAS_WEIGHT=True), warps)
+
+    fn = glu._glu_kernel
+    types = _types(fn, {}, ("beta", "linear_beta"))
+    yield ("glu", "bf16_situ_I1536", fn, types, dict(I=1536, BLOCK_I=1024, SITU=True, HAS_LINEAR_BETA=True), 4)
 
     fn = mla_decode._mla_split_kernel
     types = _types(fn, {"q_ptr": "*fp32", "table_ptr": "*i32", "lens_ptr": "*i64", "seq_of_ptr": "*i64",

@@ -56,6 +56,8 @@ KERNELS = {
                           needs=("triton", "fla")),
     "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm",
                        "K3's RMSNorm (fp32 inside, rounded as the reference) in one launch"),
+    "glu_activation": Kernel("elementwise.glu_activation", "triton_kernels.glu:glu_activation",
+                             "SiTU-GLU / SiLU-GLU of the dense FFNs (shared experts) in one launch"),
     "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
 }

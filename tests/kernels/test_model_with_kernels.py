@@ -1,5 +1,6 @@
 """The tiny models with every kernel the nvidia platform serves (fused KDA decode step, KDA
-short conv, MoE experts and router, AttnRes, MLA decode and prefill, RMSNorm) in place of the reference ops,
+short conv, MoE experts and router, AttnRes, MLA decode and prefill) and the experimental RMSNorm
+and GLU kernels awaiting their device run, in place of the reference ops,
 under the Triton interpreter: the conformance suite's model cases (greedy tokens and logits
 against the reference model, chunked prefill mixed with decode, on the packed cache) pass in
 float32 and bf16. This is the CPU half of what `k3 conformance --platform nvidia` checks on
@@ -15,7 +16,7 @@ from k3.plugin import select_platform
 
 moe_mxfp4 = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from k3.platforms.torch_kernels import mla_prefill_sdpa  # noqa: E402
-from k3.platforms.triton_kernels import attn_res, kda_decode, mla_decode, rms_norm, router, short_conv  # noqa: E402
+from k3.platforms.triton_kernels import attn_res, glu, kda_decode, mla_decode, rms_norm, router, short_conv  # noqa: E402
 
 CASES = [i for i in items("full", ("model",)) if i.case.name == "model.greedy"
          and (("k3.1-pro-tiny" in i.sample.shape and i.dtype in ("float32", "bfloat16"))
@@ -29,7 +30,7 @@ def with_kernels(platform):
         kda=dataclasses.replace(k.kda, decode_step=kda_decode.kda_decode_step, short_conv=short_conv.short_conv),
         moe=dataclasses.replace(k.moe, experts=moe_mxfp4.experts_forward, select_experts=router.select_experts),
         attn_res=dataclasses.replace(k.attn_res, step=attn_res.attn_res),
-        elementwise=dataclasses.replace(k.elementwise, rms_norm=rms_norm.rms_norm),
+        elementwise=dataclasses.replace(k.elementwise, rms_norm=rms_norm.rms_norm, glu_activation=glu.glu_activation),
         mla=dataclasses.replace(k.mla, decode=mla_decode.mla_decode, prefill=mla_prefill_sdpa.mla_prefill))
     return platform
 

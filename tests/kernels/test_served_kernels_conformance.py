@@ -1,4 +1,5 @@
-"""Every conformance sample of the kernel entries the nvidia platform serves, with k3's kernels
+"""Every conformance sample of the kernel entries the nvidia platform serves (and of the
+experimental kernels awaiting their device run), with k3's kernels
 in place of the reference ops (the table `test_model_with_kernels.with_kernels` builds), under
 the Triton interpreter: the CPU half of `k3 conformance --platform nvidia`, so a kernel change
 that breaks a sample fails here before any device time is spent. Races between threads, which
@@ -14,7 +15,7 @@ pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from test_model_with_kernels import with_kernels  # noqa: E402
 
 SERVED = {"kda.short_conv", "kda.decode_step", "moe.experts", "moe.select_experts", "attn_res.step", "mla.decode",
-          "mla.prefill", "elementwise.rms_norm"}
+          "mla.prefill", "elementwise.rms_norm", "elementwise.glu_activation"}
 CASES = [i for i in items("full", ("kda", "moe", "attn_res", "mla", "cache", "elementwise"))
          if i.dtype != "float64" and (i.case.entry in SERVED or i.case.family == "cache")]
 

@@ -26,7 +26,7 @@ def test_every_kernel_compiles_for_sm90():
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
                                             "router", "attn_res", "mla_decode", "indexer_decode",
-                                            "indexer_prefill", "rms_norm"}
+                                            "indexer_prefill", "rms_norm", "glu"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
@@ -42,3 +42,4 @@ def test_every_kernel_compiles_for_sm90():
     assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0
     assert compiled[("indexer_prefill", "k3.1_Hi32_D128_fp32_keys")] == 0
     assert all(compiled[("rms_norm", f"bf16_D{d}")] == 0 for d in (7168, 3584, 1536, 512))
+    assert compiled[("glu", "bf16_situ_I1536")] == 0
