@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).parent / "fla_configs"
+log = logging.getLogger(__name__)
 _pinned: list[Path | None] = []                 # the decision, made once per process
 
 
@@ -45,7 +47,13 @@ def pin(device_name: str | None = None) -> Path | None:
         device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     folder = ROOT / gpu_folder_name(device_name)
     chosen = None
-    if folder.is_dir() and "FLA_CONFIG_DIR" not in os.environ and "FLA_CACHE_MODE" not in os.environ:
+    user_set = "FLA_CONFIG_DIR" in os.environ or "FLA_CACHE_MODE" in os.environ
+    if not folder.is_dir() and not user_set:
+        log.warning("k3 ships no fla-core launch configurations for %s: fla-core's chunked KDA kernels autotune "
+                    "on first use (minutes for each new head count or dimension). To make them on this GPU: "
+                    "python3 -m k3.platforms.triton_kernels.fla_configs --out fla_configs.json, then --unpack it "
+                    "in a k3 checkout (or point FLA_CONFIG_DIR at a folder of them).", device_name)
+    if folder.is_dir() and not user_set:
         os.environ["FLA_CONFIG_DIR"] = str(folder)
         os.environ["FLA_CACHE_MODE"] = "full"
         cache = sys.modules.get("fla.ops.utils.cache")
