@@ -5,6 +5,9 @@ state), in one call on the GPU.
 
     python3 bench/kda_prefill.py --out kda_prefill.json
 
+k3's wrapper gives fla-core fp32 q / k / v by default (TF32 dots and fp32 per-chunk states,
+`kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands.
+
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,
 1,000, 2,144 tokens) with per-sequence checkpoints. Each is checked against the reference on
@@ -16,8 +19,10 @@ bytes (inputs read once, o and states written once) over the measured copy bandw
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
 
 import torch
 
@@ -39,6 +44,19 @@ def make(lens, h=96, d=128, seed=0):
     return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
 
 
+@contextlib.contextmanager
+def operands(choice):
+    saved = os.environ.get("K3_FLA_KDA_OPERANDS")
+    os.environ["K3_FLA_KDA_OPERANDS"] = choice
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("K3_FLA_KDA_OPERANDS")
+        else:
+            os.environ["K3_FLA_KDA_OPERANDS"] = saved
+
+
 def run_case(name, lens, offsets, copy_GBps) -> dict:
     from fla.ops.kda import chunk_kda
 
@@ -54,6 +72,10 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
         out["error_ratio_checkpoints"] = max(ratio(a, b) for a, b in zip(got[2], want[2]))
     out["passed"] = all(v < 2e-2 for key, v in out.items() if key.startswith("error_ratio"))
     out["k3_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))
+    with operands("bf16"):                      # fla-core on bf16 operands (K3_FLA_KDA_OPERANDS=bf16)
+        bf16 = kda_chunked(*args, **kw, **emit)
+        out["error_ratio_o_bf16_operands"] = ratio(bf16[0], want[0])
+        out["k3_bf16_operands_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))
     out["fla_direct_no_checkpoints_ms"] = bench_ms(
         lambda: chunk_kda(*args, initial_state=kw["initial_state"], output_final_state=True,
                           cu_seqlens=kw["cu_seqlens"]))

@@ -15,6 +15,7 @@ Inputs fla-core does not take (float32 and float64, key dims over 256) go to the
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,12 +32,33 @@ from . import fla_configs
 FlaCall = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
+OPERANDS_ENV = "K3_FLA_KDA_OPERANDS"
+
+
+def operand_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype fla-core's chunk_kda gets q, k and v in, for a model of `dtype` (bf16 / fp16).
+
+    fla-core's dots take their operands' dtype, and it keeps the per-chunk states and the
+    corrected values in that dtype too: bf16 operands fail one bf16 model conformance case on the
+    H200 (k3-tiny, a token 5.4 logits from the float64 oracle's choice, where k3's reference
+    agrees with the oracle). fp32 operands (TF32 tensor cores, fp32 per-chunk states) are the
+    default; K3_FLA_KDA_OPERANDS=bf16 takes the model's dtype (half the bytes and twice the MMA
+    rate; bench/kda_prefill.py times both)."""
+    choice = os.environ.get(OPERANDS_ENV, "fp32")
+    if choice not in ("fp32", "bf16"):
+        raise ValueError(f"{OPERANDS_ENV} must be fp32 or bf16, got {choice!r}")
+    return torch.float32 if choice == "fp32" else dtype
+
+
 def fla_chunk_kda(q, k, v, g, beta, scale, initial_state, cu_seqlens):
     """One call of fla-core's chunk_kda in k3's conventions (g log decay, beta after sigmoid), with
-    k3's tuned launch configurations for this GPU where it ships them (fla_configs.py)."""
+    k3's tuned launch configurations for this GPU where it ships them (fla_configs.py), q / k / v
+    in `operand_dtype`; o comes back in that dtype (the wrapper casts it to the model's)."""
     fla_configs.pin()
     from fla.ops.kda import chunk_kda
 
+    operands = operand_dtype(v.dtype)
+    q, k, v = (x.to(operands) for x in (q, k, v))
     return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
                      cu_seqlens=cu_seqlens)
 

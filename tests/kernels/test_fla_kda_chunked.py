@@ -116,3 +116,32 @@ def test_the_plan_is_made_once_per_forward_and_shared_by_layers():
     assert wrapper.round_plan(fresh, offsets, 1, 50, torch.device("cpu")) is not plan
     long_cu = kw["cu_seqlens"].long()                 # int64 cu_seqlens go to fla-core as they are
     assert wrapper.round_plan(long_cu, None, 1, 50, torch.device("cpu")).cu is long_cu
+
+
+def test_fla_core_gets_fp32_operands_unless_asked_for_the_models_dtype(monkeypatch):
+    """fla-core keeps its per-chunk states in its operands' dtype; bf16 ones failed a bf16 model
+    conformance case on the H200, so q, k and v go to it in fp32 by default."""
+    import sys
+    import types
+
+    seen = []
+
+    def chunk_kda(q, k, v, g, beta, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return v.clone(), kw["initial_state"]
+
+    kda_module = types.ModuleType("fla.ops.kda")
+    kda_module.chunk_kda = chunk_kda
+    for name, module in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
+                         ("fla.ops.kda", kda_module)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(wrapper.fla_configs, "pin", lambda: None)
+    (q, k, v, g, beta), kw = inputs([4, 5], seed=6, dtype=torch.bfloat16)
+    monkeypatch.delenv(wrapper.OPERANDS_ENV, raising=False)
+    wrapper.fla_chunk_kda(q, k, v, g, beta, 0.1, kw["initial_state"], kw["cu_seqlens"])
+    monkeypatch.setenv(wrapper.OPERANDS_ENV, "bf16")
+    wrapper.fla_chunk_kda(q, k, v, g, beta, 0.1, kw["initial_state"], kw["cu_seqlens"])
+    assert seen == [(torch.float32,) * 3, (torch.bfloat16,) * 3]
+    monkeypatch.setenv(wrapper.OPERANDS_ENV, "tf32")
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        wrapper.fla_chunk_kda(q, k, v, g, beta, 0.1, kw["initial_state"], kw["cu_seqlens"])
