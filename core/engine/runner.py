@@ -7,6 +7,7 @@ per-request Python object reaches the model.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ from k3.plugin.contract import ForwardMetadata
 
 from .sampler import SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
+from .upload import HostBatch
 
 
 @dataclass
@@ -72,30 +74,28 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
             sample_logits.append(len(logits_at))
             logits_at.append(len(ids) - 1)
             sample_rows.append(i)
-    cu = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    cu[1:] = torch.tensor(lens).cumsum(0)
-    meta = ForwardMetadata(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        cu_seqlens=cu.to(device),
-        context_lens=torch.tensor(context, dtype=torch.long, device=device),
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        block_table=torch.tensor(table, dtype=torch.int32, device=device),
-        state_indices=torch.tensor([s.request.state_row for s in out.scheduled], dtype=torch.long, device=device),
-        logits_indices=torch.tensor(logits_at, dtype=torch.long, device=device),
-        max_q_len=max(lens),
-    )
+    cu = [0, *itertools.accumulate(lens)]
+    host = HostBatch()
+    host.add("input_ids", ids, torch.long)
+    host.add("positions", positions, torch.long)
+    host.add("context_lens", context, torch.long)
+    host.add("slot_mapping", slots, torch.long)
+    host.add("state_indices", [s.request.state_row for s in out.scheduled], torch.long)
+    host.add("logits_indices", logits_at, torch.long)
+    host.add("cu_seqlens", cu, torch.int32)
+    host.add("block_table", table, torch.int32)
     if max_ckpt:
-        meta.checkpoint_positions = torch.tensor(ckpt_pos, dtype=torch.long, device=device)
-        meta.checkpoint_state_indices = torch.tensor(ckpt_rows, dtype=torch.long, device=device)
+        host.add("checkpoint_positions", ckpt_pos, torch.long)
+        host.add("checkpoint_state_indices", ckpt_rows, torch.long)
     if max_spec:
-        meta.spec_lens = torch.tensor(spec_lens, dtype=torch.int32, device=device)
-        meta.spec_positions = torch.tensor(spec_positions, dtype=torch.long, device=device).view(-1, 2)
+        host.add("spec_lens", spec_lens, torch.int32)
+        host.add("spec_positions", spec_positions, torch.long, shape=(len(spec_positions), 2))
         if any(s.request.spec_rows for s in out.scheduled):
-            meta.spec_state_indices = torch.tensor(spec_states, dtype=torch.long, device=device)
+            host.add("spec_state_indices", spec_states, torch.long)
         else:
-            meta.spec_record_slots = torch.tensor(record_slots, dtype=torch.long, device=device)
-    token_starts = cu[:-1].tolist()                     # cu is still on the host here: no device read
+            host.add("spec_record_slots", record_slots, torch.long)
+    meta = ForwardMetadata(max_q_len=max(lens), **host.upload(device))
+    token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, spec_rows=spec_rows,
                      token_starts=token_starts)
 
@@ -108,16 +108,18 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype, device=device)
 
+    host = HostBatch()
+    host.add("temperature", [p.temperature for p in params], torch.float32)
+    host.add("top_p", [p.top_p for p in params], torch.float32)
+    host.add("min_p", [p.min_p for p in params], torch.float32)
+    host.add("top_k", [p.top_k for p in params], torch.long)
+    host.add("seeds", [r.seed for r in reqs], torch.long)
+    host.add("steps", [len(r.output_token_ids) for r in reqs], torch.long)
     batch = SamplingBatch(
         all_greedy=all(p.temperature <= 0 for p in params),
         filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
-        temperature=tensor([p.temperature for p in params], torch.float32),
-        top_k=tensor([p.top_k for p in params], torch.long),
-        top_p=tensor([p.top_p for p in params], torch.float32),
-        min_p=tensor([p.min_p for p in params], torch.float32),
-        seeds=tensor([r.seed for r in reqs], torch.long),
-        steps=tensor([len(r.output_token_ids) for r in reqs], torch.long),
         num_logprobs=max((p.logprobs or 0) for p in params),
+        **host.upload(device),
     )
     if any(p.uses_penalties for p in params):
         counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)
