@@ -137,6 +137,7 @@ MLA prefill materialises every head's keys: 24 GiB at 8K tokens)."""
     big = max(args.ttft + [args.prefix_len + 64, args.prompt_len + args.decode_tokens]) + 64
     engine = engine_for(model_dir, platform, max_num_seqs=max(args.concurrency), max_model_len=big, dtype=args.dtype)
     out["graph_buckets"] = engine.runner.graphs.buckets if engine.runner.graphs is not None else None
+    out["graph_pool_bytes"] = getattr(engine.runner.graphs.runner, "pool_bytes", None) if engine.runner.graphs else None
     decode(engine, 1, 16, 4, vocab)                                       # warm-up (compilation)
     out["decode"], out["ttft_ms"] = [], {}
     for c in args.concurrency:

@@ -17,9 +17,13 @@ WARMUP_CALLS = 2
 class CudaGraphCapturer:
     def __init__(self):
         self.pool = None
+        self.pool_bytes = 0            # memory the captures reserved (warm-ups and the shared pool)
+        self._reserved_before: int | None = None
 
     def capture(self, fn):
         """(replay, outputs) of one recorded call of fn (see the k3_graph_runner hookspec)."""
+        if self._reserved_before is None:
+            self._reserved_before = torch.cuda.memory_reserved()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -32,4 +36,6 @@ class CudaGraphCapturer:
             outputs = fn()
         if self.pool is None:
             self.pool = graph.pool()
+        # the capacity plan does not count this yet (BENCHMARKS.md): measured here to size it
+        self.pool_bytes = torch.cuda.memory_reserved() - self._reserved_before
         return graph.replay, outputs
