@@ -48,13 +48,14 @@ def kernel_table(prof, steps: int, device: str) -> list[dict]:
     """Device time per kernel name over the profiled steps, largest first."""
     totals, calls = collections.Counter(), collections.Counter()
     for event in prof.events():
-        is_device = (event.device_type == torch.autograd.DeviceType.CUDA) if device == "cuda" else False
-        if device == "cuda" and not is_device:
+        if device == "cuda":
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            duration = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0)
+        elif _top_level_aten(event):              # CPU: top-level aten ops stand in for kernels
+            duration = event.cpu_time
+        else:
             continue
-        if device != "cuda" and not _top_level_aten(event):
-            continue                              # CPU: top-level aten ops stand in for kernels
-        duration = (getattr(event, "device_time", None) or getattr(event, "cuda_time", 0)) if device == "cuda" \
-            else event.cpu_time
         totals[event.name] += duration
         calls[event.name] += 1
     return [{"kernel": name, "us_per_step": total / steps, "calls_per_step": calls[name] / steps}

@@ -19,10 +19,10 @@ bytes (inputs read once, o and states written once) over the measured copy bandw
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
+from unittest import mock
 
 import torch
 
@@ -44,23 +44,10 @@ def make(lens, h=96, d=128, seed=0):
     return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
 
 
-@contextlib.contextmanager
-def operands(choice):
-    saved = os.environ.get("K3_FLA_KDA_OPERANDS")
-    os.environ["K3_FLA_KDA_OPERANDS"] = choice
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("K3_FLA_KDA_OPERANDS")
-        else:
-            os.environ["K3_FLA_KDA_OPERANDS"] = saved
-
-
 def run_case(name, lens, offsets, copy_GBps) -> dict:
     from fla.ops.kda import chunk_kda
 
-    from k3.platforms.triton_kernels.kda_chunked import kda_chunked
+    from k3.platforms.triton_kernels.kda_chunked import OPERANDS_ENV, kda_chunked
 
     args, kw = make(lens)
     emit = {} if offsets is None else {"checkpoint_offsets": offsets}
@@ -72,7 +59,7 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
         out["error_ratio_checkpoints"] = max(ratio(a, b) for a, b in zip(got[2], want[2]))
     out["passed"] = all(v < 2e-2 for key, v in out.items() if key.startswith("error_ratio"))
     out["k3_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))
-    with operands("bf16"):                      # fla-core on bf16 operands (K3_FLA_KDA_OPERANDS=bf16)
+    with mock.patch.dict(os.environ, {OPERANDS_ENV: "bf16"}):     # fla-core on the model's bf16 operands
         bf16 = kda_chunked(*args, **kw, **emit)
         out["error_ratio_o_bf16_operands"] = ratio(bf16[0], want[0])
         out["k3_bf16_operands_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))

@@ -32,6 +32,7 @@ class StepBatch:
     meta: ForwardMetadata
     sample_rows: list[int]         # indices into scheduled of the requests that sample a token
     sample_logits: list[int]       # their rows in the logits
+    sample_index: torch.Tensor | None  # sample_logits on the device, None when they are rows 0..n-1
     spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
     token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
 
@@ -94,10 +95,14 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
             host.add("spec_state_indices", spec_states, torch.long)
         else:
             host.add("spec_record_slots", record_slots, torch.long)
-    meta = ForwardMetadata(max_q_len=max(lens), **host.upload(device))
+    if sample_logits != list(range(len(sample_logits))):
+        host.add("sample_index", sample_logits, torch.long)
+    uploaded = host.upload(device)
+    sample_index = uploaded.pop("sample_index", None)
+    meta = ForwardMetadata(max_q_len=max(lens), **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
-    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, spec_rows=spec_rows,
-                     token_starts=token_starts)
+    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
+                     spec_rows=spec_rows, token_starts=token_starts)
 
 
 def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device) -> SamplingBatch:
@@ -175,12 +180,10 @@ class ModelRunner:
         # Everything the sampler reads is on the device before the forward is launched: a host
         # to device copy after it (from pageable memory) would wait for the whole forward, and the
         # sampler's launches would then run with the GPU idle instead of behind the forward.
-        sampling = sample_index = None
+        sampling = None
         if step.sample_rows:
             sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device)
             self._block_stop_ids(sampling, [stop_ids[i] for i in step.sample_rows])
-            if step.sample_logits != list(range(len(step.sample_logits))):
-                sample_index = torch.tensor(step.sample_logits, dtype=torch.long, device=self.device)
         if broadcast is not None:
             broadcast(step.meta, out.row_copies)
         result = self.forward(step.meta, out.row_copies)
@@ -193,7 +196,7 @@ class ModelRunner:
         if logits.shape[1] != self.vocab_size:
             raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
                                f"size {self.vocab_size}")
-        logits = logits[sample_index] if sample_index is not None else logits[: len(step.sample_logits)]
+        logits = logits[step.sample_index] if step.sample_index is not None else logits[: len(step.sample_logits)]
         return step.sample_rows, sample_batch(logits, sampling), spec_logits
 
     def _block_stop_ids(self, sampling: SamplingBatch, blocked: list[set[int]]) -> None:

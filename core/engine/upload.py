@@ -38,7 +38,7 @@ class HostBatch:
     def upload(self, device) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for dtype, items in self._groups.items():
-            step = max(1, _ALIGN_BYTES // torch.empty((), dtype=dtype).element_size())
+            step = max(1, _ALIGN_BYTES // dtype.itemsize)
             flat, offsets = [], []
             for _, values, _ in items:
                 offsets.append(len(flat))

@@ -1,6 +1,7 @@
 """In-kernel pieces both MXFP4 routed-expert kernels use (moe_mxfp4.py's tensor-core and
 byte-decode modes, moe_mxfp4_gemv.py): fp16 bit patterns widened to fp32, E2M1 and E8M0
-decoding, and the gated activation of the gate/up projection."""
+decoding, and the gated activation of the gate/up projection (which glu.py, the dense FFNs'
+activation, shares so dense and routed experts compute the same function)."""
 
 import triton
 import triton.language as tl
