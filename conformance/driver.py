@@ -117,6 +117,9 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
             else:
                 pieces.append([traces[i].tokens[-1]])
             context.append(fed[i] + len(traces[i].tokens) - (0 if fed[i] < len(prompt) else 1))
+        # one-token steps first, as the engine's scheduler orders them (ForwardMetadata.num_decodes)
+        order = sorted(range(len(active)), key=lambda r: len(pieces[r]) != 1)
+        active, pieces, context = ([xs[r] for r in order] for xs in (active, pieces, context))
         meta = ForwardMetadata.build(pieces, context_lens=context, state_indices=[slots[i] for i in active],
                                      block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
                                      device=device)

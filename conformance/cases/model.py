@@ -7,7 +7,8 @@ rows and pages sharing one row space. The reference uses separate contiguous ten
 - model.greedy: three requests of different lengths (one longer than K3.1 Pro tiny's DSA
   top-16) generate greedily with the reference kernels (whole-prompt prefill, one batch); the
   platform model is fed the same tokens with chunked prefill (7 tokens a call, mixed with
-  decode steps), other state rows and a different page shuffle. In float64 the reference is
+  decode steps, one-token steps first as the engine orders them), other state rows and a
+  different page shuffle. In float64 the reference is
   the oracle: the platform's argmax must equal its token at every step where its top-1 / top-2
   gap exceeds ~0, and the logits must agree to ~1e-8. In a rounding dtype the same-dtype
   reference is itself an approximation (a fused kernel that skips an intermediate rounding is

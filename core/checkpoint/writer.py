@@ -64,6 +64,11 @@ def write_config(out: Path, cfg: K3Config) -> None:
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
+# parameters the model holds in fp32 for its own arithmetic (an exact upcast at load) that
+# checkpoints publish in the model's dtype, as K3's do: the MoE router's gate
+HELD_IN_FP32 = ("gate",)
+
+
 def model_tensors(model) -> list[tuple[str, torch.Tensor]]:
     """(published name, tensor) of every checkpoint tensor of a TP = 1 model, for saving it."""
     from .names import published_name
@@ -72,9 +77,12 @@ def model_tensors(model) -> list[tuple[str, torch.Tensor]]:
         raise ValueError("model_tensors saves a whole model: gather a tensor-parallel model first")
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
+    model_dtype = model.model.norm.dtype
     out = []
     for template, param, spec in model.weight_specs():
         source = tensors[param]
+        if param.rsplit(".", 1)[-1] in HELD_IN_FP32:
+            source = source.to(model_dtype)
         for e in range(spec.stack[0]) if spec.stack else (None,):
             index = ((e,) if e is not None else ()) + tuple(spec.dest)
             out.append((published_name(template, model.cfg, e), (source[index] if index else source).clone()))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
 
 from .sampler import SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
@@ -99,7 +99,8 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
         host.add("sample_index", sample_logits, torch.long)
     uploaded = host.upload(device)
     sample_index = uploaded.pop("sample_index", None)
-    meta = ForwardMetadata(max_q_len=max(lens), **uploaded)
+    num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
+    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
                      spec_rows=spec_rows, token_starts=token_starts)
@@ -113,15 +114,17 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype, device=device)
 
+    all_greedy = all(p.temperature <= 0 for p in params)
     host = HostBatch()
-    host.add("temperature", [p.temperature for p in params], torch.float32)
-    host.add("top_p", [p.top_p for p in params], torch.float32)
-    host.add("min_p", [p.min_p for p in params], torch.float32)
-    host.add("top_k", [p.top_k for p in params], torch.long)
-    host.add("seeds", [r.seed for r in reqs], torch.long)
-    host.add("steps", [len(r.output_token_ids) for r in reqs], torch.long)
+    if not all_greedy:          # a greedy batch takes the argmax alone: no draw parameters to copy
+        host.add("temperature", [p.temperature for p in params], torch.float32)
+        host.add("top_p", [p.top_p for p in params], torch.float32)
+        host.add("min_p", [p.min_p for p in params], torch.float32)
+        host.add("top_k", [p.top_k for p in params], torch.long)
+        host.add("seeds", [r.seed for r in reqs], torch.long)
+        host.add("steps", [len(r.output_token_ids) for r in reqs], torch.long)
     batch = SamplingBatch(
-        all_greedy=all(p.temperature <= 0 for p in params),
+        all_greedy=all_greedy,
         filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
         num_logprobs=max((p.logprobs or 0) for p in params),
         **host.upload(device),

@@ -61,14 +61,16 @@ class SamplingBatch:
     parameters, never read back from the device): every row has temperature 0, or no row
     filters (top-k 0, top-p 1, min-p 0). They select shorter paths that draw the same tokens:
     argmax alone, or the race over softmax(logits / T) without the sort the filters need.
+    The draw parameters (temperature, top_k, top_p, min_p, seeds, steps) may be None when
+    all_greedy: the argmax reads none of them.
     """
 
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    seeds: torch.Tensor
-    steps: torch.Tensor
+    temperature: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    min_p: torch.Tensor | None = None
+    seeds: torch.Tensor | None = None
+    steps: torch.Tensor | None = None
     repetition_penalty: torch.Tensor | None = None
     presence_penalty: torch.Tensor | None = None
     frequency_penalty: torch.Tensor | None = None

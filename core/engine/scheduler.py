@@ -174,6 +174,9 @@ class Scheduler:
         if self.prefix_cache is not None:
             for s in out.scheduled:
                 s.checkpoints = self._plan_checkpoints(s.request, s.num_new_tokens)
+        # one-token steps first (ForwardMetadata.num_decodes): layers run them on their decode
+        # path, so a decode's arithmetic does not depend on prefill chunks sharing its batch
+        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)
         return out
 
     # ----------------------------------------------------------------- prefix caching

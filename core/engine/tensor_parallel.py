@@ -38,7 +38,7 @@ def _send(meta: ForwardMetadata | None, device, row_copies=()) -> None:
     n, pages = meta.block_table.shape
     c = 0 if meta.checkpoint_positions is None else meta.checkpoint_positions.shape[1]
     header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
-                           len(row_copies), 0], device=device)
+                           len(row_copies), meta.num_decodes], device=device)
     dist.broadcast(header, src=0)
     parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
     if c:
@@ -50,7 +50,7 @@ def _send(meta: ForwardMetadata | None, device, row_copies=()) -> None:
 def _receive(device) -> tuple[ForwardMetadata, list[tuple[int, int]]] | None:
     header = torch.empty(_HEADER, dtype=torch.long, device=device)
     dist.broadcast(header, src=0)
-    cmd, max_q_len, t, n, pages, m, c, copies, _ = header.tolist()
+    cmd, max_q_len, t, n, pages, m, c, copies, num_decodes = header.tolist()
     if cmd == _STOP:
         return None
     sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies]
@@ -59,7 +59,8 @@ def _receive(device) -> tuple[ForwardMetadata, list[tuple[int, int]]] | None:
     parts = payload.split(sizes)
     fields = dict(zip(_FIELDS, parts[:7]))
     fields["cu_seqlens"] = fields["cu_seqlens"].int()
-    meta = ForwardMetadata(block_table=parts[7].view(n, pages).int(), max_q_len=max_q_len, **fields)
+    meta = ForwardMetadata(block_table=parts[7].view(n, pages).int(), max_q_len=max_q_len, num_decodes=num_decodes,
+                           **fields)
     if c:
         meta.checkpoint_positions, meta.checkpoint_state_indices = parts[8].view(n, c), parts[9].view(n, c)
     pairs = parts[10].tolist()

@@ -56,7 +56,10 @@ class MoE(K3Module):
         self.expert_start, self.num_local_experts = parallel.shard(e, "num_experts")
         el = self.num_local_experts
         router_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        self.add_weight("gate", (e, d), dtype, device)
+        # the router runs in fp32 (k3.reference.router_logits upcasts both operands): the gate is
+        # held in fp32 from load (an exact upcast of the checkpoint's bf16), so a step does not
+        # cast the whole [E, d] weight in every MoE layer (twice its bf16 bytes in memory)
+        self.add_weight("gate", (e, d), router_dtype, device)
         self.add_weight("e_score_correction_bias", (e,), router_dtype, device,
                         checkpoint="gate.e_score_correction_bias")
         if cfg.uses_latent_moe:

@@ -84,7 +84,25 @@ class KDAMixer(K3Module):
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
                 *, per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [T, d] (AttnRes-mixed, input_layernorm-ed). Returns (out [T, d] reduced over ranks,
-        per-position states [T, H_local, K, V] or None). Reads and writes this layer's state rows."""
+        per-position states [T, H_local, K, V] or None). Reads and writes this layer's state rows.
+
+        A mixed batch whose one-token steps come first (`meta.num_decodes`) runs them as a
+        decode step and the prefill chunks after them as a prefill call, so a decode's output
+        does not depend on the chunks sharing its batch (and skips the chunked kernel, which
+        would give each one-token sequence a chunk of its own)."""
+        d = meta.num_decodes
+        if meta.splits_decodes and not per_position_states:
+            decodes, rest = meta.split_decodes()
+            o = torch.cat([self._mix(x[:d], decodes, cache)[0], self._mix(x[d:], rest, cache)[0]])
+            states = None
+        else:
+            o, states = self._mix(x, meta, cache, per_position_states)
+        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+
+    def _mix(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
+             per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer before o_proj: (o [T, H_local * V] gated and normalised, per-position
+        states or None)."""
         k = self.kernels
         t = x.shape[0]
         hl, hd = self.num_heads, self.head_dim
@@ -100,7 +118,7 @@ class KDAMixer(K3Module):
                                   self.output_gate(x).view(t, hl, hd), self.o_norm, view.recurrent, view.conv,
                                   rows, fresh, lower_bound=self.cfg.linear_attn.gate_lower_bound,
                                   norm_eps=self.cfg.rms_norm_eps)                 # [N, H, V], normalised
-            return self.parallel.all_reduce(F.linear(o.reshape(t, hl * hd), self.o_proj)), None
+            return o.reshape(t, hl * hd), None
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
         s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
         g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
@@ -111,8 +129,7 @@ class KDAMixer(K3Module):
         else:
             o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, per_position_states)
         gate = self.output_gate(x).view(t, hl, hd)
-        o = k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd)
-        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+        return k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd), states
 
     @staticmethod
     def _fused_decode(meta: ForwardMetadata, per_position_states: bool) -> bool:

@@ -52,6 +52,25 @@ class MLAMixer(K3Module):
         self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv),
                         shard=(1, h0 * dv, hl * dv))
         self.indexer = DSAIndexer(cfg, kernels=kernels, dtype=dtype, device=device) if cfg.uses_dsa else None
+        self._absorbed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None   # (kv_b_proj, w_uk, w_uv)
+
+    def fold_weights(self) -> None:
+        """Split kv_b_proj into the absorbed decode weights w_uk [H, Dn, R] and w_uv [H, R, Dv]
+        once (`k3.reference.mla_absorb_weights`) instead of in every decode step: two strided
+        copies of the whole weight per MLA layer (12.6 MB each at k3-slice's 96 heads), 0.17 ms of
+        an H200 decode step. Same values; they take the weight's memory once more, and a replaced
+        kv_b_proj is split on the fly again."""
+        self._absorbed = (self.kv_b_proj, *self._absorb())
+
+    def _absorb(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return ref.mla_absorb_weights(self.kv_b_proj, num_heads=self.num_heads,
+                                      qk_nope_head_dim=self.cfg.qk_nope_head_dim, v_head_dim=self.cfg.v_head_dim)
+
+    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_uk, w_uv) of the current kv_b_proj: the folded split when it is still that weight's."""
+        if self._absorbed is not None and self._absorbed[0] is self.kv_b_proj:
+            return self._absorbed[1], self._absorbed[2]
+        return self._absorb()
 
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews) -> torch.Tensor:
         """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks."""
@@ -73,26 +92,39 @@ class MLAMixer(K3Module):
         else:                       # fp8 pages with a per-tensor scale
             view.pages[pages, offsets] = k.quant.fp8_quantize(row, scale=view.scale, dtype=view.pages.dtype)[0]
 
-        topk = None
-        if self.indexer is not None:
-            topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
-
-        scale = cfg.mla_softmax_scale
-        if meta.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
-            w_uk, w_uv = ref.mla_absorb_weights(self.kv_b_proj, num_heads=hl, qk_nope_head_dim=dn,
-                                                v_head_dim=cfg.v_head_dim)
-            o = k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
-                             w_uk, w_uv, scale=scale, kv_cache_scale=view.scale, topk_indices=topk)
-        else:                     # prefill: expanded MHA over each sequence's whole context
-            rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
-            if view.scale is not None:
-                rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)
-            o = k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
-                              cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
-                              qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)
+        if meta.splits_decodes:     # decodes on the absorbed path, the prefill chunks expanded
+            parts = zip((slice(0, meta.num_decodes), slice(meta.num_decodes, None)), meta.split_decodes())
+            o = torch.cat([self._attend(x[s], q[s], None if c_q is None else c_q[s], part, cache, pages[s], offsets[s])
+                           for s, part in parts])
+        else:
+            o = self._attend(x, q, c_q, meta, cache, pages, offsets)
         o = o.reshape(t, hl * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
             gate = torch.sigmoid(F.linear(x, self.g_proj).to(cd))
             o = (o.to(cd) * gate).to(x.dtype)
         return self.parallel.all_reduce(F.linear(o, self.o_proj))
+
+    def _attend(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
+                cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Attention of q [T, H, Dn + Dr] over the cached context (this call's latents already
+        written): the DSA selection first (writing the index keys), then the absorbed form when
+        every sequence brings one token, the expanded form otherwise. Returns [T, H, Dv]."""
+        cfg, k = self.cfg, self.kernels
+        dn, r = cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        view = cache.latent[self.mla_index]
+        topk = None
+        if self.indexer is not None:
+            topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
+        scale = cfg.mla_softmax_scale
+        if meta.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
+            w_uk, w_uv = self.absorbed_weights()
+            return k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
+                                w_uk, w_uv, scale=scale, kv_cache_scale=view.scale, topk_indices=topk)
+        # prefill: expanded MHA over each sequence's whole context
+        rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
+        if view.scale is not None:
+            rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)
+        return k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
+                             cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
+                             qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)

@@ -21,6 +21,7 @@ from k3.plugin.contract import CacheViews, ForwardMetadata, IndexKeyCacheView, K
 from k3.plugin.types import KernelSet
 
 from .decoder import DecoderLayer
+from .mla import MLAMixer
 from .module import K3Module
 from .parallel import ParallelContext
 
@@ -64,9 +65,13 @@ class K3Model(K3Module):
     def fold_weights(self) -> None:
         """Fold every AttnRes mix's logit weight u = norm.weight * proj.weight once
         (`k3.reference.fold_attn_res_query`) instead of in every forward: 25 launches of a k3-slice
-        decode step and as many nodes of each decode graph. Call once the weights are final (the
-        engine does, after loading and the platform's weight processing; call again after changing
-        them). A model never folded folds on the fly, with the same values."""
+        decode step and as many nodes of each decode graph; and split every MLA layer's kv_b_proj
+        into its absorbed decode weights (`MLAMixer.fold_weights`). Call once the weights are final
+        (the engine does, after loading and the platform's weight processing; call again after
+        changing them). A model never folded folds on the fly, with the same values."""
+        for module in self.modules():
+            if isinstance(module, MLAMixer):
+                module.fold_weights()
         if not self.cfg.uses_attn_res:
             return
         pairs = [(layer.self_attention_res_norm, layer.self_attention_res_proj) for layer in self.layers]

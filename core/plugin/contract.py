@@ -15,6 +15,14 @@ from dataclasses import dataclass
 import torch
 
 
+def leading_one_token_steps(lens: Sequence[int]) -> int:
+    """How many sequences at the front of a batch compute one token each (`num_decodes`)."""
+    n = 0
+    while n < len(lens) and lens[n] == 1:
+        n += 1
+    return n
+
+
 @dataclass
 class ForwardMetadata:
     """Flat metadata of one forward call: N sequences, T new tokens packed in sequence order.
@@ -49,6 +57,12 @@ class ForwardMetadata:
                     sequence, made on the host with the batch so the model writes the
                     per-token states or records without reading spec_lens back (None: the
                     model derives them from spec_lens, at a host synchronisation per layer).
+    num_decodes:    host int: the first num_decodes sequences each compute one token (a decode
+                    step, or a one-token prompt chunk) and verify no drafts, so a layer may run
+                    them on its decode path and the rest on its prefill path
+                    (`split_decodes`); 0 when the builder does not order them so. The engine
+                    schedules one-token steps first, so a decode's arithmetic does not depend
+                    on whether prefill chunks share its batch.
     """
 
     input_ids: torch.Tensor
@@ -67,6 +81,7 @@ class ForwardMetadata:
     spec_state_indices: torch.Tensor | None = None
     spec_record_slots: torch.Tensor | None = None
     spec_positions: torch.Tensor | None = None
+    num_decodes: int = 0
 
     @property
     def num_seqs(self) -> int:
@@ -84,6 +99,38 @@ class ForwardMetadata:
     def seq_lens(self) -> torch.Tensor:
         """Context length after this call (cached + new) per sequence."""
         return self.context_lens + self.q_lens
+
+    @property
+    def splits_decodes(self) -> bool:
+        """Decodes and prefill chunks share this batch, decodes first, and no sequence carries
+        drafts: `split_decodes` applies."""
+        return 0 < self.num_decodes < self.num_seqs and self.spec_lens is None and self.spec_positions is None
+
+    def split_decodes(self) -> tuple["ForwardMetadata", "ForwardMetadata"]:
+        """(the first num_decodes sequences, the rest) as two metadata of their own, for a layer
+        that runs a mixed batch's decodes and prefill chunks on different paths. Their tokens
+        are x[:num_decodes] and x[num_decodes:]. A part feeds a layer, not the LM head: its
+        logits_indices is empty."""
+        d = self.num_decodes
+        if not self.splits_decodes:
+            raise ValueError(f"split_decodes needs 0 < num_decodes ({d}) < num_seqs ({self.num_seqs}) "
+                             "and no verifying sequence")
+        ckpt = self.checkpoint_positions is not None
+        none = self.logits_indices[:0]
+
+        def part(seqs: slice, tokens: slice, cu: torch.Tensor, max_q_len: int) -> "ForwardMetadata":
+            return ForwardMetadata(
+                input_ids=self.input_ids[tokens], positions=self.positions[tokens], cu_seqlens=cu,
+                context_lens=self.context_lens[seqs], slot_mapping=self.slot_mapping[tokens],
+                block_table=self.block_table[seqs], state_indices=self.state_indices[seqs], logits_indices=none,
+                max_q_len=max_q_len,
+                checkpoint_positions=self.checkpoint_positions[seqs] if ckpt else None,
+                checkpoint_state_indices=self.checkpoint_state_indices[seqs] if ckpt else None,
+                num_decodes=d if max_q_len == 1 else 0)
+
+        decodes = part(slice(0, d), slice(0, d), self.cu_seqlens[: d + 1], 1)
+        rest = part(slice(d, None), slice(d, None), self.cu_seqlens[d:] - d, self.max_q_len)
+        return decodes, rest
 
     @classmethod
     def build(
@@ -119,7 +166,7 @@ class ForwardMetadata:
             slot_mapping=slots, block_table=table,
             state_indices=torch.tensor(list(state_indices), dtype=torch.long, device=device),
             logits_indices=torch.arange(ids.shape[0], device=device) if all_logits else cu[1:].long() - 1,
-            max_q_len=max(lens),
+            max_q_len=max(lens), num_decodes=leading_one_token_steps(lens),
         )
 
 

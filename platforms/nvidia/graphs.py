@@ -23,6 +23,10 @@ class CudaGraphCapturer:
     def capture(self, fn):
         """(replay, outputs) of one recorded call of fn (see the k3_graph_runner hookspec)."""
         if self._reserved_before is None:
+            # torch.cuda.graph empties the allocator's cache on entry, so the baseline is taken
+            # with the cache empty too (else freed cached blocks make the difference negative)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
             self._reserved_before = torch.cuda.memory_reserved()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -36,6 +40,9 @@ class CudaGraphCapturer:
             outputs = fn()
         if self.pool is None:
             self.pool = graph.pool()
-        # the capacity plan does not count this yet (BENCHMARKS.md): measured here to size it
+        # the capacity plan does not count this yet (BENCHMARKS.md): measured here to size it, with
+        # the warm-ups' freed blocks returned first (what stays reserved: the graphs' private pool
+        # and the workspaces their kernels created)
+        torch.cuda.empty_cache()
         self.pool_bytes = torch.cuda.memory_reserved() - self._reserved_before
         return graph.replay, outputs

@@ -166,3 +166,18 @@ def test_random_checkpoint_is_deterministic():
     c = dict(random_checkpoint(cfg, seed=4))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["lm_head.weight"], c["lm_head.weight"])
+
+
+def test_the_router_gate_is_held_in_fp32_and_saved_in_the_model_dtype(tiny_checkpoint, tmp_path):
+    """The gate is upcast exactly at load (the router computes in fp32) and written back in the
+    model's dtype, as K3 checkpoints publish it."""
+    path = tiny_checkpoint("k3-tiny")
+    model = load_model(path, dtype=torch.bfloat16, progress=False)
+    gates = {name: p for name, p in model.named_parameters() if name.endswith(".gate")}
+    assert gates and all(p.dtype == torch.float32 for p in gates.values())
+    saved = dict(model_tensors(model))
+    routers = {k: v for k, v in saved.items() if k.endswith("gate.weight")}
+    assert routers and all(v.dtype == torch.bfloat16 for v in routers.values())
+    stored = _all_tensors(path)
+    for name, tensor in routers.items():
+        assert torch.equal(tensor, stored[name].to(torch.bfloat16)), name

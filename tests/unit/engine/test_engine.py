@@ -178,3 +178,42 @@ def test_default_context_is_the_smaller_of_the_config_and_the_cache(ckpt):
     assert small.max_model_len < engine.max_model_len and small.max_model_len == (small.pool.num_rows - 1) * \
         small.layout.block_size
 
+
+
+def test_one_token_steps_lead_every_batch_and_the_metadata_counts_them(ckpt):
+    """Chunked prefill beside decodes: the scheduler puts the one-token steps first and
+    build_metadata's num_decodes counts them (the KDA layers split mixed batches there)."""
+    engine = _engine(ckpt, max_num_batched_tokens=8)
+    engine.scheduler.config = type(engine.scheduler.config)(**{**engine.scheduler.config.__dict__,
+                                                                "adaptive_token_limit": 0})
+    schedule, forward, seen = engine.scheduler.schedule, engine.runner.forward, []
+
+    def record_schedule():
+        out = schedule()
+        seen.append([s.num_new_tokens for s in out.scheduled])
+        return out
+
+    def record_forward(meta, row_copies=()):
+        seen[-1] = (seen[-1], meta.num_decodes)
+        return forward(meta, row_copies)
+
+    engine.scheduler.schedule, engine.runner.forward = record_schedule, record_forward
+    _run(engine, PROMPTS, GREEDY)
+    steps = [s for s in seen if isinstance(s, tuple)]
+    mixed = [(lens, d) for lens, d in steps if 1 in lens and max(lens) > 1]
+    assert mixed, "the budget should mix decodes with prefill chunks"
+    for lens, num_decodes in steps:
+        ones = lens.count(1)
+        assert lens[:ones] == [1] * ones and num_decodes == ones, (lens, num_decodes)
+
+
+def test_the_scheduler_puts_one_token_steps_first_whatever_the_running_order(ckpt):
+    engine = _engine(ckpt, max_num_batched_tokens=40)
+    engine.scheduler.config = type(engine.scheduler.config)(**{**engine.scheduler.config.__dict__,
+                                                                "adaptive_token_limit": 0})
+    engine.add_request("short", PROMPTS[4], GREEDY)               # 2 tokens: decoding after one step
+    engine.add_request("long", PROMPTS[3], GREEDY)                # 41 tokens: 38 of them in the first step
+    engine.step()
+    engine.scheduler.running.reverse()                            # the prefilling request ahead
+    out = engine.scheduler.schedule()
+    assert [(s.request.request_id, s.num_new_tokens) for s in out.scheduled] == [("short", 1), ("long", 3)]

@@ -93,6 +93,8 @@ def test_host_flags_take_shorter_paths_that_draw_the_same_tokens():
     assert torch.equal(full.tokens, fast.tokens) and torch.equal(fast.tokens, logits.argmax(-1))
     torch.testing.assert_close(full.logprobs, fast.logprobs)
     torch.testing.assert_close(full.top_logprobs, fast.top_logprobs)
+    bare = sample_batch(logits, SamplingBatch(num_logprobs=3, all_greedy=True))   # no draw parameters at all
+    assert torch.equal(bare.tokens, fast.tokens) and torch.equal(bare.logprobs, fast.logprobs)
     # rows mixing greedy and sampled, no filters: the race without the sort draws the same tokens
     kw = dict(temperature=torch.tensor([0.0, 0.7, 1.3, 0.0] * 16), seeds=torch.arange(64) * 7 + 1,
               steps=torch.arange(64) % 5)
@@ -109,3 +111,24 @@ def test_logprobs_match_log_softmax_on_wide_rows():
     raw = torch.log_softmax(logits.double(), -1).float()
     torch.testing.assert_close(out.logprobs, raw.gather(1, out.tokens[:, None])[:, 0], atol=2e-5, rtol=0)
     torch.testing.assert_close(out.top_logprobs, raw.topk(2, -1).values, atol=2e-5, rtol=0)
+
+
+def test_a_greedy_step_copies_no_draw_parameters():
+    """build_sampling leaves the draw parameters out of an all-greedy batch (the argmax reads
+    none of them) and builds them when any row samples."""
+    from types import SimpleNamespace
+
+    from k3.engine.params import SamplingParams
+    from k3.engine.runner import build_sampling
+
+    def step(*temperatures):
+        reqs = [SimpleNamespace(params=SamplingParams(temperature=t), seed=i, output_token_ids=[1, 2],
+                                prompt_token_ids=[3]) for i, t in enumerate(temperatures)]
+        out = SimpleNamespace(scheduled=[SimpleNamespace(request=r) for r in reqs])
+        return build_sampling(out, list(range(len(reqs))), vocab_size=10, device="cpu")
+
+    greedy = step(0.0, 0.0)
+    assert greedy.all_greedy and greedy.temperature is None and greedy.seeds is None and greedy.steps is None
+    mixed = step(0.0, 0.8)
+    assert not mixed.all_greedy and mixed.temperature.tolist() == [0.0, 0.800000011920929]
+    assert mixed.steps.tolist() == [2, 2] and mixed.seeds.tolist() == [0, 1]

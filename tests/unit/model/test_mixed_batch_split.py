@@ -1,0 +1,101 @@
+"""Mixed batches: one-token steps first (`ForwardMetadata.num_decodes`) run on the KDA layer's
+decode path and the prefill chunks after them on its prefill path, with the model's outputs
+unchanged; `split_decodes` cuts the metadata at that boundary."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from k3.checkpoint.loader import load_model
+from k3.model import contiguous_block_table
+from k3.model.kda import KDAMixer
+from k3.model.mla import MLAMixer
+from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
+from model_runs import PAGE_SIZE, teacher_forced
+
+
+def _meta(lens, context=None, checkpoints=False):
+    g = torch.Generator().manual_seed(0)
+    pieces = [torch.randint(0, 50, (n,), generator=g).tolist() for n in lens]
+    meta = ForwardMetadata.build(pieces, context_lens=context or [3] * len(lens), state_indices=[4, 1, 3, 0][:len(lens)],
+                                 block_table=contiguous_block_table(5, 2)[[4, 1, 3, 0][:len(lens)]],
+                                 page_size=PAGE_SIZE)
+    if checkpoints:
+        meta.checkpoint_positions = torch.arange(len(lens) * 2).view(-1, 2)
+        meta.checkpoint_state_indices = torch.arange(len(lens) * 2).view(-1, 2) + 10
+    return meta
+
+
+def test_build_counts_the_leading_one_token_steps():
+    assert leading_one_token_steps([1, 1, 5, 1]) == 2
+    assert leading_one_token_steps([4, 1]) == 0 and leading_one_token_steps([1, 1]) == 2
+    assert _meta([1, 1, 5, 3]).num_decodes == 2 and _meta([5, 1]).num_decodes == 0
+
+
+def test_split_decodes_cuts_every_field_at_the_boundary():
+    meta = _meta([1, 1, 5, 3], context=[7, 2, 0, 4], checkpoints=True)
+    decodes, rest = meta.split_decodes()
+    assert decodes.max_q_len == 1 and decodes.num_decodes == 2 and rest.max_q_len == 5 and rest.num_decodes == 0
+    assert torch.equal(decodes.input_ids, meta.input_ids[:2]) and torch.equal(rest.input_ids, meta.input_ids[2:])
+    assert torch.equal(rest.positions, meta.positions[2:]) and torch.equal(rest.slot_mapping, meta.slot_mapping[2:])
+    assert decodes.cu_seqlens.tolist() == [0, 1, 2] and rest.cu_seqlens.tolist() == [0, 5, 8]
+    assert rest.cu_seqlens.dtype == torch.int32
+    for name in ("context_lens", "state_indices", "block_table", "checkpoint_positions", "checkpoint_state_indices"):
+        whole = getattr(meta, name)
+        assert torch.equal(getattr(decodes, name), whole[:2]) and torch.equal(getattr(rest, name), whole[2:]), name
+    assert decodes.logits_indices.numel() == 0 and rest.logits_indices.numel() == 0
+
+
+@pytest.mark.parametrize("lens", [[5, 1], [1, 1], [4, 3]])
+def test_split_decodes_refuses_batches_without_both_parts(lens):
+    meta = _meta(lens)
+    with pytest.raises(ValueError, match="split_decodes needs"):
+        meta.split_decodes()
+
+
+def test_split_decodes_refuses_verifying_batches():
+    meta = _meta([1, 4])
+    meta.spec_lens = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="no verifying sequence"):
+        meta.split_decodes()
+
+
+def _spy(calls, name, fn, tokens):
+    def wrapped(*args, **kwargs):
+        calls.append((name, tokens(args)))
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3.1-pro-tiny"])
+def test_a_mixed_batch_runs_decodes_on_the_decode_path(preset, tiny_checkpoint):
+    """Prompts of 6 and 23 tokens in chunks of 5: the second call holds the first prompt's last
+    token (first) beside the second prompt's chunk. Its KDA layers call decode_step on that one
+    token and chunked on the chunk, its MLA layers (and K3.1 Pro's DSA indexer) decode and
+    prefill, and every logit equals the one-pass forward."""
+    model = load_model(tiny_checkpoint(preset), dtype=torch.float64, progress=False)
+    calls = []
+    for layer in (m for m in model.modules() if isinstance(m, (KDAMixer, MLAMixer))):
+        kda, mla = layer.kernels.kda, layer.kernels.mla
+        layer.kernels = dataclasses.replace(
+            layer.kernels,
+            kda=dataclasses.replace(kda, decode_step=_spy(calls, "kda.decode_step", kda.decode_step, lambda a: a[0].shape[0]),
+                                    chunked=_spy(calls, "kda.chunked", kda.chunked, lambda a: a[0].shape[1])),
+            mla=dataclasses.replace(mla, decode=_spy(calls, "mla.decode", mla.decode, lambda a: a[0].shape[0]),
+                                    prefill=_spy(calls, "mla.prefill", mla.prefill, lambda a: a[0].shape[0])))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (6, 23)]
+    whole = teacher_forced(model, prompts)
+    calls.clear()
+    chunked = teacher_forced(model, prompts, chunk=5)
+    layers = model.cfg.num_hidden_layers
+    # call 1: chunks 5 + 5 (one chunked / prefill call per layer); call 2: token 6 of prompt 0 (a
+    # decode) beside 5 tokens of prompt 1, split in every layer; calls 3-5: prompt 1 alone
+    second = calls[layers: 3 * layers]
+    pairs = list(zip(second[0::2], second[1::2]))
+    kda_pair, mla_pair = (("kda.decode_step", 1), ("kda.chunked", 5)), (("mla.decode", 1), ("mla.prefill", 5))
+    assert len(second) == 2 * layers and all(p in (kda_pair, mla_pair) for p in pairs), second
+    assert kda_pair in pairs and mla_pair in pairs
+    for a, b in zip(whole, chunked):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-9)
