@@ -4,9 +4,8 @@
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then k3's experimental kernels (K3_NVIDIA_EXPERIMENTAL: the
-#     DSA indexer top-k, RMSNorm, GLU) on the indexer, elementwise and model cases; then
-#     fla-core's chunked KDA prefill (k3's pinned launch configurations) on its own;
+#     conformance/reports/nvidia-h200/; then fla-core's chunked KDA prefill (experimental,
+#     k3's pinned launch configurations) on its own;
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
@@ -14,8 +13,8 @@
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''"),
-#     E2E_EXPERIMENTAL replaces the experimental kernels switched on (default kda_chunked; e.g.
-#     "kda_chunked,rms_norm,glu_activation" to measure those before promoting them);
+#     E2E_EXPERIMENTAL replaces the experimental kernels switched on (default kda_chunked; "" for
+#     the served set alone);
 #   bash bench/h200_session.sh profile
 #     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py);
 #   bash bench/h200_session.sh tune
@@ -56,12 +55,9 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    # k3's own experimental kernels first, so fla-core's autotuning cannot time their report out
-    step conformance-experimental 150 env K3_NVIDIA_EXPERIMENTAL=indexer_topk,rms_norm,glu_activation \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_exp" -k "indexer or elementwise or model"
     step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
-    rm -f "$OUT/conf_exp/report.md" "$OUT/conf_fla/report.md"
+    rm -f "$OUT/conf_fla/report.md"
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
@@ -74,7 +70,7 @@ kernels)
     ;;
 e2e)
     # shellcheck disable=SC2086
-    step bench-k3-slice 330 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL:-kda_chunked}" \
+    step bench-k3-slice 330 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-kda_chunked}" \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" ${K3_SLICE_ARGS:-}
     ;;
 profile)

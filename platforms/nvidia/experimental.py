@@ -49,17 +49,17 @@ PROMOTED = {
                                     "DSA indexer decode scores read from the fp8 key pages through the block table"),
     "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
                                      "DSA indexer prefill scores over the packed batch in one launch"),
-}
-KERNELS = {
-    "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
-                          "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
-                          needs=("triton", "fla")),
     "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm",
                        "K3's RMSNorm (fp32 inside, rounded as the reference) in one launch"),
     "glu_activation": Kernel("elementwise.glu_activation", "triton_kernels.glu:glu_activation",
                              "SiTU-GLU / SiLU-GLU of the dense FFNs (shared experts) in one launch"),
     "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
+}
+KERNELS = {
+    "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
+                          "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
+                          needs=("triton", "fla")),
 }
 
 

@@ -39,11 +39,12 @@ def operand_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype fla-core's chunk_kda gets q, k and v in, for a model of `dtype` (bf16 / fp16).
 
     fla-core's dots take their operands' dtype, and it keeps the per-chunk states and the
-    corrected values in that dtype too: bf16 operands fail one bf16 model conformance case on the
-    H200 (k3-tiny, a token 5.4 logits from the float64 oracle's choice, where k3's reference
-    agrees with the oracle). fp32 operands (TF32 tensor cores, fp32 per-chunk states) are the
-    default; K3_FLA_KDA_OPERANDS=bf16 takes the model's dtype (half the bytes and twice the MMA
-    rate; bench/kda_prefill.py times both)."""
+    corrected values in that dtype too. fp32 operands (TF32 tensor cores, fp32 per-chunk states)
+    are the default; K3_FLA_KDA_OPERANDS=bf16 takes the model's dtype (half the bytes and twice the
+    MMA rate: 2.76 vs 5.64 ms at 8K tokens on the H200). Neither passes every bf16 model case on
+    the H200 (k3-tiny greedy: a token 4.03 logits from the float64 oracle's choice with fp32
+    operands, 5.41 with bf16, margin 4): TF32 rounds the fp32 chunk-state chain (state error ratio
+    7.9e-4), which is why this kernel stays experimental (BENCHMARKS.md, fifth session)."""
     choice = os.environ.get(OPERANDS_ENV, "fp32")
     if choice not in ("fp32", "bf16"):
         raise ValueError(f"{OPERANDS_ENV} must be fp32 or bf16, got {choice!r}")

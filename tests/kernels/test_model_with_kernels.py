@@ -1,6 +1,6 @@
 """The tiny models with every kernel the nvidia platform serves (fused KDA decode step, KDA
-short conv, MoE experts and router, AttnRes, MLA decode and prefill) and the experimental RMSNorm
-and GLU kernels awaiting their device run, in place of the reference ops,
+short conv, MoE experts and router, AttnRes, MLA decode and prefill, RMSNorm, GLU) in place of
+the reference ops,
 under the Triton interpreter: the conformance suite's model cases (greedy tokens and logits
 against the reference model, chunked prefill mixed with decode, on the packed cache) pass in
 float32 and bf16. This is the CPU half of what `k3 conformance --platform nvidia` checks on

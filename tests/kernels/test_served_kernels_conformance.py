@@ -1,5 +1,4 @@
-"""Every conformance sample of the kernel entries the nvidia platform serves (and of the
-experimental kernels awaiting their device run), with k3's kernels
+"""Every conformance sample of the kernel entries the nvidia platform serves, with k3's kernels
 in place of the reference ops (the table `test_model_with_kernels.with_kernels` builds), under
 the Triton interpreter: the CPU half of `k3 conformance --platform nvidia`, so a kernel change
 that breaks a sample fails here before any device time is spent. Races between threads, which

@@ -227,11 +227,13 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
     assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
     assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
     assert sorted(plugin.k3_mla_kernels(platform=nvidia).provided()) == ["decode", "prefill"]
-    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores"]
+    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores", "topk"]
+    assert sorted(plugin.k3_elementwise_kernels(platform=nvidia).provided()) == ["glu_activation", "rms_norm"]
     for hook in (plugin.k3_moe_kernels, plugin.k3_attn_res_kernels, plugin.k3_mla_kernels, plugin.k3_kda_kernels):
         assert hook(platform=info("reference")) is None
-    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, mla_prefill")
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, mla_prefill, rms_norm")
     assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
+    assert plugin.k3_elementwise_kernels(platform=nvidia).provided() == ["glu_activation"]
     assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "all")
     assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
@@ -250,16 +252,12 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["decode_step", "recurrent", "short_conv"]
-    assert "topk" not in plugin.k3_indexer_kernels(platform=nvidia).provided()
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
-    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores", "topk"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")
-    assert "topk" not in plugin.k3_indexer_kernels(platform=nvidia).provided()
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert "chunked" in plugin.k3_kda_kernels(platform=nvidia).provided()
