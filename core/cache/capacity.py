@@ -65,7 +65,9 @@ class CapacityReport:
 
 
 def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
-    """Exact bytes of rank 0's parameters and buffers (meta device: nothing is allocated)."""
+    """Exact bytes of rank 0's parameters and buffers, plus the weights the engine folds from
+    them at load (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights);
+    meta device: nothing is allocated."""
     from k3.model import K3ForCausalLM, ParallelContext
 
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -73,7 +75,7 @@ def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
     model = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=tensor_parallel_size),
                           dtype=dtype, device="meta")
     tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors) + model.model.folded_weight_bytes()
 
 
 # Activations one forward may hold while a lone request prefills with a larger chunk than

@@ -79,6 +79,16 @@ class K3Model(K3Module):
         pairs.append((self.output_attn_res_norm, self.output_attn_res_proj))
         self._folded_queries = {id(norm): (norm, proj, ref.fold_attn_res_query(norm, proj)) for norm, proj in pairs}
 
+    def folded_weight_bytes(self) -> int:
+        """Bytes `fold_weights` adds beside the parameters (works on a meta-device model): every
+        MLA layer's absorbed w_uk and w_uv (as many elements as its kv_b_proj) and the AttnRes
+        logit weights. The capacity plan counts them with the weights."""
+        mla = sum(m.kv_b_proj.numel() * m.kv_b_proj.element_size() for m in self.modules() if isinstance(m, MLAMixer))
+        if not self.cfg.uses_attn_res:
+            return mla
+        norm = self.output_attn_res_norm
+        return mla + (2 * len(self.layers) + 1) * norm.numel() * norm.element_size()
+
     def _attn_res_query(self, norm: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
         folded = self._folded_queries.get(id(norm))
         if folded is not None and folded[0] is norm and folded[1] is proj:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from k3.cache.capacity import GIB, plan_capacity, weight_bytes_per_gpu
 from k3.cache.plan import default_block_size, row_layout
@@ -134,3 +135,21 @@ def test_k3_plan_on_a_checkpoint_follows_its_dtype_and_reserves_speculation(caps
     assert out["speculative_scratch_rows"] == 8 * 3 and out["capacity_tokens"] > 0
     assert main(["plan", "--model", str(path), "--speculative-config", "{bad"]) == 2
     assert "--speculative-config" in capsys.readouterr().err
+
+
+def test_weights_count_what_the_engine_folds_at_load():
+    """MLA's absorbed decode weights (kv_b_proj's elements once more) and the AttnRes logit
+    weights are allocated by K3Model.fold_weights beside the parameters: the plan counts them."""
+    from k3.model import K3ForCausalLM
+
+    cfg = K3Config.preset("k3-tiny")
+    model = K3ForCausalLM(cfg, dtype=torch.bfloat16, device="meta")
+    params = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    kv_b = sum(t.numel() * t.element_size() for name, t in model.named_parameters() if name.endswith("kv_b_proj"))
+    assert kv_b > 0 and weight_bytes_per_gpu(cfg, 1) == params + model.model.folded_weight_bytes()
+    assert model.model.folded_weight_bytes() >= kv_b
+    real = K3ForCausalLM(cfg, dtype=torch.bfloat16)
+    real.model.fold_weights()
+    folded = [t for m in real.modules() if getattr(m, "_absorbed", None) for t in m._absorbed[1:]]
+    folded += [q for _, _, q in real.model._folded_queries.values()]
+    assert sum(t.numel() * t.element_size() for t in folded) == real.model.folded_weight_bytes()
