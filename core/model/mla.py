@@ -2,8 +2,10 @@
 
 The latent `[c | k_pe]` (and the DSA index key) of each new token is written into the paged
 cache at its position, then queries attend over the cached context: the absorbed (MQA) form
-when every sequence brings one token (decode), the expanded (MHA) form otherwise (prefill,
-chunked prefill). Latents and index keys are replicated across tensor-parallel ranks.
+when every sequence brings one token (decode) and for every query under DSA (each reads its own
+selection of rows), the expanded (MHA) form for dense prefill and chunked prefill. A mixed batch
+runs its decodes and its prefill chunks on their own paths (`ForwardMetadata.split_decodes`).
+Latents and index keys are replicated across tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ class MLAMixer(K3Module):
                 cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Attention of q [T, H, Dn + Dr] over the cached context (this call's latents already
         written): the DSA selection first (writing the index keys), then the absorbed form when
-        every sequence brings one token, the expanded form otherwise. Returns [T, H, Dv]."""
+        every sequence brings one token or DSA selects the rows, the expanded form otherwise.
+        Returns [T, H, Dv]."""
         cfg, k = self.cfg, self.kernels
         dn, r = cfg.qk_nope_head_dim, cfg.kv_lora_rank
         view = cache.latent[self.mla_index]
@@ -117,11 +120,15 @@ class MLAMixer(K3Module):
         if self.indexer is not None:
             topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
         scale = cfg.mla_softmax_scale
-        if meta.max_q_len == 1:   # decode: absorbed MQA over the paged cache, no host sync
+        if meta.max_q_len == 1 or topk is not None:
+            # decode (no host sync), and DSA's sparse prefill: absorbed MQA over the paged cache,
+            # reading each query's own selection (k rows, not the whole context), as DeepSeek
+            # V3.2's sparse attention does for prefill too
             w_uk, w_uv = self.absorbed_weights()
             return k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
-                                w_uk, w_uv, scale=scale, kv_cache_scale=view.scale, topk_indices=topk)
-        # prefill: expanded MHA over each sequence's whole context
+                                w_uk, w_uv, scale=scale, cu_seqlens_q=None if meta.max_q_len == 1 else meta.cu_seqlens,
+                                kv_cache_scale=view.scale, topk_indices=topk)
+        # dense prefill: expanded MHA over each sequence's whole context
         rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
         if view.scale is not None:
             rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)

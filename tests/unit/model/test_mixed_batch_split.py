@@ -73,7 +73,8 @@ def test_a_mixed_batch_runs_decodes_on_the_decode_path(preset, tiny_checkpoint):
     """Prompts of 6 and 23 tokens in chunks of 5: the second call holds the first prompt's last
     token (first) beside the second prompt's chunk. Its KDA layers call decode_step on that one
     token and chunked on the chunk, its MLA layers (and K3.1 Pro's DSA indexer) decode and
-    prefill, and every logit equals the one-pass forward."""
+    prefill (K3.1 Pro's sparse prefill in the absorbed form too), and every logit equals the
+    one-pass forward."""
     model = load_model(tiny_checkpoint(preset), dtype=torch.float64, progress=False)
     calls = []
     for layer in (m for m in model.modules() if isinstance(m, (KDAMixer, MLAMixer))):
@@ -94,8 +95,51 @@ def test_a_mixed_batch_runs_decodes_on_the_decode_path(preset, tiny_checkpoint):
     # decode) beside 5 tokens of prompt 1, split in every layer; calls 3-5: prompt 1 alone
     second = calls[layers: 3 * layers]
     pairs = list(zip(second[0::2], second[1::2]))
-    kda_pair, mla_pair = (("kda.decode_step", 1), ("kda.chunked", 5)), (("mla.decode", 1), ("mla.prefill", 5))
+    # DSA (K3.1 Pro) attends in the absorbed form for prefill too: mla.decode over each query's selection
+    sparse = model.cfg.uses_dsa
+    kda_pair = (("kda.decode_step", 1), ("kda.chunked", 5))
+    mla_pair = (("mla.decode", 1), ("mla.decode" if sparse else "mla.prefill", 5))
     assert len(second) == 2 * layers and all(p in (kda_pair, mla_pair) for p in pairs), second
     assert kda_pair in pairs and mla_pair in pairs
     for a, b in zip(whole, chunked):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-9)
+
+
+def test_dsa_prefill_in_the_absorbed_form_equals_the_expanded_form():
+    """The identity DSA's prefill now relies on: for every query's selection, the absorbed MQA
+    over the paged latents (`mla_decode` with cu_seqlens_q) equals the expanded MHA over the
+    same rows (`mla_prefill` with topk_indices), float64, ragged sequences, shuffled pages."""
+    from k3 import reference as ref
+
+    g = torch.Generator().manual_seed(3)
+    h, dn, dr, dv, r, page = 4, 16, 8, 12, 32, 4
+    q_lens, ctx_before, topk = [5, 3], [6, 0], 4
+    kv_lens = [c + q for c, q in zip(ctx_before, q_lens)]
+    rows = [torch.randn(n, r + dr, dtype=torch.float64, generator=g) for n in kv_lens]
+    pages_each = -(-max(kv_lens) // page)
+    perm = torch.randperm(2 * pages_each, generator=g)
+    table = perm.view(2, pages_each).int()
+    cache = torch.zeros(2 * pages_each, page, r + dr, dtype=torch.float64)
+    for n, seq in enumerate(rows):
+        for p in range(seq.shape[0]):
+            cache[table[n, p // page], p % page] = seq[p]
+    t = sum(q_lens)
+    q = torch.randn(t, h, dn + dr, dtype=torch.float64, generator=g)
+    kv_b = torch.randn(h * (dn + dv), r, dtype=torch.float64, generator=g)
+    # each query selects topk positions of its causal prefix (all of them when it is shorter), -1 padded
+    sel = []
+    for n, (c, ql) in enumerate(zip(ctx_before, q_lens)):
+        for i in range(ql):
+            visible = torch.randperm(c + i + 1, generator=g)[:topk]
+            sel.append(torch.cat([visible, torch.full((topk - visible.numel(),), -1)]))
+    sel = torch.stack(sel).int()
+    cu_q = torch.tensor([0, q_lens[0], t], dtype=torch.int32)
+    cu_kv = torch.tensor([0, kv_lens[0], sum(kv_lens)], dtype=torch.int32)
+    flat = torch.cat(rows)
+    scale = (dn + dr) ** -0.5
+    expanded = ref.mla_prefill(q, flat[:, :r], flat[:, r:], kv_b, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, scale=scale,
+                               qk_nope_head_dim=dn, v_head_dim=dv, topk_indices=sel)
+    w_uk, w_uv = ref.mla_absorb_weights(kv_b, num_heads=h, qk_nope_head_dim=dn, v_head_dim=dv)
+    absorbed = ref.mla_decode(q[..., :dn], q[..., dn:], cache, table, torch.tensor(kv_lens), w_uk, w_uv, scale=scale,
+                              cu_seqlens_q=cu_q, topk_indices=sel)
+    torch.testing.assert_close(absorbed, expanded, rtol=0, atol=1e-12)
