@@ -10,8 +10,9 @@ profiled steps, with calls per step and microseconds per step, and the sum again
 step time, so the TPOT gap to the bytes roofline (BENCHMARKS.md, NVIDIA kernels issue) can be
 placed on kernels. K3_NVIDIA_EXPERIMENTAL passes through.
 
-Two more views of the same steps: `stacks`, the device time of each torch op grouped by the
-Python lines that called it (which model line launches the copies and elementwise kernels), and
+Two more views of the same steps: `stacks`, the device time of each torch op grouped by the k3
+module that called it (which part of which layer launches the copies and elementwise kernels;
+every submodule's forward is a profiler range while profiling), and
 `host` (with --graph), the engine with CUDA-graph decode as it serves, under cProfile: the wall
 time per step against the device time, and the Python functions that take the rest.
 """
@@ -62,33 +63,61 @@ def kernel_table(prof, steps: int, device: str) -> list[dict]:
             for name, total in totals.most_common()]
 
 
-def _calling_line(event) -> str:
-    """The innermost k3 source line above a profiler event (torch's Python tracer records each
-    Python frame as a parent event named "path(line): function")."""
+MODULE_PREFIX = "k3::"
+
+
+def annotate_modules(model) -> list:
+    """Run every submodule's forward inside a profiler range named after it
+    ("k3::model.layers.*.mlp", layer numbers folded into *), so each op's innermost module can be
+    read off its parents in the profile: ranges are CPU events on every torch version, with or
+    without CUDA activity (torch's Python-frame events, `with_stack`, did not reach the ops on the
+    H200, and with these ranges they corrupt event names on the CPU now and then).
+    Returns the modules whose forward was wrapped (`remove_annotations` restores them)."""
+    wrapped = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        label = MODULE_PREFIX + ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+        def forward(*args, _forward=module.forward, _label=label, **kwargs):
+            with torch.profiler.record_function(_label):
+                return _forward(*args, **kwargs)
+
+        module.forward = forward
+        wrapped.append(module)
+    return wrapped
+
+
+def remove_annotations(modules: list) -> None:
+    for module in modules:
+        del module.forward                            # the instance attribute: the class's forward again
+
+
+def _calling_module(event) -> str:
+    """The innermost annotated k3 module above a profiler event (`annotate_modules`), or "?"."""
     parent = event.cpu_parent
     while parent is not None:
-        name = parent.name
-        if ("core/" in name or "platforms/" in name) and "(" in name:
-            return name[max(name.find("core/"), name.find("platforms/")):]
+        if parent.name.startswith(MODULE_PREFIX):
+            return parent.name[len(MODULE_PREFIX):]
         parent = parent.cpu_parent
     return "?"
 
 
 def stack_table(prof, steps: int, rows: int, device: str) -> list[dict]:
     """Time of the top-level torch ops (device time on the GPU, CPU time on the CPU), grouped by
-    op name and the k3 line that called it: which model line launches the copies and the
-    elementwise kernels."""
+    op name and the k3 module that called it: which part of which layer launches the copies and
+    the elementwise kernels."""
     totals, calls = collections.Counter(), collections.Counter()
     for event in prof.events():
         if not _top_level_aten(event):
             continue
         spent = (getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)) \
             if device == "cuda" else event.cpu_time_total
-        key = (event.name, _calling_line(event))
+        key = (event.name, _calling_module(event))
         totals[key] += spent
         calls[key] += 1
-    return [{"op": op, "line": line, "us_per_step": total / steps, "calls_per_step": calls[(op, line)] / steps}
-            for (op, line), total in totals.most_common(rows)]
+    return [{"op": op, "module": where, "us_per_step": total / steps, "calls_per_step": calls[(op, where)] / steps}
+            for (op, where), total in totals.most_common(rows)]
 
 
 def host_profile(model_dir, platform, concurrency, steps, dtype, vocab) -> dict:
@@ -139,12 +168,14 @@ def main() -> None:
             engine.step()
         sync(engine)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities, with_stack=True) as prof:
+        annotated = annotate_modules(engine.model)
+        with profile(activities=activities) as prof:
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()
             sync(engine)
             step_ms = 1e3 * (time.perf_counter() - t0) / args.steps
+        remove_annotations(annotated)
         engine = None
         host = (host_profile(model_dir, args.platform, args.concurrency, args.steps * 4, dtype, cfg.vocab_size)
                 if args.graph else None)
@@ -162,9 +193,9 @@ def main() -> None:
           f"device time {result['kernel_us_per_step'] / 1e3:.2f} ms per step")
     for r in rows[: args.top]:
         print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['kernel'][:110]}")
-    print("device time by calling lines:")
+    print("device time by calling module:")
     for r in stacks:
-        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['op']:28s} <- {r['line']}")
+        print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['op']:28s} <- {r['module']}")
     if host:
         print(f"graph-mode step: {host['graph_step_ms_under_cprofile']:.2f} ms under cProfile")
         print(host["cprofile_top"])

@@ -32,3 +32,5 @@ def test_k3_slice_profile_smoke(tmp_path):
     result = _smoke("k3_slice_profile.py", tmp_path)
     assert result["kernels"] and result["kernel_us_per_step"] > 0
     assert any("linear" in r["kernel"] or "mm" in r["kernel"] for r in result["kernels"])
+    modules = {r["module"] for r in result["stacks"]}
+    assert any(m.startswith("model.layers.*.") for m in modules), modules   # ops placed on their layer parts
