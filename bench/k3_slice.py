@@ -9,7 +9,9 @@ only, the peer on the same GPU: by default `ppu`, the torch-native path, i.e. th
 ops on cuda):
   - decode: C concurrent requests (128-token prompts) each generating N tokens, greedy, EOS
     ignored; TPOT = decode time / steps and tokens/s = C * N / decode time, measured from the
-    step after the last first token; C = 1, 4, 16, 64 by default;
+    step after the last first token; C = 1, 4, 16, 64 by default; then the same with
+    asynchronous scheduling (`decode_async`: each decode step launched before the previous
+    one's tokens are read);
   - TTFT of one prompt of 1K, 8K and 32K tokens (alone in the engine, after a first prompt of
     the same length so compilation and autotuning stay out of it);
   - with prefix caching: TTFT of an 8K prompt sharing all but its last 64 tokens with an earlier
@@ -63,8 +65,7 @@ def decode(engine, concurrency, prompt_len, new_tokens, vocab) -> dict:
         engine.add_request(f"d{concurrency}-{i}", prompt(prompt_len, i, vocab), params)
     started, steps, t0 = set(), 0, None
     while engine.has_unfinished_requests():
-        outs = engine.step()
-        sync(engine)
+        outs = engine.step()            # no device sync per step: it would stall asynchronous scheduling
         if t0 is not None:
             steps += 1
         for o in outs:
@@ -72,6 +73,7 @@ def decode(engine, concurrency, prompt_len, new_tokens, vocab) -> dict:
                 started.add(o.request_id)
         if t0 is None and len(started) == concurrency:
             t0, produced = time.perf_counter(), 1        # every request has its first token
+    sync(engine)
     elapsed = time.perf_counter() - t0
     tokens = concurrency * (new_tokens - produced)
     return {"concurrency": concurrency, "steps": steps, "tpot_ms": 1e3 * elapsed / max(steps, 1),
@@ -152,6 +154,16 @@ MLA prefill materialises every head's keys: 24 GiB at 8K tokens)."""
     release()
     if not full:
         return out
+    # the same decode runs with asynchronous scheduling (the next step launched before this
+    # one's tokens are read)
+    engine = engine_for(model_dir, platform, max_num_seqs=max(args.concurrency), max_model_len=big, dtype=args.dtype,
+                        async_scheduling=True)
+    decode(engine, 1, 16, 4, vocab)
+    out["decode_async"] = [decode(engine, c, args.prompt_len, args.decode_tokens, vocab) for c in args.concurrency]
+    out["decode_async_lookahead_steps"] = engine.num_lookahead_steps
+    save(f"{platform} decode with async scheduling")
+    engine = None
+    release()
     shared = prompt(args.prefix_len + 64, 7, vocab)
     for caching in (False, True):
         engine = engine_for(model_dir, platform, max_num_seqs=4, max_model_len=big, dtype=args.dtype,

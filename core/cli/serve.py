@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cache_arguments(parser)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture decode steps as graphs (platforms that capture: nvidia)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="launch each decode step before the host has read the previous one's tokens, "
+                             "overlapping scheduling and output processing with the device (vLLM's "
+                             "--async-scheduling; tensor parallel size 1, no speculative decoding)")
     parser.add_argument("--graph-batch-sizes", type=int, nargs="+", default=None, metavar="N",
                         help="batch sizes whose decode step is captured (vLLM's --cuda-graph-sizes; default 1, 2, "
                              "4, then multiples of 8 up to --max-num-seqs); larger batches run eagerly")
@@ -160,6 +164,7 @@ def build_engine(args: argparse.Namespace):
             seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
             prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
             speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
+            async_scheduling=args.async_scheduling,
             graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
         problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
         if problems:

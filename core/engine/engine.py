@@ -27,11 +27,12 @@ from k3.plugin import select_platform
 from k3.tokenizer import IncrementalDetokenizer, load_tokenizer
 from k3.tokenizer.detokenize import NoDetokenizer
 
+from .lookahead import Launched, lookahead_decodes
 from .output import build_output
 from .params import SamplingParams
 from .request import Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .spec.config import SpeculativeConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
@@ -65,6 +66,9 @@ class EngineConfig:
     enforce_eager: bool = False               # never capture decode graphs
     graph_batch_sizes: tuple[int, ...] | None = None   # capture buckets (default: 1, 2, 4, 8, 16, ...)
     load_progress: bool = True
+    # launch the next decode step before the host has read this one's tokens (overlapping the
+    # host's scheduling and output work with the device); tensor parallel size 1, no speculation
+    async_scheduling: bool = False
 
 
 def default_cpu_cache_bytes() -> int:
@@ -78,6 +82,10 @@ def default_cpu_cache_bytes() -> int:
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, platform=None, parallel=None):
         self.config = config
+        if config.async_scheduling and (config.speculative_config or config.tensor_parallel_size > 1):
+            raise ValueError("async_scheduling needs tensor_parallel_size 1 and no speculative decoding (got "
+                             f"tensor_parallel_size {config.tensor_parallel_size}, speculative_config "
+                             f"{config.speculative_config!r})")
         self.platform = platform or select_platform(config.platform)
         self.model_config = cfg = K3Config.from_pretrained(config.model)
         if config.load_format not in ("auto", "safetensors", "dummy"):
@@ -168,6 +176,10 @@ class LLMEngine:
             from .spec.driver import Speculation
 
             self.speculation = Speculation(spec, self)
+        # asynchronous scheduling: the launched step whose tokens the host has not read yet
+        self._pending: Launched | None = None
+        self.num_lookahead_steps = 0
+        self.runner.pinned_uploads = config.async_scheduling and self.device.type != "cpu"
 
     # ------------------------------------------------------------------ sizing
     def _cache_bytes(self, cfg: K3Config, tp: int) -> int:
@@ -232,7 +244,7 @@ class LLMEngine:
         self.prompts.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     def prefix_cache_stats(self) -> dict:
         """Prefix-cache counters (zeros when it is off) and the rows its checkpoints hold."""
@@ -249,7 +261,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled forward; returns the outputs of every request that progressed."""
+        """Run one scheduled forward; returns the outputs of every request that progressed.
+
+        With async_scheduling the forward whose outputs are returned may have been launched by
+        the previous call, and this call launches the next decode step before reading them."""
+        if self.config.async_scheduling:
+            return self._step_async()
         if self.speculation is not None:
             self.speculation.propose(self.scheduler.running)
         out = self.scheduler.schedule()
@@ -287,6 +304,57 @@ class LLMEngine:
                 request = out.scheduled[row].request
                 self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
                 touched.add(request.request_id)
+        parents = dict.fromkeys(self.parent_of[child] for child in touched)
+        return [self._output(p) for p in parents]
+
+    def _step_async(self) -> list[RequestOutput]:
+        """One step of asynchronous scheduling (vLLM's async scheduling, for decodes):
+          1. the step to finish: the one launched last time, else a normally scheduled one,
+             launched and committed now (its input tokens are on the host);
+          2. the next step launched at once when it can be a plain continuation, its decodes'
+             input tokens copied on the device from (1)'s samples (`lookahead_decodes`);
+          3. (1)'s tokens read (the only wait for the device, now with (2) queued behind it),
+             appended and checked for stops; then (2) is committed, its input tokens now known.
+        A request that stopped in (1) wastes its slot in (2), whose token for it is dropped."""
+        launched = self._pending
+        if launched is None:
+            out = self.scheduler.schedule()
+            if not out.scheduled:
+                return []
+            launched = self._launch(out)
+            self.scheduler.commit(out)
+        following = lookahead_decodes(self, launched)
+        if following is not None:
+            self.num_lookahead_steps += 1
+        outputs = self._collect(launched)
+        if following is not None:
+            self.scheduler.commit(SchedulerOutput(scheduled=[s for s in following.out.scheduled
+                                                             if not s.request.finished]))
+        self._pending = following
+        return outputs
+
+    def _launch(self, out: SchedulerOutput, previous_tokens=None) -> Launched:
+        """Run a scheduled step on the device without waiting for it."""
+        not_yet = [self.stop_token_ids if s.request.params.min_tokens > s.output_index else set()
+                   for s in out.scheduled]
+        rows, samples, _ = self.runner.run(out, not_yet, previous_tokens=previous_tokens)
+        return Launched(out, rows, samples)
+
+    def _collect(self, launched: Launched) -> list[RequestOutput]:
+        """Read a launched step's tokens (waiting for the device) and append them; a request that
+        finished or was aborted since the launch gets nothing."""
+        samples = launched.samples
+        if samples is None:
+            return []
+        tokens, logprobs = samples.tokens.tolist(), samples.logprobs.tolist()
+        tops = None if samples.top_ids is None else list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
+        touched, now = set(), time.monotonic()
+        for j, row in enumerate(launched.rows):
+            request = launched.out.scheduled[row].request
+            if request.finished:
+                continue
+            self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
+            touched.add(request.request_id)
         parents = dict.fromkeys(self.parent_of[child] for child in touched)
         return [self._output(p) for p in parents]
 

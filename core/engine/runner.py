@@ -35,11 +35,15 @@ class StepBatch:
     sample_index: torch.Tensor | None  # sample_logits on the device, None when they are rows 0..n-1
     spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
     token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
+    token_sources: torch.Tensor | None = None   # [N] lookahead decodes: rows of the previous samples
 
 
-def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatch:
+def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: bool = False,
+                   token_sources: list[int] | None = None) -> StepBatch:
     """ForwardMetadata of a scheduled step (logits only for requests that complete; every
-    position of a verifying request)."""
+    position of a verifying request). pinned: upload without blocking (HostBatch.upload).
+    token_sources: for a step of lookahead decodes, the row of the previous step's samples
+    that holds each sequence's input token (uploaded as `StepBatch.token_sources`)."""
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
     sample_logits: list[int] = []
     spec_rows: dict[int, slice] = {}
@@ -97,16 +101,20 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device) -> StepBatc
             host.add("spec_record_slots", record_slots, torch.long)
     if sample_logits != list(range(len(sample_logits))):
         host.add("sample_index", sample_logits, torch.long)
-    uploaded = host.upload(device)
+    if token_sources is not None:
+        host.add("token_sources", token_sources, torch.long)
+    uploaded = host.upload(device, pinned=pinned)
     sample_index = uploaded.pop("sample_index", None)
+    sources = uploaded.pop("token_sources", None)
     num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
     meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
-                     spec_rows=spec_rows, token_starts=token_starts)
+                     spec_rows=spec_rows, token_starts=token_starts, token_sources=sources)
 
 
-def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device) -> SamplingBatch:
+def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device,
+                   pinned: bool = False) -> SamplingBatch:
     """Per-row sampling tensors for the requests that sample this step."""
     reqs = [out.scheduled[i].request for i in rows]
     params = [r.params for r in reqs]
@@ -122,12 +130,12 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
         host.add("min_p", [p.min_p for p in params], torch.float32)
         host.add("top_k", [p.top_k for p in params], torch.long)
         host.add("seeds", [r.seed for r in reqs], torch.long)
-        host.add("steps", [len(r.output_token_ids) for r in reqs], torch.long)
+        host.add("steps", [out.scheduled[i].output_index for i in rows], torch.long)   # the noise counter
     batch = SamplingBatch(
         all_greedy=all_greedy,
         filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
         num_logprobs=max((p.logprobs or 0) for p in params),
-        **host.upload(device),
+        **host.upload(device, pinned=pinned),
     )
     if any(p.uses_penalties for p in params):
         counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)
@@ -162,6 +170,7 @@ class ModelRunner:
         self.taps: torch.Tensor | None = None       # last forward's taps [T, n * d], layer order
         self.token_starts: list[int] = []           # last forward: first packed token of each request
         self.graphs = None                          # DecodeGraphs when the platform captures decode
+        self.pinned_uploads = False                 # stage uploads in page-locked memory (asynchronous scheduling)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
@@ -172,20 +181,29 @@ class ModelRunner:
             return ReplayedStep(self.graphs.run(meta))
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
-    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None):
+    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None, *,
+            previous_tokens: tuple[torch.Tensor, list[int]] | None = None):
         """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples,
-        {row: logits [1 + k, V]} of the verifying requests).
+        {row: logits [1 + k, V]} of the verifying requests). Nothing here waits for the device:
+        the samples are device tensors.
 
         stop_ids: per scheduled request, the token ids it must not emit yet (min_tokens).
         broadcast: called with the metadata before the forward (tensor parallel ranks follow).
+        previous_tokens: (the previous step's sampled tokens [M] on the device, the row of them
+            each scheduled request takes as its input token): a step of lookahead decodes.
         """
-        step = build_metadata(out, block_size=self.block_size, device=self.device)
+        sources = None if previous_tokens is None else previous_tokens[1]
+        step = build_metadata(out, block_size=self.block_size, device=self.device, pinned=self.pinned_uploads,
+                              token_sources=sources)
+        if previous_tokens is not None:     # the placeholders become the previous step's tokens, on the device
+            step.meta.input_ids.copy_(previous_tokens[0].index_select(0, step.token_sources))
         # Everything the sampler reads is on the device before the forward is launched: a host
         # to device copy after it (from pageable memory) would wait for the whole forward, and the
         # sampler's launches would then run with the GPU idle instead of behind the forward.
         sampling = None
         if step.sample_rows:
-            sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device)
+            sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device,
+                                      pinned=self.pinned_uploads)
             self._block_stop_ids(sampling, [stop_ids[i] for i in step.sample_rows])
         if broadcast is not None:
             broadcast(step.meta, out.row_copies)

@@ -39,6 +39,15 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int                  # tokens this step computes for it
     checkpoints: list[tuple[int, int]] = field(default_factory=list)   # (position, state row) to save
+    # a decode launched before the previous step's token reached the host (asynchronous
+    # scheduling): its one input token is that token, taken on the device from the previous
+    # step's samples; `tokens` holds a placeholder and the output index is one further on
+    lookahead: bool = False
+
+    def __post_init__(self):
+        # a lookahead samples the output after the one still on the device: fixed now, as the
+        # host appends that one while this step runs
+        self._lookahead_index = len(self.request.output_token_ids) + 1 if self.lookahead else None
 
     @property
     def spec_tokens(self) -> list[int]:
@@ -47,7 +56,9 @@ class ScheduledRequest:
 
     @property
     def tokens(self) -> list[int]:
-        """The tokens this step computes."""
+        """The tokens this step computes (a lookahead decode: a placeholder, replaced on the device)."""
+        if self.lookahead:
+            return [0]
         start = self.request.num_computed_tokens
         return (self.request.all_token_ids + self.spec_tokens)[start: start + self.num_new_tokens]
 
@@ -55,7 +66,12 @@ class ScheduledRequest:
     def completes(self) -> bool:
         """After this step every known token is computed: a new token is sampled."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(self.spec_tokens)
+        return self.lookahead or r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(self.spec_tokens)
+
+    @property
+    def output_index(self) -> int:
+        """Index among the request's outputs of the token this step samples (read at launch)."""
+        return self._lookahead_index if self.lookahead else len(self.request.output_token_ids)
 
 
 @dataclass
@@ -238,6 +254,12 @@ class Scheduler:
             if rows is not None:
                 plan.append((pos, rows[0]))
         return plan
+
+    def grow_for_lookahead(self, request: Request) -> bool:
+        """Rows for one more decode token beyond the committed ones (asynchronous scheduling:
+        the previous step's token is not on the host yet); False when the pool is short (the
+        engine then schedules normally, which may preempt)."""
+        return self._grow(request, 1)
 
     def commit(self, out: SchedulerOutput, kept: dict[str, int] | None = None) -> None:
         """After the forward: the scheduled tokens are in the cache (and, with prefix caching,

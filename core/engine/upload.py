@@ -35,7 +35,10 @@ class HostBatch:
             raise ValueError(f"HostBatch.add({name!r}): {len(values)} values for shape {shape} ({n} elements)")
         self._groups.setdefault(dtype, []).append((name, values, tuple(shape)))
 
-    def upload(self, device) -> dict[str, torch.Tensor]:
+    def upload(self, device, *, pinned: bool = False) -> dict[str, torch.Tensor]:
+        """pinned: stage the values in page-locked host memory and copy without blocking (a copy
+        from pageable memory first waits for everything queued on the device's stream, which
+        would stall a step launched while the previous one runs)."""
         out: dict[str, torch.Tensor] = {}
         for dtype, items in self._groups.items():
             step = max(1, _ALIGN_BYTES // dtype.itemsize)
@@ -44,7 +47,8 @@ class HostBatch:
                 offsets.append(len(flat))
                 flat += values
                 flat += [0] * (-len(values) % step)
-            device_values = torch.tensor(flat, dtype=dtype).to(device)
+            host = torch.tensor(flat, dtype=dtype)
+            device_values = host.pin_memory().to(device, non_blocking=True) if pinned else host.to(device)
             for (name, values, shape), offset in zip(items, offsets):
                 out[name] = device_values[offset: offset + len(values)].view(shape)
         return out

@@ -25,6 +25,7 @@ def test_k3_slice_bench_smoke(tmp_path):
     assert set(main) >= {"ttft_ms", "prefix_ttft_ms_caching_on", "prefix_ttft_ms_caching_off",
                          "single_decode_tokens_per_s_plain", "single_decode_tokens_per_s_ngram", "workload"}
     assert main["workload"]["output_tokens_per_s"] > 0 and main["workload"]["mean_tpot_ms"] > 0
+    assert [d["concurrency"] for d in main["decode_async"]] == [1, 3] and main["decode_async_lookahead_steps"] > 0
     assert [d["concurrency"] for d in peer["decode"]] == [1] and "prefix_ttft_ms_caching_on" not in peer
 
 

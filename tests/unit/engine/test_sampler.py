@@ -124,7 +124,7 @@ def test_a_greedy_step_copies_no_draw_parameters():
     def step(*temperatures):
         reqs = [SimpleNamespace(params=SamplingParams(temperature=t), seed=i, output_token_ids=[1, 2],
                                 prompt_token_ids=[3]) for i, t in enumerate(temperatures)]
-        out = SimpleNamespace(scheduled=[SimpleNamespace(request=r) for r in reqs])
+        out = SimpleNamespace(scheduled=[SimpleNamespace(request=r, output_index=len(r.output_token_ids)) for r in reqs])
         return build_sampling(out, list(range(len(reqs))), vocab_size=10, device="cpu")
 
     greedy = step(0.0, 0.0)

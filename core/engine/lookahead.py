@@ -1,0 +1,70 @@
+"""Asynchronous scheduling's lookahead: the next decode step, launched before the host has read
+the tokens of the step still on the device (`EngineConfig.async_scheduling`).
+
+Between two synchronous decode steps the device waits while the host reads the tokens, appends
+them, checks stops, schedules and builds the next step's metadata (about 1 ms a step for
+k3-slice on the H200, BENCHMARKS.md). Here the next step is built from what the host already
+knows: every request of the running step continues with one token whose value it does not know
+yet, so the step's input ids are copied on the device from the running step's samples. Its
+uploads are staged in page-locked memory (`ModelRunner.pinned_uploads`), since a copy from
+pageable memory would first wait for the running step.
+
+A lookahead is a plain continuation or nothing: every request of the running step sampled a
+token (no prompt still prefilling), no request waits to be admitted (that needs the scheduler),
+and each request's next token needs nothing the host has not got: no penalties, token masks or
+min_tokens blocking (they read the outputs), no prefix-cache checkpoint at that position. A
+request whose running token is its last (max_tokens, the model length) is left out; one that
+stops on that token (EOS, a stop string) is found only afterwards, and its lookahead token is
+dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampler import SamplerOutput
+from .scheduler import ScheduledRequest, SchedulerOutput
+
+
+@dataclass
+class Launched:
+    """A step running on the device: what was scheduled, the rows of `out.scheduled` that
+    sample, and their samples (device tensors, not read yet)."""
+
+    out: SchedulerOutput
+    rows: list[int]
+    samples: SamplerOutput | None
+
+
+def _continues(engine, s: ScheduledRequest) -> bool:
+    """Whether the request's next decode can be launched before its running token is known (the
+    host holds every token before that one: the step before the running one was collected)."""
+    r, p = s.request, s.request.params
+    after = len(r.output_token_ids) + 1              # outputs once the running token is appended
+    if r.finished or s.spec_tokens or p.uses_penalties or p.allowed_tokens or p.min_tokens > after:
+        return False
+    if p.max_tokens is not None and after >= p.max_tokens:
+        return False                                 # the running token is its last
+    if r.num_tokens + 1 >= engine.max_model_len:
+        return False                                 # likewise, at the model length
+    start = r.num_computed_tokens                    # committed through the running step
+    return not any(start < pos <= start + 1 for pos in r.checkpoint_targets)
+
+
+def lookahead_decodes(engine, running: Launched) -> Launched | None:
+    """Launch the decode step that follows `running` (committed already) or return None when it
+    cannot be a plain continuation; the caller commits it once `running`'s tokens are appended."""
+    if running.samples is None or engine.scheduler.waiting or len(running.rows) != len(running.out.scheduled):
+        return None
+    chosen, sources = [], []
+    for j, row in enumerate(running.rows):
+        s = running.out.scheduled[row]
+        if not _continues(engine, s):
+            continue
+        if not engine.scheduler.grow_for_lookahead(s.request):
+            return None                              # short of rows: the scheduler decides (preemption)
+        chosen.append(ScheduledRequest(s.request, 1, lookahead=True))
+        sources.append(j)
+    if not chosen:
+        return None
+    return engine._launch(SchedulerOutput(scheduled=chosen), previous_tokens=(running.samples.tokens, sources))
