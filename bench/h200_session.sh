@@ -17,6 +17,9 @@
 #     the served set alone);
 #   bash bench/h200_session.sh profile
 #     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py);
+#   bash bench/h200_session.sh check                        (about 5 minutes)
+#     after a change to the served path, in one call: the served conformance report, k3-slice
+#     end to end (served kernels, synchronous and asynchronous scheduling) and the profile;
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -26,8 +29,9 @@
 # (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile && $phase != tune ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile|tune" >&2
+if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile && $phase != tune
+      && $phase != check ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile|tune|check" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -76,6 +80,14 @@ e2e)
 profile)
     # where a k3-slice decode step's device time goes, kernel by kernel (eager launches)
     step profile-k3-slice 240 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
+    ;;
+check)
+    # one call (about 5 minutes) after changes to the served path: the served report, k3-slice
+    # decode (synchronous and asynchronous scheduling) with TTFT 1K / 8K and the workload, the profile
+    step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step bench-k3-slice 270 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
+        python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --ttft 1024 8192 ${K3_SLICE_ARGS:-}
+    step profile-k3-slice 90 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished
