@@ -19,7 +19,8 @@
 #     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py);
 #   bash bench/h200_session.sh check                        (about 5 minutes)
 #     after a change to the served path, in one call: the served conformance report, k3-slice
-#     end to end (served kernels, synchronous and asynchronous scheduling) and the profile;
+#     end to end (served kernels, synchronous and asynchronous scheduling), the decode profile
+#     and an 8K prompt's prefill profile;
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -80,14 +81,17 @@ e2e)
 profile)
     # where a k3-slice decode step's device time goes, kernel by kernel (eager launches)
     step profile-k3-slice 240 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
+    # where an 8K prompt's prefill goes (TTFT 8K is ~1.9 s)
+    step profile-prefill 120 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"
     ;;
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice
     # decode (synchronous and asynchronous scheduling) with TTFT 1K / 8K and the workload, the profile
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step bench-k3-slice 270 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
+    step bench-k3-slice 240 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --ttft 1024 8192 ${K3_SLICE_ARGS:-}
-    step profile-k3-slice 90 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
+    step profile-k3-slice 75 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
+    step profile-prefill 60 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

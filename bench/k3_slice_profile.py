@@ -2,6 +2,7 @@
 steps at one concurrency under torch.profiler, in one call on the GPU.
 
     python3 bench/k3_slice_profile.py --out k3_slice_profile.json            # nvidia, C = 1
+    python3 bench/k3_slice_profile.py --prefill 8192 --out prefill.json      # one 8K prompt's prefill
     python3 bench/k3_slice_profile.py --smoke                                # CPU: k3-tiny
 
 The engine runs eagerly (`enforce_eager`: the same kernels a CUDA graph replays, launched one
@@ -151,6 +152,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="kernels printed")
     parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform")
     parser.add_argument("--graph", action="store_true", help="also profile the host side of graph-mode steps")
+    parser.add_argument("--prefill", type=int, default=0, metavar="TOKENS",
+                        help="profile the prefill of one prompt of this many tokens (after a first prompt of the "
+                             "same length) instead of decode steps")
     args = parser.parse_args()
     preset, dtype = ("k3-tiny", "float32") if args.smoke else ("k3-slice", "bfloat16")
     if args.smoke:
@@ -158,21 +162,34 @@ def main() -> None:
     cfg = K3Config.preset(preset)
     with tempfile.TemporaryDirectory() as model_dir:
         write_config(__import__("pathlib").Path(model_dir), cfg)
-        engine = engine_for(model_dir, args.platform, max_num_seqs=max(args.concurrency, 1), max_model_len=512,
-                            dtype=dtype, enforce_eager=True)
+        engine = engine_for(model_dir, args.platform, max_num_seqs=max(args.concurrency, 1),
+                            max_model_len=max(512, args.prefill + 64), dtype=dtype, enforce_eager=True)
         device = engine.device.type
-        params = SamplingParams(max_tokens=args.steps + 4, temperature=0, ignore_eos=True)
-        for i in range(args.concurrency):
-            engine.add_request(f"p{i}", prompt(64, i, cfg.vocab_size), params)
-        for _ in range(3):                          # prefill, then warm decode steps (compilation)
-            engine.step()
+        if args.prefill:                            # a first prompt of the same length compiles its shapes
+            once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+            engine.add_request("warm", prompt(args.prefill, 99, cfg.vocab_size), once)
+            while engine.has_unfinished_requests():
+                engine.step()
+            engine.add_request("p", prompt(args.prefill, 1, cfg.vocab_size), once)
+        else:
+            params = SamplingParams(max_tokens=args.steps + 4, temperature=0, ignore_eos=True)
+            for i in range(args.concurrency):
+                engine.add_request(f"p{i}", prompt(64, i, cfg.vocab_size), params)
+            for _ in range(3):                      # prefill, then warm decode steps (compilation)
+                engine.step()
         sync(engine)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         annotated = annotate_modules(engine.model)
         with profile(activities=activities) as prof:
             t0 = time.perf_counter()
-            for _ in range(args.steps):
-                engine.step()
+            if args.prefill:                        # the prompt's prefill steps (one within the token budget)
+                args.steps = 0
+                while engine.has_unfinished_requests():
+                    engine.step()
+                    args.steps += 1
+            else:
+                for _ in range(args.steps):
+                    engine.step()
             sync(engine)
             step_ms = 1e3 * (time.perf_counter() - t0) / args.steps
         remove_annotations(annotated)
@@ -184,12 +201,14 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "platform": args.platform,
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
               "experimental": os.environ.get("K3_NVIDIA_EXPERIMENTAL", ""), "concurrency": args.concurrency,
+              "prefill_tokens": args.prefill, "steps": args.steps,
               "eager_step_ms_under_profiler": step_ms,
               "kernel_us_per_step": sum(r["us_per_step"] for r in rows), "kernels": rows, "stacks": stacks,
               "host": host}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"{preset} on {args.platform}, C={args.concurrency}: eager step {step_ms:.2f} ms under the profiler, "
+    what = f"prefill of {args.prefill} tokens ({args.steps} steps)" if args.prefill else f"C={args.concurrency}"
+    print(f"{preset} on {args.platform}, {what}: eager step {step_ms:.2f} ms under the profiler, "
           f"device time {result['kernel_us_per_step'] / 1e3:.2f} ms per step")
     for r in rows[: args.top]:
         print(f"{r['us_per_step']:10.1f} us {r['calls_per_step']:6.1f}x  {r['kernel'][:110]}")

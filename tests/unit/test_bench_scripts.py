@@ -9,10 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _smoke(script: str, tmp_path) -> dict:
-    """Run bench/`script` --smoke and return the JSON it wrote."""
+def _smoke(script: str, tmp_path, *extra: str) -> dict:
+    """Run bench/`script` --smoke (and `extra` arguments) and return the JSON it wrote."""
     out = tmp_path / "result.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(out.read_text())
@@ -35,3 +35,9 @@ def test_k3_slice_profile_smoke(tmp_path):
     assert any("linear" in r["kernel"] or "mm" in r["kernel"] for r in result["kernels"])
     modules = {r["module"] for r in result["stacks"]}
     assert any(m.startswith("model.layers.*.") for m in modules), modules   # ops placed on their layer parts
+
+
+def test_k3_slice_prefill_profile_smoke(tmp_path):
+    result = _smoke("k3_slice_profile.py", tmp_path, "--prefill", "48")
+    assert result["prefill_tokens"] == 48 and result["steps"] == 1 and result["kernel_us_per_step"] > 0
+    assert any(r["module"].startswith("model.layers.*.") for r in result["stacks"])
