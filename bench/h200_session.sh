@@ -4,8 +4,9 @@
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then fla-core's chunked KDA prefill (experimental,
-#     k3's pinned launch configurations) on its own;
+#     conformance/reports/nvidia-h200/; then the experimental chunked KDA prefills on the
+#     kda.chunked and model cases: k3's batched torch kernel, fla-core's (k3's pinned launch
+#     configurations);
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
@@ -60,9 +61,11 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-kda-torch 150 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_torch \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_torch" -k "kda.chunked or model"
     step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
-    rm -f "$OUT/conf_fla/report.md"
+    rm -f "$OUT/conf_fla/report.md" "$OUT/conf_kda_torch/report.md"
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"

@@ -6,7 +6,9 @@ state), in one call on the GPU.
     python3 bench/kda_prefill.py --out kda_prefill.json
 
 k3's wrapper gives fla-core fp32 q / k / v by default (TF32 dots and fp32 per-chunk states,
-`kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands.
+`kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands, and the
+batched torch kernel (`torch_kernels/kda_chunked_blocked.py`, exact fp32, experimental
+`kda_chunked_torch`).
 
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,
@@ -67,6 +69,14 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
         lambda: chunk_kda(*args, initial_state=kw["initial_state"], output_final_state=True,
                           cu_seqlens=kw["cu_seqlens"]))
     out["reference_ms"] = bench_ms(lambda: ref.kda_chunked(*args, **kw, **emit), rep_ms=1000)
+    # the batched torch kernel (experimental kda_chunked_torch): exact fp32, every chunk at once
+    from k3.platforms.torch_kernels.kda_chunked_blocked import kda_chunked as torch_chunked
+
+    batched = torch_chunked(*args, **kw, **emit)
+    out["error_ratio_o_torch_batched"] = ratio(batched[0], want[0])
+    out["error_ratio_final_state_torch_batched"] = ratio(batched[1], want[1])
+    out["torch_batched_ms"] = bench_ms(lambda: torch_chunked(*args, **kw, **emit), rep_ms=1000)
+    out["torch_batched_vs_reference_speedup"] = out["reference_ms"] / out["torch_batched_ms"]
     t, h, d = sum(lens), 96, 128
     n_states = len(lens) * (2 + (0 if offsets is None else torch.as_tensor(offsets).shape[-1]))
     nbytes = t * h * d * (2 * 3 + 4 + 2) + t * h * 4 + n_states * h * d * d * 4

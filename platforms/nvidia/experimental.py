@@ -57,6 +57,10 @@ PROMOTED = {
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
 }
 KERNELS = {
+    # two kernels for kda.chunked: when both are named, fla-core's (the later) serves
+    "kda_chunked_torch": Kernel("kda.chunked", "torch_kernels.kda_chunked_blocked:kda_chunked",
+                                "chunked KDA prefill in torch, every chunk's intra-chunk work batched (exact fp32)",
+                                needs=()),
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),
