@@ -23,3 +23,19 @@ def tiny_checkpoint(tmp_path_factory):
         return made[preset, seed]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tokenized_checkpoint(tmp_path_factory):
+    """tokenized_checkpoint(preset) -> a random checkpoint with its compact tokenizer, as
+    `k3 checkpoint init` writes it (the engine's text paths need the tokenizer); once per session."""
+    from k3.cli.checkpoint import init_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def make(preset: str) -> Path:
+        if preset not in made:
+            made[preset] = init_checkpoint(preset, tmp_path_factory.mktemp(f"{preset}-tokenized"), progress=False)
+        return made[preset]
+
+    return make

@@ -274,9 +274,7 @@ class LLMEngine:
             return []
         if self.speculation is not None:
             self.speculation.prepare(out)
-        not_yet = [self.stop_token_ids if s.request.params.min_tokens > len(s.request.output_token_ids) else set()
-                   for s in out.scheduled]
-        rows, samples, spec_logits = self.runner.run(out, not_yet, broadcast=self.broadcast)
+        rows, samples, spec_logits = self.runner.run(out, self._not_yet(out), broadcast=self.broadcast)
         starts = [s.request.num_computed_tokens for s in out.scheduled]
         verified = self.speculation.accept(out, spec_logits) if self.speculation is not None else {}
         self.scheduler.commit(out, self.speculation.kept if verified else None)
@@ -295,15 +293,27 @@ class LLMEngine:
                 self._append(request, token, logprob, None, now)
             touched.add(request_id)
         if samples is not None:
-            tokens = samples.tokens.tolist()
-            logprobs = samples.logprobs.tolist()
-            tops = None
-            if samples.top_ids is not None:
-                tops = list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
-            for j, row in enumerate(rows):
-                request = out.scheduled[row].request
-                self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
-                touched.add(request.request_id)
+            self._append_samples(out, rows, samples, now, touched)
+        return self._outputs(touched)
+
+    def _not_yet(self, out: SchedulerOutput) -> list[set[int]]:
+        """Per scheduled request, the token ids it must not sample yet (min_tokens)."""
+        return [self.stop_token_ids if s.request.params.min_tokens > s.output_index else set() for s in out.scheduled]
+
+    def _append_samples(self, out: SchedulerOutput, rows: list[int], samples, now: float, touched: set) -> None:
+        """Read a step's sampled tokens (waiting for the device) and append them to their
+        requests (rows of `out.scheduled`); a request that finished or was aborted since the
+        launch (asynchronous scheduling) gets nothing. Adds the ids appended to `touched`."""
+        tokens, logprobs = samples.tokens.tolist(), samples.logprobs.tolist()
+        tops = None if samples.top_ids is None else list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
+        for j, row in enumerate(rows):
+            request = out.scheduled[row].request
+            if request.finished:
+                continue
+            self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
+            touched.add(request.request_id)
+
+    def _outputs(self, touched: set) -> list[RequestOutput]:
         parents = dict.fromkeys(self.parent_of[child] for child in touched)
         return [self._output(p) for p in parents]
 
@@ -335,28 +345,16 @@ class LLMEngine:
 
     def _launch(self, out: SchedulerOutput, previous_tokens=None) -> Launched:
         """Run a scheduled step on the device without waiting for it."""
-        not_yet = [self.stop_token_ids if s.request.params.min_tokens > s.output_index else set()
-                   for s in out.scheduled]
-        rows, samples, _ = self.runner.run(out, not_yet, previous_tokens=previous_tokens)
+        rows, samples, _ = self.runner.run(out, self._not_yet(out), previous_tokens=previous_tokens)
         return Launched(out, rows, samples)
 
     def _collect(self, launched: Launched) -> list[RequestOutput]:
-        """Read a launched step's tokens (waiting for the device) and append them; a request that
-        finished or was aborted since the launch gets nothing."""
-        samples = launched.samples
-        if samples is None:
+        """Read a launched step's tokens and append them (`_append_samples`)."""
+        if launched.samples is None:
             return []
-        tokens, logprobs = samples.tokens.tolist(), samples.logprobs.tolist()
-        tops = None if samples.top_ids is None else list(zip(samples.top_ids.tolist(), samples.top_logprobs.tolist()))
-        touched, now = set(), time.monotonic()
-        for j, row in enumerate(launched.rows):
-            request = launched.out.scheduled[row].request
-            if request.finished:
-                continue
-            self._append(request, tokens[j], logprobs[j], None if tops is None else tops[j], now)
-            touched.add(request.request_id)
-        parents = dict.fromkeys(self.parent_of[child] for child in touched)
-        return [self._output(p) for p in parents]
+        touched: set[str] = set()
+        self._append_samples(launched.out, launched.rows, launched.samples, time.monotonic(), touched)
+        return self._outputs(touched)
 
     def apply_kda_commit(self, *, row_copies=(), records=None) -> None:
         """Commit verified KDA states on every rank (row copies, or a record rebuild)."""

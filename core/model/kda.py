@@ -90,10 +90,8 @@ class KDAMixer(K3Module):
         decode step and the prefill chunks after them as a prefill call, so a decode's output
         does not depend on the chunks sharing its batch (and skips the chunked kernel, which
         would give each one-token sequence a chunk of its own)."""
-        d = meta.num_decodes
         if meta.splits_decodes and not per_position_states:
-            decodes, rest = meta.split_decodes()
-            o = torch.cat([self._mix(x[:d], decodes, cache)[0], self._mix(x[d:], rest, cache)[0]])
+            o = torch.cat([self._mix(x[cut], part, cache)[0] for cut, part in meta.split_decodes()])
             states = None
         else:
             o, states = self._mix(x, meta, cache, per_position_states)

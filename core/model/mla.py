@@ -95,9 +95,8 @@ class MLAMixer(K3Module):
             view.pages[pages, offsets] = k.quant.fp8_quantize(row, scale=view.scale, dtype=view.pages.dtype)[0]
 
         if meta.splits_decodes:     # decodes on the absorbed path, the prefill chunks expanded
-            parts = zip((slice(0, meta.num_decodes), slice(meta.num_decodes, None)), meta.split_decodes())
-            o = torch.cat([self._attend(x[s], q[s], None if c_q is None else c_q[s], part, cache, pages[s], offsets[s])
-                           for s, part in parts])
+            o = torch.cat([self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
+                                        offsets[cut]) for cut, part in meta.split_decodes()])
         else:
             o = self._attend(x, q, c_q, meta, cache, pages, offsets)
         o = o.reshape(t, hl * cfg.v_head_dim)

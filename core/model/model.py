@@ -69,25 +69,29 @@ class K3Model(K3Module):
         into its absorbed decode weights (`MLAMixer.fold_weights`). Call once the weights are final
         (the engine does, after loading and the platform's weight processing; call again after
         changing them). A model never folded folds on the fly, with the same values."""
-        for module in self.modules():
-            if isinstance(module, MLAMixer):
-                module.fold_weights()
-        if not self.cfg.uses_attn_res:
-            return
-        pairs = [(layer.self_attention_res_norm, layer.self_attention_res_proj) for layer in self.layers]
-        pairs += [(layer.mlp_res_norm, layer.mlp_res_proj) for layer in self.layers]
-        pairs.append((self.output_attn_res_norm, self.output_attn_res_proj))
-        self._folded_queries = {id(norm): (norm, proj, ref.fold_attn_res_query(norm, proj)) for norm, proj in pairs}
+        for module in self._mla_layers():
+            module.fold_weights()
+        self._folded_queries = {id(norm): (norm, proj, ref.fold_attn_res_query(norm, proj))
+                                for norm, proj in self._attn_res_pairs()}
 
     def folded_weight_bytes(self) -> int:
         """Bytes `fold_weights` adds beside the parameters (works on a meta-device model): every
-        MLA layer's absorbed w_uk and w_uv (as many elements as its kv_b_proj) and the AttnRes
-        logit weights. The capacity plan counts them with the weights."""
-        mla = sum(m.kv_b_proj.numel() * m.kv_b_proj.element_size() for m in self.modules() if isinstance(m, MLAMixer))
+        MLA layer's absorbed w_uk and w_uv (as many elements as its kv_b_proj) and one AttnRes
+        logit weight per mix (as many elements as its norm). The capacity plan counts them."""
+        return (sum(m.kv_b_proj.numel() * m.kv_b_proj.element_size() for m in self._mla_layers())
+                + sum(norm.numel() * norm.element_size() for norm, _ in self._attn_res_pairs()))
+
+    def _mla_layers(self) -> list[MLAMixer]:
+        return [m for m in self.modules() if isinstance(m, MLAMixer)]
+
+    def _attn_res_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(norm weight, proj weight) of every AttnRes mix: two a layer and the output mix."""
         if not self.cfg.uses_attn_res:
-            return mla
-        norm = self.output_attn_res_norm
-        return mla + (2 * len(self.layers) + 1) * norm.numel() * norm.element_size()
+            return []
+        pairs = [(layer.self_attention_res_norm, layer.self_attention_res_proj) for layer in self.layers]
+        pairs += [(layer.mlp_res_norm, layer.mlp_res_proj) for layer in self.layers]
+        pairs.append((self.output_attn_res_norm, self.output_attn_res_proj))
+        return pairs
 
     def _attn_res_query(self, norm: torch.Tensor, proj: torch.Tensor) -> torch.Tensor:
         folded = self._folded_queries.get(id(norm))

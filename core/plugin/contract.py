@@ -106,11 +106,11 @@ class ForwardMetadata:
         drafts: `split_decodes` applies."""
         return 0 < self.num_decodes < self.num_seqs and self.spec_lens is None and self.spec_positions is None
 
-    def split_decodes(self) -> tuple["ForwardMetadata", "ForwardMetadata"]:
-        """(the first num_decodes sequences, the rest) as two metadata of their own, for a layer
-        that runs a mixed batch's decodes and prefill chunks on different paths. Their tokens
-        are x[:num_decodes] and x[num_decodes:]. A part feeds a layer, not the LM head: its
-        logits_indices is empty."""
+    def split_decodes(self) -> list[tuple[slice, "ForwardMetadata"]]:
+        """[(tokens, metadata)] of the first num_decodes sequences and of the rest, for a layer
+        that runs a mixed batch's decodes and prefill chunks on different paths: x[tokens] is a
+        part's input. The decodes bring one token each, so each slice cuts the tokens and the
+        sequences alike. A part feeds a layer, not the LM head: its logits_indices is empty."""
         d = self.num_decodes
         if not self.splits_decodes:
             raise ValueError(f"split_decodes needs 0 < num_decodes ({d}) < num_seqs ({self.num_seqs}) "
@@ -118,19 +118,19 @@ class ForwardMetadata:
         ckpt = self.checkpoint_positions is not None
         none = self.logits_indices[:0]
 
-        def part(seqs: slice, tokens: slice, cu: torch.Tensor, max_q_len: int) -> "ForwardMetadata":
+        def part(cut: slice, cu: torch.Tensor, max_q_len: int) -> "ForwardMetadata":
             return ForwardMetadata(
-                input_ids=self.input_ids[tokens], positions=self.positions[tokens], cu_seqlens=cu,
-                context_lens=self.context_lens[seqs], slot_mapping=self.slot_mapping[tokens],
-                block_table=self.block_table[seqs], state_indices=self.state_indices[seqs], logits_indices=none,
+                input_ids=self.input_ids[cut], positions=self.positions[cut], cu_seqlens=cu,
+                context_lens=self.context_lens[cut], slot_mapping=self.slot_mapping[cut],
+                block_table=self.block_table[cut], state_indices=self.state_indices[cut], logits_indices=none,
                 max_q_len=max_q_len,
-                checkpoint_positions=self.checkpoint_positions[seqs] if ckpt else None,
-                checkpoint_state_indices=self.checkpoint_state_indices[seqs] if ckpt else None,
+                checkpoint_positions=self.checkpoint_positions[cut] if ckpt else None,
+                checkpoint_state_indices=self.checkpoint_state_indices[cut] if ckpt else None,
                 num_decodes=d if max_q_len == 1 else 0)
 
-        decodes = part(slice(0, d), slice(0, d), self.cu_seqlens[: d + 1], 1)
-        rest = part(slice(d, None), slice(d, None), self.cu_seqlens[d:] - d, self.max_q_len)
-        return decodes, rest
+        head, tail = slice(0, d), slice(d, None)
+        return [(head, part(head, self.cu_seqlens[: d + 1], 1)),
+                (tail, part(tail, self.cu_seqlens[d:] - d, self.max_q_len))]
 
     @classmethod
     def build(

@@ -24,7 +24,7 @@ __all__ = ["kda_gate", "kda_recurrent", "kda_chunked", "kda_rebuild_state"]
 
 
 @dataclass
-class _Inputs:
+class KDAInputs:
     """Validated inputs in the compute dtype, flattened to rows of [B*T] and per value head."""
 
     q: torch.Tensor  # [B*T, HV, K], scaled
@@ -37,7 +37,10 @@ class _Inputs:
     shape: tuple[int, int, int, int, int]  # B, T, HV, K, V
 
 
-def _prepare(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -> _Inputs:
+def prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -> KDAInputs:
+    """The contract's checks of the KDA ops' inputs (raising its errors, named for `op`), then
+    the inputs in the compute dtype as `KDAInputs` (q scaled, heads repeated to the value heads,
+    the initial state copied or zeros). Kernels that take the same inputs start from it."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not t.is_floating_point():
             raise ValueError(f"{op}: {name} must be a float tensor; got {t.dtype}")
@@ -81,7 +84,7 @@ def _prepare(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -> _Inputs:
         if initial_state is None
         else upcast(initial_state, cd).clone()
     )
-    return _Inputs(
+    return KDAInputs(
         q=heads(q) * scale,
         k=heads(k),
         v=upcast(v, cd).reshape(B * T, HV, V),
@@ -127,7 +130,7 @@ def kda_recurrent(
     delta-rule correction, from which `kda_rebuild_state` rebuilds any prefix's state
     (RecoverSSM-style speculative rollback). Extra outputs come in this order.
     """
-    p = _prepare("kda_recurrent", q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    p = prepare_kda_inputs("kda_recurrent", q, k, v, g, beta, scale, initial_state, cu_seqlens)
     B, T, HV, K, V = p.shape
     S = p.state
     o = p.v.new_empty(B * T, HV, V)
@@ -230,6 +233,12 @@ def _chunk(S0, q, k, v, g, beta):
     return o.transpose(0, 1), S
 
 
+def chunk_cuts(length: int, chunk_size: int, offsets: Sequence[int] = ()) -> list[int]:
+    """The chunk boundaries of a sequence of `length` tokens: every chunk_size tokens from its
+    start, and at each checkpoint offset (0 and length included, sorted, once each)."""
+    return sorted({0, length, *range(0, length, chunk_size), *offsets})
+
+
 def kda_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,7 +266,7 @@ def kda_chunked(
     op = "kda_chunked"
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{op}: chunk_size must be a positive int; got {chunk_size!r}")
-    p = _prepare(op, q, k, v, g, beta, scale, initial_state, cu_seqlens)
+    p = prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens)
     B, T, HV, K, V = p.shape
     lengths = [e - b for b, e in p.bounds]
     offsets = (
@@ -269,7 +278,7 @@ def kda_chunked(
     finals, per_seq_ckpts = [], []
     for n, (bos, eos) in enumerate(p.bounds):
         wanted = [] if offsets is None else offsets[n]
-        cuts = sorted({0, eos - bos, *range(0, eos - bos, chunk_size), *wanted})
+        cuts = chunk_cuts(eos - bos, chunk_size, wanted)
         S = p.state[n]  # [HV, K, V]
         at = {0: S}  # state after `offset` tokens
         for a, z in zip(cuts[:-1], cuts[1:]):

@@ -25,30 +25,19 @@ from __future__ import annotations
 import torch
 
 from k3 import reference as ref
-from k3.dtypes import compute_dtype
-from k3.reference.conv import checkpoint_offsets_per_sequence, sequence_bounds
+from k3.reference.conv import checkpoint_offsets_per_sequence
+from k3.reference.kda import chunk_cuts, prepare_kda_inputs
 
 BLOCK = 16                    # the diagonal blocks' size: exact pairwise decays inside
 GROUP_ELEMENTS = 1 << 27      # floats of the diagonal decays built at once (512 MiB in fp32)
 
 
-def _well_formed(q, k, v, g, beta, initial_state) -> bool:
-    """The shapes the contract allows (anything else goes to the reference, which raises)."""
-    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:2] != q.shape[:2]:
-        return False
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    if HV % H or tuple(g.shape) != (B, T, HV, K) or tuple(beta.shape) != (B, T, HV):
-        return False
-    return all(t.is_floating_point() for t in (q, k, v, g, beta))
-
-
-def _segments(bounds, lengths, wanted, chunk):
-    """(sequence, start, end) of every chunk in packed-token coordinates, ordered by sequence,
-    and for each sequence the list of its chunks' indices."""
+def _segments(bounds, wanted, chunk):
+    """(sequence, start, end) of every chunk in packed-token coordinates (the reference's cuts,
+    `chunk_cuts`), ordered by sequence, and for each sequence the list of its chunks' indices."""
     segments, per_sequence = [], []
-    for n, ((bos, _), length) in enumerate(zip(bounds, lengths)):
-        cuts = sorted({0, length, *range(0, length, chunk), *(wanted[n] if wanted else ())})
+    for n, (bos, eos) in enumerate(bounds):
+        cuts = chunk_cuts(eos - bos, chunk, wanted[n] if wanted else ())
         per_sequence.append(list(range(len(segments), len(segments) + len(cuts) - 1)))
         segments += [(n, bos + a, bos + z) for a, z in zip(cuts[:-1], cuts[1:])]
     return segments, per_sequence
@@ -93,43 +82,24 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
                 checkpoint_offsets=None):
     """`k3.reference.kda_chunked` (same signature and contract), all chunks' intra-chunk work
     batched; chunk_size must be a multiple of 16 here (the reference takes the others)."""
-    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < BLOCK
-            or chunk_size % BLOCK or not _well_formed(q, k, v, g, beta, initial_state)):
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < BLOCK or chunk_size % BLOCK:
         return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)
     op = "kda_chunked"
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    bounds = sequence_bounds(cu_seqlens, B, T, op)
-    N = len(bounds)
-    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
-        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                               chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)   # raises
-    lengths = [e - s for s, e in bounds]
-    wanted = None if checkpoint_offsets is None else checkpoint_offsets_per_sequence(checkpoint_offsets, lengths, op)
-    cd = compute_dtype(q, k, v, g, beta, initial_state)
-    scale = K ** -0.5 if scale is None else scale
-    rep = HV // H
-    dev = q.device
-
-    def flat(x, width):           # [B, T, *, width] -> [B*T + 1, HV, width] in cd, a zero row last (padding)
-        x = x.to(cd).reshape(B * T, -1, width)
-        if x.shape[1] != HV:
-            x = x.repeat_interleave(rep, dim=1)
-        return torch.cat([x, x.new_zeros(1, HV, width)])
-
-    qf, kf, vf, gf = flat(q, K) * scale, flat(k, K), flat(v, V), flat(g, K)
-    bf = torch.cat([beta.to(cd).reshape(B * T, HV), beta.new_zeros(1, HV, dtype=cd)])
-    segments, per_sequence = _segments(bounds, lengths, wanted, chunk_size)
+    p = prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens)   # the contract's errors
+    B, T, HV, K, V = p.shape
+    bounds, N, dev = p.bounds, len(p.bounds), q.device
+    wanted = (None if checkpoint_offsets is None
+              else checkpoint_offsets_per_sequence(checkpoint_offsets, [e - s for s, e in bounds], op))
+    # rows [B*T + 1, HV, *] in the compute dtype, a zero row last (what padding tokens read)
+    qf, kf, vf, gf, bf = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (p.q, p.k, p.v, p.g, p.beta))
+    segments, per_sequence = _segments(bounds, wanted, chunk_size)
     C = chunk_size
     pad = B * T                                                           # the zero row
     index = torch.full((len(segments), C), pad, dtype=torch.long)
     for s, (_, a, z) in enumerate(segments):
         index[s, : z - a] = torch.arange(a, z)
     index = index.to(dev)
-
-    def chunks(x):                # [B*T + 1, HV, D] -> [S, HV, C, D]
-        return x[index].permute(0, 2, 1, 3)
 
     # phase 1, in groups whose diagonal decays fit GROUP_ELEMENTS
     per_chunk = HV * C * BLOCK * K
@@ -139,12 +109,11 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         sel = index[s0: s0 + group]
         qs, ks, vs, gs = (x[sel].permute(0, 2, 1, 3) for x in (qf, kf, vf, gf))
         parts.append(_intra_chunk(qs, ks, vs, gs, bf[sel].transpose(1, 2)))
-    W, U, A_qk, qeG, kdec, eGC = (torch.cat(p) for p in zip(*parts))
+    W, U, A_qk, qeG, kdec, eGC = (torch.cat(chunked) for chunked in zip(*parts))
 
     # phase 2: the recurrence, one round per chunk index, the sequences batched
-    state = (torch.zeros(N, HV, K, V, dtype=cd, device=dev) if initial_state is None
-             else initial_state.to(cd).clone())
-    o_chunks = torch.empty(len(segments), HV, C, V, dtype=cd, device=dev)
+    state = p.state
+    o_chunks = torch.empty(len(segments), HV, C, V, dtype=state.dtype, device=dev)
     at = [{0: state[n]} for n in range(N)]                                # state after `offset` tokens
     for r in range(max(len(c) for c in per_sequence)):
         seqs = [n for n in range(N) if len(per_sequence[n]) > r]

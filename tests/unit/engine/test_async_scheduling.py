@@ -5,20 +5,16 @@ reasons), its rows must be free at the end, and the lookahead must actually run.
 
 import pytest
 
-from k3.engine.engine import EngineConfig, LLMEngine
+from engines import tiny_engine
 from k3.engine.params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("async-k3-tiny"), progress=False)
+def ckpt(tokenized_checkpoint):
+    return tokenized_checkpoint("k3-tiny")
 
 
-def _engine(ckpt, **kw):
-    kw.setdefault("kv_cache_memory_gib", 0.02)
-    return LLMEngine(EngineConfig(model=str(ckpt), dtype="float64", load_progress=False, **kw))
+_engine = tiny_engine
 
 
 PROMPTS = [[(11 * i + 5 * j) % 300 + 3 for j in range(n)] for i, n in enumerate((20, 6, 33, 9, 14))]

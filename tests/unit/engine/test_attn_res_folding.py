@@ -1,5 +1,5 @@
-"""AttnRes logit weights and MLA absorbed decode weights are folded once when the engine loads the model (K3Model.fold_weights),
-not in every forward, and folding changes no output."""
+"""AttnRes logit weights and MLA absorbed decode weights are folded once when the engine loads
+the model (K3Model.fold_weights), not in every forward, and folding changes no output."""
 
 import pytest
 import torch
@@ -10,10 +10,8 @@ from k3.engine.params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("fold-k3-tiny"), progress=False)
+def ckpt(tokenized_checkpoint):
+    return tokenized_checkpoint("k3-tiny")
 
 
 def _generate(ckpt):

@@ -2,23 +2,18 @@
 cancellation, stop conditions. Token-equality checks run in float64 (DESIGN.md "Testing equality")."""
 
 import pytest
-import torch
 
-from k3.engine.engine import EngineConfig, LLMEngine
+from engines import tiny_engine
 from k3.engine.params import SamplingParams, SamplingParamsError
 from k3.engine.single import SamplingOptions, SingleSequenceGenerator
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3.1-pro-tiny", tmp_path_factory.mktemp("engine-k3.1-pro-tiny"), progress=False)
+def ckpt(tokenized_checkpoint):
+    return tokenized_checkpoint("k3.1-pro-tiny")
 
 
-def _engine(ckpt, **kw):
-    kw.setdefault("kv_cache_memory_gib", 0.02)
-    return LLMEngine(EngineConfig(model=str(ckpt), dtype="float64", load_progress=False, **kw))
+_engine = tiny_engine
 
 
 PROMPTS = [[(13 * i + 7 * j) % 380 + 1 for j in range(n)] for i, n in enumerate((30, 5, 19, 41, 2))]

@@ -35,7 +35,8 @@ def test_build_counts_the_leading_one_token_steps():
 
 def test_split_decodes_cuts_every_field_at_the_boundary():
     meta = _meta([1, 1, 5, 3], context=[7, 2, 0, 4], checkpoints=True)
-    decodes, rest = meta.split_decodes()
+    (head, decodes), (tail, rest) = meta.split_decodes()
+    assert (head, tail) == (slice(0, 2), slice(2, None))
     assert decodes.max_q_len == 1 and decodes.num_decodes == 2 and rest.max_q_len == 5 and rest.num_decodes == 0
     assert torch.equal(decodes.input_ids, meta.input_ids[:2]) and torch.equal(rest.input_ids, meta.input_ids[2:])
     assert torch.equal(rest.positions, meta.positions[2:]) and torch.equal(rest.slot_mapping, meta.slot_mapping[2:])
