@@ -4,9 +4,9 @@
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
 #     the served set (kernels, CUDA-graph decode: model.graph_decode), the report for
-#     conformance/reports/nvidia-h200/; then the experimental chunked KDA prefills on the
-#     kda.chunked and model cases: k3's batched torch kernel, fla-core's (k3's pinned launch
-#     configurations);
+#     conformance/reports/nvidia-h200/; then the other chunked KDA prefills on the kda.chunked
+#     and model cases: k3's batched torch kernel without the Triton diagonal (the fallback
+#     where Triton is missing) and fla-core's (experimental; k3's pinned launch configurations);
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
 #     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
@@ -25,6 +25,7 @@
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
+# MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
 # limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
@@ -61,7 +62,7 @@ step() {  # step NAME SECONDS COMMAND...
 case $phase in
 conformance)
     step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step conformance-kda-torch 150 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_torch \
+    step conformance-kda-torch 150 env K3_NVIDIA_DISABLE=kda_chunked_blocked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_torch" -k "kda.chunked or model"
     step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
@@ -69,7 +70,8 @@ conformance)
     ;;
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
-    step bench-moe 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
+    # shellcheck disable=SC2086
+    step bench-moe 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" ${MOE_ARGS:-}
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
     step bench-kda-prefill 100 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"

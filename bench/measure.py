@@ -30,8 +30,13 @@ def copy_bandwidth_GBps(rep_ms: int = 300) -> float:
     src = torch.randn(1 << 28, device="cuda")
     dst = torch.empty_like(src)
     ms = bench_ms(lambda: dst.copy_(src), rep_ms)
-    del src, dst
     return 2 * (1 << 30) / ms / 1e6
+
+
+def matmul_tflops(rep_ms: int = 300) -> float:
+    """bf16 8192^3 matrix product rate (TFLOP/s): the compute roofline of the prefill kernels."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / bench_ms(lambda: a @ a, rep_ms) / 1e9
 
 
 def graph_replay_ms(fn, rep_ms: int = 300) -> float:

@@ -21,7 +21,7 @@ import torch
 
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
-from measure import bench_ms, graph_replay_ms, ratio, run_header, save
+from measure import bench_ms, graph_replay_ms, matmul_tflops, ratio, run_header, save
 
 SITU_BETA = 4.0
 # launch options of experts_forward swept per batch size (each checked before it is timed)
@@ -33,6 +33,16 @@ VARIANTS = {
     "gemv_n32_k256_w4": dict(mode="gemv", block_n=32, block_k=256, num_warps=4),
     "gemv_n64_k128_w4": dict(mode="gemv", block_n=64, block_k=128, num_warps=4),
 }
+# prefill batches (PREFILL_T tokens and up, ~T*k/E >= 64 per expert): larger token tiles and the
+# dequantise-then-cuBLAS mode, timed
+# eagerly (prefill is not captured) against the bf16 matrix-product rate
+PREFILL_VARIANTS = {        # the sixth session's sweep of nine tile shapes kept its best two (BENCHMARKS.md)
+    "ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8),
+    "ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4, stages=4),
+    "ds_n128_k64_t128_w8_s3": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=128, num_warps=8, stages=3),
+    "dequant": dict(mode="dequant"),      # each active expert dequantised to bf16, then cuBLAS
+}
+PREFILL_T = 512
 GEMV_MAX_T = 16          # one program per (expert, token): past a few tokens per expert the tensor cores win
 
 
@@ -68,6 +78,28 @@ def check(kernel, w13, w2, t, k, device, seed) -> dict:
     return {"error_ratio": err, "finite": bool(got.isfinite().all()), "passed": err < 1e-2 and bool(got.isfinite().all())}
 
 
+def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw) -> None:
+    """A prefill batch: each PREFILL_VARIANTS launch checked, then timed eagerly; the figure is
+    the best one's fraction of the bf16 matrix-product rate (2 * T * k * 3 * L * I FLOPs)."""
+    e, two_i, l = w13.shape
+    flops = 2 * t * k * 3 * l * (two_i // 2)
+    entry["tflop"] = flops / 1e12
+    entry["matmul_floor_us"] = flops / tflops / 1e6
+    for name, options in PREFILL_VARIANTS.items():
+        entry[f"{name}_check"] = check(lambda *a, **kk: kernel(*a, **options, **kk), w13, w2, t, k, "cuda", seed=t)
+        if entry[f"{name}_check"]["passed"]:
+            entry[f"k3_{name}_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **options, **kw)) * 1e3
+    entry["k3_default_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
+    timed = {key[3:-3]: v for key, v in entry.items() if key.startswith("k3_") and key.endswith("_us")}
+    entry["k3_best_variant"] = min(timed, key=timed.get)
+    entry["k3_us"] = timed[entry["k3_best_variant"]]
+    entry["fraction_of_matmul_rate"] = entry["matmul_floor_us"] / entry["k3_us"]
+    entry["reference_us"] = bench_ms(lambda: ref.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
+    entry["speedup_vs_reference"] = entry["reference_us"] / entry["k3_us"]
+    print(f"T{t}: k3 {entry['k3_us']:.0f} us ({entry['k3_best_variant']}; default {entry['k3_default_us']:.0f} us), "
+          f"{100 * entry['fraction_of_matmul_rate']:.0f}% of the bf16 matmul rate, reference {entry['reference_us']:.0f} us")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="moe_mxfp4.json")
@@ -85,6 +117,7 @@ def main() -> None:
     e, inter, l, k = 128, 3072, 3584, 16
     result = run_header(f"E{e} top{k} L{l} I{inter} MXFP4 experts, bf16 activations, SiTU-GLU beta {SITU_BETA}")
     copy_GBps = result["copy_GBps"]
+    result["bf16_matmul_TFLOPs"] = tflops = matmul_tflops()
     rows = []
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
     for t in args.batch:
@@ -96,6 +129,13 @@ def main() -> None:
             entry["active_experts"] = int(ids.unique().numel())
             entry["weight_bytes"] = nbytes
             entry["roofline_us"] = nbytes / copy_GBps / 1e3
+            if t >= PREFILL_T:
+                prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw)
+                result[f"T{t}"] = entry
+                rows.append((t, entry))
+                torch.cuda.empty_cache()
+                save(result, args.out)
+                continue
             for name, options in VARIANTS.items():
                 if t < 16 and options.get("block_t", 16) > 16:
                     continue                                  # a token block of 32+ for 1-4 tokens: waste
@@ -125,6 +165,8 @@ def main() -> None:
     print(f"{'T':>4} {'ok':<4} {'experts':>7} {'k3 us':>9} {'eager us':>9} {'roofline':>9} {'%roof':>6} {'ref us':>10} "
           f"{'vs ref':>7} best (k3: CUDA-graph replay; eager: the default launch)")
     for t, e_ in rows:
+        if "fraction_of_matmul_rate" in e_:
+            continue                                          # prefill rows: printed as they ran
         if "k3_us" not in e_:
             print(f"{t:>4} FAIL {e_['check']}")
             continue

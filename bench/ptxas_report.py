@@ -25,8 +25,8 @@ from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
 # MXFP4 MoE tiles compiled: (mode 0 dot_scaled / 1 decode, rows, tokens, columns, warps); the first
-# two are what moe_mxfp4.launch_options serves at batch 1 and above
-MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (1, 64, 16, 64, 4))
+# two are what moe_mxfp4.launch_options serves at batch 1 and above, the fourth its prefill tile
+MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (0, 128, 64, 64, 4), (1, 64, 16, 64, 4))
 # the gemv mode's (rows, columns, warps, pipeline stages)
 MOE_GEMV_TILES = ((16, 256, 4, 1), (16, 512, 4, 1), (64, 128, 4, 1), (16, 512, 4, 3))
 
@@ -76,8 +76,8 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
     from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_prefill, kda_decode, kda_recurrent,
-                                             glu, mla_decode, moe_mxfp4, moe_mxfp4_gemv, rms_norm, router,
-                                             short_conv)
+                                             glu, mla_decode, moe_mxfp4, moe_mxfp4_dequant, moe_mxfp4_gemv, rms_norm,
+                                             router, short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -98,7 +98,8 @@ def variants():
     yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)
 
     fn = moe_mxfp4._gate_up_kernel
-    types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
+    types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
+                        "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16"}, ("beta", "linear_beta"))
     base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False)
     for mode, block_n, block_t, block_k, warps in MOE_TILES:
@@ -107,7 +108,8 @@ def variants():
         yield ("moe_gate_up", variant, fn, {**types, **act},
                dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
     fn = moe_mxfp4._down_kernel
-    types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "active_ptr": "*i32", "order_ptr": "*i32",
+    types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
+                        "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32"}, ())
     for mode, block_n, block_t, block_k, warps in MOE_TILES:
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
@@ -127,6 +129,11 @@ def variants():
                             "y_ptr": "*fp32", "act_ptr": "*bf16"}, ())
         yield ("moe_down", f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}", fn, types,
                dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages), warps)
+
+    fn = moe_mxfp4_dequant._dequantize_kernel
+    types = _types(fn, {"packed_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}, ())
+    yield ("moe_dequant", "bf16_L3584", fn, types, dict(HALF_COLS=1792, BLOCK_ROWS=moe_mxfp4_dequant.BLOCK_ROWS,
+                                                         BLOCK_BYTES=moe_mxfp4_dequant.BLOCK_BYTES), 4)
 
     fn = indexer_decode._paged_scores_kernel
     types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*fp8e4nv", "scales_ptr": "*fp32",

@@ -5,19 +5,21 @@ Two launches, grouped by expert so each weight tile is read once per BLOCK_T tok
 that expert (not once per token), with the weights as the matrix product's M operand ("swap
 AB": an expert's BLOCK_N weight rows times its BLOCK_T tokens), so a decode step with one token
 per expert still fills the tensor cores' 64-row side with weights rather than padding:
-  1. gate/up: program (active expert slot, token block, I block) gathers the rows of x routed
-     to the expert, multiplies its gate rows and up rows of w13 by them and applies SiTU-GLU
+  1. gate/up: program (token tile, I block) gathers the BLOCK_T rows of x routed to its tile's
+     expert, multiplies its gate rows and up rows of w13 by them and applies SiTU-GLU
      (or SiLU-GLU) in fp32, writing one row of activations per (token, choice);
-  2. down: program (active expert slot, token block, L block) multiplies those rows by the
+  2. down: program (token tile, L block) multiplies those rows by the
      expert's w2 and scales them by the routing weight, one fp32 row per (token, choice);
 then the k rows of each token are summed in torch (a fixed order: no atomics, so the result is
 the same at every batch composition). Tokens are grouped by a device-side argsort of the
-expert ids and the grid's first axis walks only the experts that have tokens (a device-side
-list, non-empty first; T * k slots at most): no host synchronisation, so decode steps can be
+expert ids and cut into tiles of BLOCK_T (token, choice) pairs of one expert (`expert_tiles`: an
+expert's tiles are neighbours on the grid's first axis, so they share its weight tiles in L2;
+a prefill of 8K tokens runs ~T*k/BLOCK_T busy tiles rather than a T/BLOCK_T-deep block per expert,
+most of them empty): no host synchronisation, so decode steps can be
 captured in a CUDA graph, and `dense_dispatch` (the reference's host-sync-free mode) changes
-nothing here.
+nothing here but keeps batches off the "dequant" mode, which reads the expert counts on the host.
 
-Three ways to multiply (the `mode` launch option):
+Four ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 16 weight rows on
     the CUDA cores, for decode steps where an expert sees a token or two;
@@ -25,6 +27,9 @@ Three ways to multiply (the `mode` launch option):
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
     the gate/up activations are stored in bf16 (as the reference rounds them in a bf16 model);
+  - "dequant" (bf16 activations on a GPU, the default there from DEQUANT_MIN_TOKENS tokens: prefill
+    chunks): moe_mxfp4_dequant.py, each active expert dequantised to bf16 once and multiplied on
+    cuBLAS, one host synchronisation;
   - "decode" (fp32 and fp16 activations, and the Triton interpreter, which has no dot_scaled):
     the kernel decodes each nibble itself (an E2M1 code placed as an fp16's sign, two lowest
     exponent bits and top mantissa bit is its value / 2^14), scales each 32-element group, and multiplies
@@ -44,11 +49,11 @@ import triton.language as tl
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import moe_mxfp4_gemv
+from . import moe_mxfp4_dequant, moe_mxfp4_gemv
 from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, gated_activation
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode", "gemv")
+MODES = ("dot_scaled", "decode", "gemv", "dequant")
 
 
 @triton.jit
@@ -95,10 +100,13 @@ def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row
 
 
 @triton.jit
-def _routed_choices(active_ptr, order_ptr, start_ptr, count_ptr, t0, BLOCK_T: tl.constexpr):
-    """Expert e of this program's slot (int64), its (token, choice) indices t0..t0+BLOCK_T-1
-    (int64), their mask, and whether the program has any."""
-    e = tl.load(active_ptr + tl.program_id(0)).to(tl.int64)   # e * expert stride can pass 2^31 (k3-slice: 1.4e9)
+def _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, BLOCK_T: tl.constexpr):
+    """This program's tile (program_id(0)): its expert e (int64), its (token, choice) indices
+    (int64), their mask, and whether the tile has any (tiles past the last hold expert E_local,
+    whose count is 0)."""
+    tile = tl.program_id(0)
+    e = tl.load(tile_expert_ptr + tile).to(tl.int64)   # e * expert stride can pass 2^31 (k3-slice: 1.4e9)
+    t0 = tl.load(tile_start_ptr + tile)
     count = tl.load(count_ptr + e)
     slot = t0 + tl.arange(0, BLOCK_T)
     mask_t = slot < count
@@ -108,18 +116,18 @@ def _routed_choices(active_ptr, order_ptr, start_ptr, count_ptr, t0, BLOCK_T: tl
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, p13_ptr, s13_ptr, active_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
+    x_ptr, p13_ptr, s13_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
     TOPK, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, MODE: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    e, choice, mask_t, busy = _routed_choices(active_ptr, order_ptr, start_ptr, count_ptr, tl.program_id(1) * BLOCK_T,
+    e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
     if not busy:
         return
     token = choice // TOPK
-    col = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = col < I
     acc_g = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
@@ -135,16 +143,16 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    act_ptr, p2_ptr, s2_ptr, active_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
+    act_ptr, p2_ptr, s2_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
     L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    e, choice, mask_t, busy = _routed_choices(active_ptr, order_ptr, start_ptr, count_ptr, tl.program_id(1) * BLOCK_T,
+    e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
     if not busy:
         return
-    row = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = row < L
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -164,6 +172,26 @@ def merge_repeated_choices(topk_ids: torch.Tensor, topk_weights: torch.Tensor):
     return topk_ids.masked_fill(repeat, -1), merged.masked_fill(repeat, 0)
 
 
+def expert_tiles(counts: torch.Tensor, block_t: int, pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid's token tiles: for each tile, its expert and the offset of its first (token,
+    choice) pair among that expert's; counts [E] pairs per expert (on the device), `pairs` their
+    total bound (T * k). Each expert with pairs gets ceil(count / block_t) consecutive tiles, so a
+    weight tile is read by neighbouring programs; the grid is sized for the worst case
+    (ceil(pairs / block_t) + min(E, pairs) tiles: at most one part-filled tile per expert) and
+    the tiles past the last are given expert E (count 0: the program returns at once). Built on
+    the device without a host synchronisation (CUDA-graph capturable).
+    Returns (tile_expert, tile_start), int32 [num_tiles]."""
+    e = counts.numel()
+    num_tiles = triton.cdiv(pairs, block_t) + min(e, pairs)
+    blocks = (counts.long() + block_t - 1) // block_t                                   # [E]
+    ends = torch.cumsum(blocks, 0)                                                      # [E]
+    tile = torch.arange(num_tiles, device=counts.device)
+    tile_expert = torch.searchsorted(ends, tile, right=True)                            # E past the last tile
+    first = (ends - blocks).gather(0, tile_expert.clamp(max=e - 1))
+    tile_start = ((tile - first) * block_t).masked_fill(tile_expert == e, 0)
+    return tile_expert.to(torch.int32), tile_start.to(torch.int32)
+
+
 def covers(x, w13, w2, activation) -> bool:
     """The inputs this kernel computes; anything else goes to the reference op."""
     if not (isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)) or x.dtype not in _ACTIVATIONS:
@@ -177,25 +205,36 @@ def covers(x, w13, w2, activation) -> bool:
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
 GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 2.0x the tensor cores at T = 1, 1.5x at 4, 1.16x at 8, 0.84x at 16
+DEQUANT_MIN_TOKENS = 2048  # from here on each expert's ~T*k/E >= 256 tokens amortise dequantising it to bf16
 
 
 def default_mode(x: torch.Tensor) -> str:
     """gemv for bf16 decode batches of up to GEMV_MAX_TOKENS tokens on a GPU, dot_scaled for
-    larger bf16 batches; decode otherwise (module docstring)."""
+    larger bf16 batches, dequant (moe_mxfp4_dequant.py) from DEQUANT_MIN_TOKENS; decode
+    otherwise (module docstring)."""
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     if x.dtype != torch.bfloat16 or not x.is_cuda or interpreted:
         return "decode"
+    if x.shape[0] >= DEQUANT_MIN_TOKENS:
+        return "dequant"
     return "gemv" if x.shape[0] <= GEMV_MAX_TOKENS else "dot_scaled"
+
+
+PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: larger token tiles
 
 
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
     k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 512 columns;
-    for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above."""
+    for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
+    prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
+    (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":
         return dict(block_t=1, block_n=16, block_k=512, num_warps=4, stages=1)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
+    if t >= PREFILL_TOKENS:
+        return dict(block_t=64, block_n=128, block_k=64, num_warps=4, stages=4)
     return dict(block_t=16, block_n=128, block_k=64, num_warps=8)
 
 
@@ -206,7 +245,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
 
     mode ("dot_scaled", "decode" or "gemv"; None: `default_mode`), block_t (tokens per program,
     >= 16 for the tensor cores; gemv takes one), block_n (weight rows per program), block_k (columns per step, a power
-    of two, halved until it divides L and I), num_warps, stages (gemv's software-pipeline depth):
+    of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth):
     launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -215,16 +254,21 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     if activation == "situ" and beta is None:
         raise ValueError("experts_forward: beta is required for activation='situ' (K3: 4.0)")
     mode = mode or default_mode(x)
-    if mode not in MODES or (mode == "dot_scaled" and x.dtype != torch.bfloat16):
-        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled takes bf16 activations, "
-                         f"got {x.dtype})")
+    if dense_dispatch and mode == "dequant":
+        mode = "dot_scaled"                 # the caller needs no host synchronisation (graph capture)
+    if mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16):
+        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled and dequant take bf16 "
+                         f"activations, got {x.dtype})")
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
+    if mode == "dequant":
+        return moe_mxfp4_dequant.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+                                                 linear_beta=linear_beta, expert_start=expert_start)
     chosen = launch_options(t, mode)
     block_t, block_n = block_t or chosen["block_t"], block_n or chosen["block_n"]
     block_k, num_warps = block_k or chosen["block_k"], num_warps or chosen["num_warps"]
-    stages = stages or chosen.get("stages", 1)
+    stages = stages or chosen.get("stages")
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
@@ -234,7 +278,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     if mode == "gemv":
         return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,
-                                              block_k=block_k, num_warps=num_warps, stages=stages)
+                                              block_k=block_k, num_warps=num_warps, stages=stages or 1)
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
@@ -244,26 +288,26 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     local = local.masked_fill((local < 0) | (local >= e_local), e_local)
     order = torch.argsort(local, stable=True).to(torch.int32)                          # [T*k]
     counts = torch.zeros(e_local + 1, dtype=torch.int32, device=x.device)
-    counts = counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))[:e_local]  # [E_local]
+    counts = counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))            # [E_local + 1]
+    counts[e_local:].zero_()                              # other ranks' choices: no tile reads them (no H2D copy)
     starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-    slots = min(e_local, t * topk)                       # experts with tokens come first in `active`
-    active = torch.argsort((counts == 0).to(torch.int8), stable=True)[:slots].to(torch.int32)
+    tile_expert, tile_start = expert_tiles(counts[:e_local], block_t, t * topk)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32
-    t_blocks = triton.cdiv(t, block_t)                       # a token chooses an expert at most once (above)
     common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k,
-                  num_warps=num_warps)
-    _gate_up_kernel[(slots, t_blocks, triton.cdiv(inter, block_n))](
-        x, w13.packed, w13.scales, active, order, starts, counts, act,
+                  num_warps=num_warps, **({"num_stages": stages} if stages else {}))
+    tiles = tile_expert.numel()
+    _gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
+        x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act,
         x.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
         topk, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None, **common,
     )
-    _down_kernel[(slots, t_blocks, triton.cdiv(l, block_n))](
-        act, w2.packed, w2.scales, active, order, starts, counts, weights, y,
+    _down_kernel[(tiles, triton.cdiv(l, block_n))](
+        act, w2.packed, w2.scales, tile_expert, tile_start, order, starts, counts, weights, y,
         act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
         L=l, I=inter, **common,
     )

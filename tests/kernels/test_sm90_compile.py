@@ -26,7 +26,7 @@ def test_every_kernel_compiles_for_sm90():
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
                                             "router", "attn_res", "mla_decode", "indexer_decode",
-                                            "indexer_prefill", "rms_norm", "glu"}
+                                            "indexer_prefill", "rms_norm", "glu", "moe_dequant"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
@@ -37,6 +37,7 @@ def test_every_kernel_compiles_for_sm90():
     for kernel in ("moe_gate_up", "moe_down"):
         assert {(kernel, "dot_scaled_n64_k128_t16"), (kernel, "dot_scaled_n128_k64_t16")} <= set(compiled)
     assert compiled[("moe_down", "dot_scaled_n128_k64_t16")] == 0
+    assert compiled[("moe_dequant", "bf16_L3584")] == 0
     for tile in ("gemv_n16_k256_w4_s1", "gemv_n16_k512_w4_s1"):                  # the gemv tiles served
         assert compiled[("moe_gate_up", tile)] == 0 and compiled[("moe_down", tile)] == 0
     assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0

@@ -52,6 +52,71 @@ def test_matches_the_reference(dtype, act, mode):
     _check(got, want, dtype)
 
 
+@pytest.mark.parametrize("act", [("situ", 4.0, None), ("situ", 4.0, 8.0), ("silu", None, None)],
+                         ids=["situ", "situ_linear_beta", "silu"])
+def test_dequant_mode_matches_the_reference(act):
+    """The prefill mode (moe_mxfp4_dequant.py): bf16 activations, an expert with every token,
+    one with none, a token naming an expert twice, and ids of another rank's experts."""
+    activation, beta, linear_beta = act
+    g = torch.Generator().manual_seed(3)
+    t, k, e, inter, l = 9, 3, 6, 64, 96
+    w13, w2 = _experts(e, inter, l, g)
+    weights, ids = _routing(t, k, e + 2, g)
+    ids[:, 0] = 4
+    ids[0, 1] = 4                                    # token 0 names expert 4 twice
+    ids[ids == 1] = 0                                # expert 1 gets no token
+    x = torch.randn(t, l, generator=g).bfloat16()
+    kw = {"activation": activation, "beta": beta, "linear_beta": linear_beta}
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="dequant", **kw)
+    _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.bfloat16)
+    with pytest.raises(ValueError, match="dequant take bf16"):
+        kernel.experts_forward(x.float(), w13, w2, weights, ids, mode="dequant", **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantize_expert_is_exact(dtype):
+    """One expert's bf16 / fp32 weights equal MXFP4Tensor.dequantize's bit for bit (every MXFP4
+    value is a bf16), rows past a program's block and a NaN scale included."""
+    from k3.platforms.triton_kernels.moe_mxfp4_dequant import dequantize_expert
+
+    g = torch.Generator().manual_seed(4)
+    w = MXFP4Tensor.from_float(torch.randn(3, 37, 320, generator=g) * 100)
+    w.scales[1, 5, 2] = 255                                                   # E8M0 NaN
+    for e in range(3):
+        got, want = dequantize_expert(w, e, dtype), w.dequantize(dtype, index=e)
+        assert got.shape == want.shape == (37, 320)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert dequantize_expert(w, 1, dtype)[5, 64:96].isnan().all()
+
+
+def test_expert_tiles_cover_each_experts_pairs_once():
+    """Each expert with pairs gets ceil(count / block_t) neighbouring tiles at offsets 0,
+    block_t, ...; the rest of the worst-case grid points at expert E (count 0)."""
+    counts = torch.tensor([0, 5, 33, 16, 0], dtype=torch.int32)
+    tile_expert, tile_start = kernel.expert_tiles(counts, 16, int(counts.sum()))
+    assert tile_expert.numel() == -(-54 // 16) + 5
+    busy = tile_expert < 5
+    assert tile_expert[busy].tolist() == [1, 2, 2, 2, 3]
+    assert tile_start[busy].tolist() == [0, 0, 16, 32, 0]
+    assert (tile_expert[~busy] == 5).all() and (tile_start[~busy] == 0).all()
+
+
+@pytest.mark.parametrize("block_t", [16, 32])
+def test_an_expert_spanning_many_token_tiles(block_t):
+    """Prefill-sized loads: 70 tokens over 4 experts, one expert named by every token, so an
+    expert's pairs span several tiles, the last part-filled; the tensor-core grid path."""
+    g = torch.Generator().manual_seed(7)
+    t, k, e, inter, l = 70, 2, 4, 32, 64
+    w13, w2 = _experts(e, inter, l, g)
+    weights, ids = _routing(t, k, e, g)
+    ids[:, 0] = 3
+    ids[:, 1] = torch.where(ids[:, 1] == 3, torch.zeros_like(ids[:, 1]), ids[:, 1])
+    x = torch.randn(t, l, generator=g)
+    kw = {"activation": "situ", "beta": 4.0}
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="decode", block_t=block_t, **kw)
+    _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.float32)
+
+
 @pytest.mark.parametrize("mode", ["decode", "gemv"])
 def test_a_token_naming_an_expert_twice_counts_twice(mode):
     """Routing ids need not be distinct: 20 tokens that all name expert 1 twice give it 40
