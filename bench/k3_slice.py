@@ -44,6 +44,9 @@ from k3.engine.params import SamplingParams
 
 
 def engine_for(model_dir, platform, *, max_num_seqs, max_model_len, dtype, **kw) -> LLMEngine:
+    """An engine on random weights; synchronous scheduling unless kw says otherwise (the
+    `decode_async` rows measure the served default where decode graphs are captured)."""
+    kw.setdefault("async_scheduling", False)
     return LLMEngine(EngineConfig(model=model_dir, platform=platform, load_format="dummy", skip_tokenizer_init=True,
                                   dtype=dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                   max_num_batched_tokens=8192, load_progress=False, **kw))

@@ -55,10 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cache_arguments(parser)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture decode steps as graphs (platforms that capture: nvidia)")
-    parser.add_argument("--async-scheduling", action="store_true",
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="launch each decode step before the host has read the previous one's tokens, "
                              "overlapping scheduling and output processing with the device (vLLM's "
-                             "--async-scheduling; tensor parallel size 1, no speculative decoding)")
+                             "--async-scheduling; tensor parallel size 1, no speculative decoding; default: on "
+                             "where decode steps are captured as graphs without speculation, off elsewhere)")
     parser.add_argument("--graph-batch-sizes", type=int, nargs="+", default=None, metavar="N",
                         help="batch sizes whose decode step is captured (vLLM's --cuda-graph-sizes; default 1, 2, "
                              "4, then multiples of 8 up to --max-num-seqs); larger batches run eagerly")

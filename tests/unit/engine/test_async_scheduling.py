@@ -119,6 +119,13 @@ def test_the_serve_flag_reaches_the_engine(ckpt):
     args = parser.parse_args(["--model", str(ckpt), "--async-scheduling", "--kv-cache-memory", "0.02"])
     serve.apply_defaults(args, {})
     assert serve.build_engine(args).config.async_scheduling
+    args = parser.parse_args(["--model", str(ckpt), "--no-async-scheduling", "--kv-cache-memory", "0.02"])
+    serve.apply_defaults(args, {})
+    assert serve.build_engine(args).config.async_scheduling is False
+    args = parser.parse_args(["--model", str(ckpt), "--kv-cache-memory", "0.02"])
+    serve.apply_defaults(args, {})
+    engine = serve.build_engine(args)
+    assert engine.config.async_scheduling is None and not engine.async_scheduling   # the CPU captures no graphs
     args = parser.parse_args(["--model", str(ckpt), "--async-scheduling", "--speculative-config",
                               '{"method": "ngram", "num_speculative_tokens": 2}'])
     serve.apply_defaults(args, {})

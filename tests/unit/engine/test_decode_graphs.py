@@ -74,6 +74,18 @@ def test_enforce_eager_and_explicit_sizes(ckpt, monkeypatch):
     assert tokens == eager                                   # batches of 4 and 5 ran eagerly, 1 to 3 replayed
 
 
+def test_asynchronous_scheduling_is_the_default_where_decode_is_captured(ckpt, monkeypatch):
+    engine, tokens = _generate(ckpt, monkeypatch, ReplayingCapturer())
+    assert engine.async_scheduling and engine.num_lookahead_steps > 0
+    engine, synchronous = _generate(ckpt, monkeypatch, ReplayingCapturer(), async_scheduling=False)
+    assert not engine.async_scheduling and engine.num_lookahead_steps == 0 and synchronous == tokens
+    for kw in ({"enforce_eager": True}, {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}):
+        engine, _ = _generate(ckpt, monkeypatch, ReplayingCapturer(), **kw)
+        assert not engine.async_scheduling, kw
+    engine, _ = _generate(ckpt, monkeypatch, None)          # a platform that does not capture
+    assert not engine.async_scheduling
+
+
 def test_rows_past_the_batch_return_to_padding():
     """A smaller batch after a larger one in the same bucket must not replay the old rows
     (they would step real requests' states twice)."""
