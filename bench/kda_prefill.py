@@ -8,7 +8,9 @@ state), in one call on the GPU.
 k3's wrapper gives fla-core fp32 q / k / v by default (TF32 dots and fp32 per-chunk states,
 `kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands, and the
 batched torch kernel (`torch_kernels/kda_chunked_blocked.py`, exact fp32, experimental
-`kda_chunked_torch`).
+`kda_chunked_torch`), the same with its diagonal blocks in Triton (`torch_batched_triton_diag_ms`)
+and with both its diagonal blocks and its cross-chunk recurrence in Triton, the wrapper
+`triton_kernels/kda_chunked_blocked.py` (`torch_batched_triton_ms`).
 
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,
@@ -77,6 +79,23 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     out["error_ratio_final_state_torch_batched"] = ratio(batched[1], want[1])
     out["torch_batched_ms"] = bench_ms(lambda: torch_chunked(*args, **kw, **emit), rep_ms=1000)
     out["torch_batched_vs_reference_speedup"] = out["reference_ms"] / out["torch_batched_ms"]
+    # the same with its diagonal blocks in Triton, the recurrence still the torch loop (one round
+    # of batched matmuls per chunk index), then the wrapper (triton_kernels/kda_chunked_blocked.py),
+    # which also runs the recurrence in one Triton launch; all exact fp32
+    from k3.platforms.triton_kernels import kda_chunked_blocked as triton_blocked
+
+    variants = {"torch_batched_triton_diag": lambda: torch_chunked(
+                    *args, **kw, **emit, diagonal=triton_blocked.diagonal_blocks,
+                    group_elements=triton_blocked.GROUP_ELEMENTS),
+                "torch_batched_triton": lambda: triton_blocked.kda_chunked(*args, **kw, **emit)}
+    for key, call in variants.items():
+        res = call()
+        out[f"error_ratio_o_{key}"] = ratio(res[0], want[0])
+        out[f"error_ratio_final_state_{key}"] = ratio(res[1], want[1])
+        if offsets is not None:
+            out[f"error_ratio_checkpoints_{key}"] = max(ratio(a, b) for a, b in zip(res[2], want[2]))
+        out[f"{key}_ms"] = bench_ms(call, rep_ms=1000)
+        out[f"{key}_vs_reference_speedup"] = out["reference_ms"] / out[f"{key}_ms"]
     t, h, d = sum(lens), 96, 128
     n_states = len(lens) * (2 + (0 if offsets is None else torch.as_tensor(offsets).shape[-1]))
     nbytes = t * h * d * (2 * 3 + 4 + 2) + t * h * 4 + n_states * h * d * d * 4

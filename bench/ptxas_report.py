@@ -93,6 +93,15 @@ def variants():
     yield ("kda_recurrent", "verify_states_u_bv32", fn, types,
            dict(K=128, V=128, BLOCK_V=32, VARLEN=True, HAS_H0=True, STORE_STATES=True, STORE_U=True), 4)
 
+    from k3.platforms.triton_kernels import kda_chunked_recurrence
+
+    fn = kda_chunked_recurrence._recurrence_kernel                 # the chunked prefill's phase 2, fp32 FMA dots
+    types = _types(fn, {"seg_ptr": "*i32", "slot_ptr": "*i32"}, (), default_pointer="*fp32")
+    for block_v in (32, 16):
+        yield ("kda_chunked_recurrence", f"C64_K128_bv{block_v}_w8", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, SLICE=kda_chunked_recurrence.SLICE),
+               kda_chunked_recurrence.NUM_WARPS)
+
     fn = short_conv._short_conv_kernel
     types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())
     yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)

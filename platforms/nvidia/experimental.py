@@ -55,12 +55,15 @@ PROMOTED = {
                              "SiTU-GLU / SiLU-GLU of the dense FFNs (shared experts) in one launch"),
     "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
                            "DSA indexer top-k on torch.topk (radix select) instead of a full stable sort", needs=()),
-}
-KERNELS = {
-    # two kernels for kda.chunked: when both are named, fla-core's (the later) serves
+    # two for kda.chunked: the later one whose modules are installed serves
     "kda_chunked_torch": Kernel("kda.chunked", "torch_kernels.kda_chunked_blocked:kda_chunked",
                                 "chunked KDA prefill in torch, every chunk's intra-chunk work batched (exact fp32)",
                                 needs=()),
+    "kda_chunked_blocked": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked",
+                                  "kda_chunked_torch with its diagonal blocks' pairwise decays in one Triton launch"),
+}
+KERNELS = {
+    # fla-core's kda.chunked, when named, serves instead of the promoted kda_chunked_torch
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),

@@ -26,7 +26,8 @@ def test_every_kernel_compiles_for_sm90():
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
                                             "router", "attn_res", "mla_decode", "indexer_decode",
-                                            "indexer_prefill", "rms_norm", "glu", "moe_dequant"}
+                                            "indexer_prefill", "rms_norm", "glu", "moe_dequant",
+                                            "kda_chunked_recurrence"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
@@ -41,6 +42,7 @@ def test_every_kernel_compiles_for_sm90():
     for tile in ("gemv_n16_k256_w4_s1", "gemv_n16_k512_w4_s1"):                  # the gemv tiles served
         assert compiled[("moe_gate_up", tile)] == 0 and compiled[("moe_down", tile)] == 0
     assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0
+    assert compiled[("kda_chunked_recurrence", "C64_K128_bv32_w8")] == 0        # the launched tile: no spills
     assert compiled[("indexer_prefill", "k3.1_Hi32_D128_fp32_keys")] == 0
     assert all(compiled[("rms_norm", f"bf16_D{d}")] == 0 for d in (7168, 3584, 1536, 512))
     assert compiled[("glu", "bf16_situ_I1536")] == 0

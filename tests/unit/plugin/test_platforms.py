@@ -209,10 +209,10 @@ def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform(monk
     table = plugin.k3_kda_kernels(platform=info("nvidia", "cuda"))
     try:
         import triton  # noqa: F401
-    except ImportError:
-        assert table is None                      # without Triton the reference serves every entry
+    except ImportError:                           # without Triton only the torch kernels serve
+        assert table.provided() == ["chunked"]
         return
-    assert sorted(table.provided()) == ["decode_step", "recurrent", "short_conv"]
+    assert sorted(table.provided()) == ["chunked", "decode_step", "recurrent", "short_conv"]
     assert table.decode_step.__module__ == "k3.platforms.triton_kernels.kda_decode"
     assert table.recurrent.__module__ == "k3.platforms.triton_kernels.kda_recurrent"
 
@@ -251,10 +251,15 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["decode_step", "recurrent", "short_conv"]
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
-                                                                          "short_conv"]
+    kda = ["chunked", "decode_step", "recurrent", "short_conv"]
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == kda
+    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "kda_chunked_blocked")        # the torch one without the Triton diagonal
+    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("torch_kernels.kda_chunked_blocked")
+    monkeypatch.delenv("K3_NVIDIA_DISABLE")
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")           # fla-core's, in place of the promoted one
+    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == kda
+    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("triton_kernels.kda_chunked")
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
     assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]

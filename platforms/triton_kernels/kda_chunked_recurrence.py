@@ -1,0 +1,187 @@
+"""Phase 2 of the batched chunked KDA prefill (`torch_kernels/kda_chunked_blocked.py`), the state
+recurrence across chunks, in one Triton launch: `recurrence_torch`'s contract, which walks it in
+one round of batched matmuls per chunk index (about 6 launches a round, 128 rounds for an 8K
+prompt in chunks of 64: host-bound on an H200).
+
+One program per (BLOCK_V columns of the state, sequence x value head): it walks the sequence's
+chunks in order with its [K, BLOCK_V] slice of the fp32 state S, per chunk c
+
+    delta = U_c[:, cols] - W_c @ S                  [C, BLOCK_V]
+    o_c[:, cols] = qeG_c @ S + A_qk_c @ delta       [C, BLOCK_V]
+    S = eGC_c[:, None] * S + kdec_c^T @ delta       [K, BLOCK_V]
+
+storing S to the chunk's checkpoint slot when its end is wanted, and the final S. The columns of
+the state are independent (every product mixes rows only), so the V blocks need no exchange.
+Which segments are a sequence's chunks, and which slots their ends go to, are two [N, R] int32
+tables (R: the most chunks of a sequence, -1 padded) uploaded once; the programs read them on
+the device, so the launch is the same whatever the chunk counts.
+
+Exact fp32: every product is `tl.dot(..., input_precision="ieee")` (fp32 FMAs, no TF32: TF32 on
+this chain breaks conformance, BENCHMARKS.md "fla-core's precision"). Dimensions that are not
+powers of two (or under 16, tl.dot's least) are padded with masked loads reading 0, which leaves
+S's padded rows 0 (eGC and kdec read 0 there) and delta's padded rows 0 (U and W read 0).
+
+Where S lives: Triton's fp32 FMA dots hold their whole depth per thread, so S in registers
+makes W_c @ S a 128-deep dot and spills kilobytes a thread at K = 128 (ptxas, sm_90a: 1.6 KB at
+BLOCK_V = 32 and 8 warps, 20 KB at 4 warps). S is kept instead in the program's own scratch
+(`work`, 2 x [K, BLOCK_V] ping-pong + delta [C, BLOCK_V]: 40 KB a program at K3's shapes,
+L1 / L2 resident), and every dot is SLICE (16) deep over K or C slices, with a CTA barrier
+after delta is written and one at the end of each chunk. Launch: BLOCK_V = 32 and 8 warps
+(K3's C = 64, K = V = 128: 184 registers, no spills, 1 program of 8 warps an SM by registers;
+4 V blocks a head, 384 programs at 96 heads for one sequence). BLOCK_V = 16 compiles to 180
+registers, no spills (768 programs); 4 warps spill at either. bench/ptxas_report.py compiles
+both launched tiles for sm_90a.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from k3.platforms.torch_kernels.kda_chunked_blocked import recurrence_torch
+
+BLOCK_V = 32
+NUM_WARPS = 8
+SLICE = 16                    # the depth of every dot (K and C are walked in slices of it)
+
+
+@triton.jit
+def _recurrence_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr, work_ptr,
+    HV, R,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SLICE: tl.constexpr,
+):
+    # all tensors contiguous: W, qeG, kdec [nseg, HV, C, K]; U, o [nseg, HV, C, V];
+    # A [nseg, HV, C, C]; eGC [nseg, HV, 1, K]; h0, ht [N, HV, K, V]; ckpt [slots, HV, K, V];
+    # seg, slot [N, R] int32 (-1 past a sequence's chunks / where no checkpoint); work: this
+    # program's scratch, two [BLOCK_K, BLOCK_V] states (ping-pong) and a [BLOCK_C, BLOCK_V] delta
+    nh = tl.program_id(1).to(tl.int64)
+    n = nh // HV
+    h = nh % HV
+    work = work_ptr + (nh * tl.num_programs(0) + tl.program_id(0)) * (2 * BLOCK_K + BLOCK_C) * BLOCK_V
+    d_work = work + 2 * BLOCK_K * BLOCK_V                                   # delta [BLOCK_C, BLOCK_V]
+    cc = tl.arange(0, BLOCK_C)                                              # chunk rows
+    ss = tl.arange(0, SLICE)                                                # a slice of K or C
+    bv = tl.arange(0, BLOCK_V)
+    vv = tl.program_id(0) * BLOCK_V + bv                                    # the state's columns
+    c_in, v_in = cc < C, vv < V
+    cv_in = c_in[:, None] & v_in[None, :]
+
+    # the state in registers between chunks would make every dot K deep (fp32 FMA dots hold
+    # their whole depth per thread: hundreds of registers spilled); it is kept in this program's
+    # scratch (L1-resident) instead, and every dot is SLICE deep
+    for k0 in tl.static_range(0, BLOCK_K, SLICE):
+        kk = k0 + ss
+        tile = kk[:, None] * V + vv[None, :]
+        inside = (kk < K)[:, None] & v_in[None, :]
+        tl.store(work + kk[:, None] * BLOCK_V + bv[None, :],
+                 tl.load(h0_ptr + nh * K * V + tile, mask=inside, other=0.0))
+    tl.debug_barrier()
+    # a while loop over the sequence's chunks: the interpreter takes no runtime bound in range(),
+    # and the chunk count is read on the device (its table row ends at R or the first -1)
+    r = 0
+    seg = tl.load(seg_ptr + n * R).to(tl.int64)                             # R >= 1
+    while seg >= 0:
+        sh = seg * HV + h                                                   # the chunk's (segment, head)
+        s_old = work + (r % 2) * BLOCK_K * BLOCK_V
+        s_new = work + ((r + 1) % 2) * BLOCK_K * BLOCK_V
+        delta = tl.load(u_ptr + sh * C * V + cc[:, None] * V + vv[None, :], mask=cv_in, other=0.0)
+        o = tl.zeros((BLOCK_C, BLOCK_V), dtype=tl.float32)
+        for k0 in tl.static_range(0, BLOCK_K, SLICE):                      # delta = U - W S, o = qeG S
+            kk = k0 + ss
+            ck = sh * C * K + cc[:, None] * K + kk[None, :]
+            ck_in = c_in[:, None] & (kk < K)[None, :]
+            Sk = tl.load(s_old + kk[:, None] * BLOCK_V + bv[None, :])      # [SLICE, BLOCK_V]
+            delta -= tl.dot(tl.load(w_ptr + ck, mask=ck_in, other=0.0), Sk, input_precision="ieee")
+            o = tl.dot(tl.load(qeg_ptr + ck, mask=ck_in, other=0.0), Sk, acc=o, input_precision="ieee")
+        tl.store(d_work + cc[:, None] * BLOCK_V + bv[None, :], delta)
+        tl.debug_barrier()
+        for c0 in tl.static_range(0, BLOCK_C, SLICE):                      # o += A_qk delta
+            cs = c0 + ss
+            A = tl.load(a_ptr + sh * C * C + cc[:, None] * C + cs[None, :],
+                        mask=c_in[:, None] & (cs < C)[None, :], other=0.0)  # [BLOCK_C, SLICE]
+            D = tl.load(d_work + cs[:, None] * BLOCK_V + bv[None, :])       # [SLICE, BLOCK_V]
+            o = tl.dot(A, D, acc=o, input_precision="ieee")
+        tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=cv_in)
+        slot = tl.load(slot_ptr + n * R + r).to(tl.int64)
+        for k0 in tl.static_range(0, BLOCK_K, SLICE):                      # S = eGC S + kdec^T delta
+            kk = k0 + ss
+            k_in = kk < K
+            decay = tl.load(egc_ptr + sh * K + kk, mask=k_in, other=0.0)   # 0 on padded rows
+            Sk = decay[:, None] * tl.load(s_old + kk[:, None] * BLOCK_V + bv[None, :])
+            for c0 in tl.static_range(0, BLOCK_C, SLICE):
+                cs = c0 + ss
+                KT = tl.load(kdec_ptr + sh * C * K + cs[None, :] * K + kk[:, None],
+                             mask=k_in[:, None] & (cs < C)[None, :], other=0.0)   # [SLICE k, SLICE c]
+                D = tl.load(d_work + cs[:, None] * BLOCK_V + bv[None, :])
+                Sk = tl.dot(KT, D, acc=Sk, input_precision="ieee")
+            tl.store(s_new + kk[:, None] * BLOCK_V + bv[None, :], Sk)
+            if slot >= 0:
+                tl.store(ckpt_ptr + (slot * HV + h) * K * V + kk[:, None] * V + vv[None, :], Sk,
+                         mask=k_in[:, None] & v_in[None, :])
+        tl.debug_barrier()              # s_new and d_work complete before the next chunk reads them
+        r += 1
+        seg = tl.load(seg_ptr + n * R + r, mask=r < R, other=-1).to(tl.int64)
+    s_last = work + (r % 2) * BLOCK_K * BLOCK_V
+    for k0 in tl.static_range(0, BLOCK_K, SLICE):
+        kk = k0 + ss
+        tl.store(ht_ptr + nh * K * V + kk[:, None] * V + vv[None, :],
+                 tl.load(s_last + kk[:, None] * BLOCK_V + bv[None, :]), mask=(kk < K)[:, None] & v_in[None, :])
+
+
+def tables(order, sizes, capture, device):
+    """The per-sequence tables the kernel reads, from `_segments`' round-major structure: an int32
+    [2, N, R] tensor on `device` (one upload), [0] the segment of each sequence's r-th chunk and
+    [1] the checkpoint slot its end goes to (the index in `capture`), both -1 where none."""
+    N, R = len(order), len(sizes)
+    table = torch.full((2, N, R), -1, dtype=torch.int32)
+    seg = torch.arange(sum(sizes), dtype=torch.int32)
+    s0 = 0
+    for r, size in enumerate(sizes):                    # round r: the first `size` of `order`
+        table[0, order[:size], r] = seg[s0: s0 + size]
+        s0 += size
+    if len(capture):
+        at = torch.full((sum(sizes),), -1, dtype=torch.int32)
+        at[torch.as_tensor(list(capture), dtype=torch.long)] = torch.arange(len(capture), dtype=torch.int32)
+        table[1] = torch.where(table[0] >= 0, at[table[0].clamp_min(0).long()], -1)
+    return table.to(device)
+
+
+def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=BLOCK_V, num_warps=NUM_WARPS,
+               slice_=SLICE):
+    """Phase 2 in one launch: `torch_kernels.kda_chunked_blocked.recurrence_torch`'s signature and
+    contract (W, qeG, kdec [nseg, HV, C, K]; U [nseg, HV, C, V]; A_qk [nseg, HV, C, C]; eGC
+    [nseg, HV, 1, K]; initial [N, HV, K, V]; the round-major `order`, `sizes`; `capture`, the
+    segments whose end states are wanted; returns o_chunks, final states, captured states).
+
+    fp32 tensors (any strides: made contiguous, which phase 1's are already); float64 goes to
+    the torch loop, and so do empty inputs (no chunks, heads or state). block_v (a power of two
+    >= 16; capped at V's next power of two) and num_warps: launch options for benchmarks.
+    """
+    nseg, HV, C, V = U.shape
+    K, N = W.shape[-1], initial.shape[0]
+    if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
+        return recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
+    if block_v < 16 or block_v & (block_v - 1):
+        raise ValueError(f"kda chunked recurrence: block_v must be a power of two >= 16; got {block_v}")
+    if sum(sizes) != nseg or len(order) != N:
+        raise ValueError(f"kda chunked recurrence: {nseg} segments and {N} states, but sizes {sizes} sum to "
+                         f"{sum(sizes)} over {len(order)} sequences")
+    dev = initial.device
+    W, U, A_qk, qeG, kdec, eGC, initial = (x.contiguous() for x in (W, U, A_qk, qeG, kdec, eGC, initial))
+    o_chunks = torch.empty(nseg, HV, C, V, dtype=torch.float32, device=dev)
+    final = torch.empty_like(initial)
+    captured = torch.empty(len(capture), HV, K, V, dtype=torch.float32, device=dev)
+    table = tables(order, sizes, capture, dev)
+    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    block_c, block_k = max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(K))
+    slice_ = min(slice_, block_c, block_k)
+    grid = (triton.cdiv(V, block_v), N * HV)
+    work = torch.empty(grid[0] * grid[1] * (2 * block_k + block_c) * block_v, dtype=torch.float32, device=dev)
+    _recurrence_kernel[grid](
+        W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, work, HV, len(sizes),
+        C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_V=block_v, SLICE=slice_, num_warps=num_warps,
+    )
+    return o_chunks, final, captured

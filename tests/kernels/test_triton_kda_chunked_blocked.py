@@ -1,0 +1,207 @@
+"""The batched chunked KDA prefill with its diagonal blocks in Triton
+(platforms/triton_kernels/kda_chunked_blocked.py over kda_intra_diagonal.py), under the
+interpreter: the diagonal kernel against the torch einsums it replaces (strong decays, strided
+inputs, NaN-poisoned outputs so unwritten or overwritten memory shows), every `kda.chunked`
+conformance sample with it in place of the reference op, and ragged sequences with initial
+states and checkpoints against k3.reference.kda_chunked, in one group and in many."""
+
+import pytest
+import torch
+
+from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
+from kernel_tables import run_with, samples
+
+diag = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_diagonal")
+wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
+
+CASES = samples("kda.chunked", float64=True)
+
+
+def _qkG(S, HV, C, K, seed, decay=3.0, dtype=torch.float32):
+    """q, k, G [S, HV, C, K] laid out as phase 1 gathers them ([S, C, HV, K] permuted), G the
+    cumulative sum of log decays in [-decay, 0] with every 7th step -50 (e^-50 per step: the
+    exponent masking above the diagonal matters)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(S, C, HV, K, generator=gen).permute(0, 2, 1, 3).to(dtype) for _ in range(2))
+    g = -decay * torch.rand(S, HV, C, K, generator=gen)
+    g[:, :, ::7] = -50.0
+    return q, k, g.cumsum(2).to(dtype)
+
+
+@pytest.mark.parametrize("C, K, block_k", [(32, 40, 32), (64, 32, 16), (16, 128, 32)])
+def test_diagonal_blocks_match_the_torch_einsums(C, K, block_k):
+    S, HV = 3, 2
+    q, k, G = _qkG(S, HV, C, K, seed=C + K)
+    got_kk, got_qk, want_kk, want_qk = (torch.full((S, HV, C, C), float("nan")) for _ in range(4))
+    diag.diagonal_blocks(q, k, G, got_kk, got_qk, block_k=block_k)
+    blocked.diagonal_blocks_torch(q, k, G, want_kk, want_qk)
+    on = torch.block_diag(*[torch.ones(16, 16, dtype=torch.bool)] * (C // 16))      # the diagonal blocks
+    for got, want in ((got_kk, want_kk), (got_qk, want_qk)):
+        assert got[..., ~on].isnan().all()                                # the rest left untouched
+        assert torch.isfinite(got[..., on]).all()
+        assert (got[..., on & ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # 0 above the diagonal
+        a, b = got[..., on].double(), want[..., on].double()
+        assert (a - b).norm() <= 1e-6 * b.norm() + 1e-6, (a - b).abs().max()
+
+
+def test_diagonal_blocks_bf16_inputs_and_float64_fallback():
+    q, k, G = _qkG(2, 2, 32, 32, seed=5)
+    want_kk, want_qk = torch.zeros(2, 2, 32, 32), torch.zeros(2, 2, 32, 32)
+    blocked.diagonal_blocks_torch(*(x.bfloat16().float() for x in (q, k)), G, want_kk, want_qk)
+    got_kk, got_qk = torch.zeros(2, 2, 32, 32), torch.zeros(2, 2, 32, 32)
+    diag.diagonal_blocks(q.bfloat16(), k.bfloat16(), G, got_kk, got_qk)   # bf16 q, k read as fp32
+    torch.testing.assert_close(got_kk, want_kk, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_qk, want_qk, rtol=1e-5, atol=1e-5)
+    d = [x.double() for x in (q, k, G)]
+    got64, want64 = torch.zeros(2, 2, 32, 32, dtype=torch.float64), torch.zeros(2, 2, 32, 32, dtype=torch.float64)
+    diag.diagonal_blocks(*d, got64, torch.zeros_like(got64))
+    blocked.diagonal_blocks_torch(*d, want64, torch.zeros_like(want64))
+    torch.testing.assert_close(got64, want64, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="block must be"):
+        diag.diagonal_blocks(q, k, G, got_kk, got_qk, block=24)
+
+
+def test_every_sample_is_collected():
+    assert len(CASES) >= 9
+
+
+@pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
+def test_conformance_samples(item):
+    outcome = run_with(item, "kda", chunked=wrapper.kda_chunked)
+    assert outcome.passed, outcome.summary()
+
+
+def _inputs(lens, hv=2, kd=32, vd=32, decay=1.0, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    q = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
+    k = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
+    v = torch.randn(1, t, hv, vd, generator=gen).to(dtype)
+    gate = -decay * torch.rand(1, t, hv, kd, generator=gen)              # log decays <= 0
+    gate[:, ::11] = -50.0                                                  # strong decays now and then
+    beta = torch.rand(1, t, hv, generator=gen)
+    s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
+
+
+def _ratio(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype, chunk, group_elements", [     # group_elements 1: a group per chunk
+    (torch.float32, 32, None), (torch.float32, 64, 1), (torch.bfloat16, 32, 1), (torch.bfloat16, 64, None)])
+def test_ragged_checkpoints_match_the_reference(dtype, chunk, group_elements, monkeypatch):
+    if group_elements is not None:
+        monkeypatch.setattr(wrapper, "GROUP_ELEMENTS", group_elements)
+    calls = []
+    counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
+    monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
+    args, kw = _inputs([45, 100, 31], dtype=dtype)
+    offsets = torch.tensor([[5, 45], [64, 70], [0, 31]])
+    got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
+    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
+                                                            for n, t in kw.items()},
+                           chunk_size=chunk, checkpoint_offsets=offsets)
+    assert got[0].dtype == dtype and got[1].dtype == torch.float32 and len(got[2]) == 2
+    assert calls and (group_elements is None or len(calls) > 3)           # the Triton diagonal, grouped as asked
+    for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
+        assert torch.isfinite(a).all()
+        # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got[0]) else 1e-5
+        assert _ratio(a, b) < floor, _ratio(a, b)
+
+
+def test_float64_and_a_cpu_without_the_interpreter_take_the_torch_diagonal(monkeypatch):
+    args, kw = _inputs([20, 30], dtype=torch.float64)
+    assert not wrapper.uses_triton(*args, kw["initial_state"])
+    f32 = [a.float() for a in args]
+    assert wrapper.uses_triton(*f32, kw["initial_state"])
+    assert not wrapper.uses_triton(*f32, kw["initial_state"].double())        # a float64 state: float64 compute
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not wrapper.uses_triton(*f32)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    got = wrapper.kda_chunked(*args, **kw, chunk_size=32)
+    want = blocked.kda_chunked(*args, **kw, chunk_size=32)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_groups_are_bounded_by_the_working_tensors():
+    # K3's dimensions: the Triton diagonal's groups hold about twice the torch diagonal's chunks
+    torch_group = blocked.GROUP_ELEMENTS // (96 * 64 * blocked.BLOCK * 128)
+    triton_group = wrapper.GROUP_ELEMENTS // blocked.working_floats(96, 64, 128, 128)
+    assert torch_group == 10 and triton_group == 22
+
+
+rec = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_recurrence")
+
+
+def _phase1(counts, HV, C, K, V, seed):
+    """Random phase-1 outputs for sequences of `counts` chunks in `_segments`' round-major order
+    (W, qeG, kdec scaled so the states stay O(1); A_qk lower triangular; eGC in (0, 1])."""
+    gen = torch.Generator().manual_seed(seed)
+    order = sorted(range(len(counts)), key=lambda n: -counts[n])
+    sizes = [sum(c > r for c in counts) for r in range(max(counts))]
+    nseg = sum(sizes)
+    W, qeG, kdec = (torch.randn(nseg, HV, C, K, generator=gen) / K for _ in range(3))
+    U = torch.randn(nseg, HV, C, V, generator=gen)
+    A = (torch.randn(nseg, HV, C, C, generator=gen) / C).tril()
+    eGC = torch.rand(nseg, HV, 1, K, generator=gen)
+    h0 = torch.randn(len(counts), HV, K, V, generator=gen)
+    return (W, U, A, qeG, kdec, eGC, h0), order, sizes
+
+
+@pytest.mark.parametrize("C, K, V, block_v, slice_", [(32, 40, 48, 32, 16), (16, 16, 16, 32, 16),
+                                                      (48, 32, 64, 16, 32), (64, 128, 32, 32, 16)])
+def test_triton_recurrence_matches_the_torch_loop(C, K, V, block_v, slice_, monkeypatch):
+    counts = [3, 1, 0, 4, 2]                                              # an empty sequence too
+    tensors, order, sizes = _phase1(counts, 2, C, K, V, seed=C + K + V)
+    capture = [0, 7, 3, 9]                                                # some chunk ends, in no order
+    # outputs NaN-poisoned: unwritten memory shows
+    monkeypatch.setattr(rec.torch, "empty", lambda *a, **kw: torch.full(a if len(a) > 1 or not isinstance(a[0], tuple)
+                                                                         else a[0], float("nan"), **kw))
+    monkeypatch.setattr(rec.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
+    got = rec.recurrence(*tensors, order, sizes, capture, block_v=block_v, slice_=slice_)
+    monkeypatch.undo()
+    want = blocked.recurrence_torch(*tensors, order, sizes, capture)
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32 and torch.isfinite(g).all()
+        assert _ratio(g, w) < 1e-6, _ratio(g, w)
+    torch.testing.assert_close(got[1][2], tensors[-1][2], rtol=0, atol=0)   # no chunks: the initial state
+
+
+def test_triton_recurrence_tables_and_fallbacks():
+    table = rec.tables([1, 0, 2], [3, 2], capture=[4, 1], device="cpu")
+    # round 0: segments 0, 1, 2 are the first chunks of 1, 0, 2; round 1: 3, 4 the second of 1, 0
+    assert table[0].tolist() == [[1, 4], [0, 3], [2, -1]]
+    assert table[1].tolist() == [[1, 0], [-1, -1], [-1, -1]]
+    tensors, order, sizes = _phase1([2, 1], 1, 16, 16, 16, seed=1)
+    d = [t.double() for t in tensors]
+    got = rec.recurrence(*d, order, sizes, [1])                          # float64: the torch loop
+    for g, w in zip(got, blocked.recurrence_torch(*d, order, sizes, [1])):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="block_v"):
+        rec.recurrence(*tensors, order, sizes, block_v=24)
+
+
+@pytest.mark.parametrize("dtype, chunk", [(torch.float32, 32), (torch.float32, 64), (torch.bfloat16, 48)])
+def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
+    calls = []
+    counted = lambda *a, **kw: calls.append(1) or rec.recurrence(*a, **kw)   # noqa: E731
+    monkeypatch.setattr(wrapper, "recurrence", counted)
+    args, kw = _inputs([45, 100, 31, 0], dtype=dtype, vd=48)
+    offsets = torch.tensor([[5, 45], [64, 96], [0, 31], [0, 0]])
+    got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
+    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
+                                                            for n, t in kw.items()},
+                           chunk_size=chunk, checkpoint_offsets=offsets)
+    assert calls == [1]
+    for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
+        assert torch.isfinite(a).all()
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got[0]) else 1e-5
+        assert _ratio(a, b) < floor, _ratio(a, b)
