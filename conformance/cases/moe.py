@@ -104,6 +104,8 @@ SAMPLES = [
     Sample("T17_E4of8_start4_k2_L32_I16_expert_parallel_silu",
            _experts(17, 8, 2, 32, 16, activation="silu", start=4, local=4)),
     Sample("T1_E8_k3_L64_I64_mxfp4_single_token", _experts(1, 8, 3, 64, 64, mxfp4=True)),
+    # a prefill chunk's size: plugins may switch strategy there (nvidia: dequantise each expert, cuBLAS)
+    Sample("T8192_E8_k2_L64_I32_mxfp4_prefill_chunk", _experts(8192, 8, 2, 64, 32, mxfp4=True)),
 ]
 if "dense_dispatch" in inspect.signature(ref.experts_forward).parameters:
     SAMPLES.append(Sample("T6_E8_k2_L64_I32_mxfp4_dense_dispatch",

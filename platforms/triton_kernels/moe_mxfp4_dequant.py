@@ -6,7 +6,11 @@ Why: the in-kernel modes (moe_mxfp4.py) upcast the E2M1 codes inside every tile;
 sizes (an 8K-token chunk of k3-slice routes ~1,000 tokens to each of 128 experts) that upcast
 is repeated per token tile and the kernels run at ~19% of the H200's bf16 matrix-product rate.
 Dequantising an expert costs its bf16 bytes once (66 MB at k3-slice's dimensions, ~20 us at
-the copy bandwidth), after which cuBLAS multiplies at its own rate.
+the copy bandwidth), after which cuBLAS multiplies at its own rate. Measured on the H200 at
+k3-slice's dimensions (bench/moe_mxfp4.py): 56.0 ms at 8,192 tokens against 66.2 ms for the
+64-token tiles, but 65.3 ms against 18.2 ms at 2,048: ~0.35 ms an expert whatever its tokens, so
+the per-expert loop (about ten launches and a gather each) bounds it; batching the experts
+(one dequantising launch for all, a grouped product) is the next step.
 
 The rounding points are the model's dense FFN's (`k3.reference.glu_mlp`): the gate/up product,
 the activation and the down product each rounded to bf16, products accumulated in fp32; the
