@@ -86,8 +86,10 @@ e2e)
 profile)
     # where a k3-slice decode step's device time goes, kernel by kernel (eager launches)
     step profile-k3-slice 240 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
-    # where an 8K prompt's prefill goes (TTFT 8K is ~1.9 s)
+    # where an 8K prompt's prefill goes
     step profile-prefill 120 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"
+    # where decode steps wait for the device besides reading their tokens (sync and async scheduling)
+    step host-syncs 90 python3 bench/host_syncs.py --out "$OUT/host_syncs.json"
     ;;
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice

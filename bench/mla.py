@@ -21,7 +21,7 @@ import argparse
 import torch
 
 from k3 import reference as ref
-from measure import bench_ms, graph_replay_ms, ratio, run_header, save
+from measure import bench_ms, graph_replay_ms, matmul_tflops as measure_matmul_tflops, ratio, run_header, save
 
 H, DN, R, DR, DV, PAGE = 96, 128, 512, 64, 128, 64
 
@@ -81,9 +81,7 @@ def main() -> None:
 def prefill() -> dict:
     from k3.platforms.torch_kernels.mla_prefill_sdpa import mla_prefill
 
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    matmul_tflops = 2 * 8192 ** 3 / bench_ms(lambda: a @ a) / 1e9
-    del a
+    matmul_tflops = measure_matmul_tflops()
     out = {"bf16_matmul_TFLOPs": matmul_tflops}
     g = torch.Generator(device="cuda").manual_seed(5)
     rnd = lambda *s: torch.randn(*s, device="cuda", generator=g).bfloat16()  # noqa: E731

@@ -41,3 +41,12 @@ def test_k3_slice_prefill_profile_smoke(tmp_path):
     result = _smoke("k3_slice_profile.py", tmp_path, "--prefill", "48")
     assert result["prefill_tokens"] == 48 and result["steps"] == 1 and result["kernel_us_per_step"] > 0
     assert any(r["module"].startswith("model.layers.*.") for r in result["stacks"])
+
+
+def test_host_syncs_smoke(tmp_path):
+    """The CPU reports no synchronising call (torch's sync debug mode is CUDA's); the runs and
+    their lookahead counts are what the GPU run fills in."""
+    result = _smoke("host_syncs.py", tmp_path)
+    runs = {r["async_scheduling"]: r for r in result["runs"]}
+    assert set(runs) == {False, True} and all(r["step_ms"] > 0 and r["syncs_per_step"] == {} for r in runs.values())
+    assert runs[True]["lookahead_steps"] > 0 and runs[False]["lookahead_steps"] == 0
