@@ -227,13 +227,13 @@ def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
     k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 512 columns;
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
-    prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
+    dot_scaled prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":
         return dict(block_t=1, block_n=16, block_k=512, num_warps=4, stages=1)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
-    if t >= PREFILL_TOKENS:
+    if t >= PREFILL_TOKENS and mode == "dot_scaled":        # (fp32 "decode" tiles keep their registers)
         return dict(block_t=64, block_n=128, block_k=64, num_warps=4, stages=4)
     return dict(block_t=16, block_n=128, block_k=64, num_warps=8)
 

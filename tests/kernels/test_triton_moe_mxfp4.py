@@ -221,3 +221,13 @@ def test_nan_scale_propagates_and_dense_weights_fall_back():
     assert got[0].isfinite().all() and got[1].isnan().any()
     dense13 = w13.dequantize()
     assert not kernel.covers(x, dense13, w2, "silu")
+
+
+def test_prefill_batches_take_64_token_tiles_on_the_tensor_cores_only():
+    """dot_scaled prefill tiles hold 64 tokens (the H200 sweep); the fp32 in-kernel decoding
+    keeps the 16-token tiles its device conformance ran with (not swept at 64)."""
+    assert kernel.launch_options(8192, "dot_scaled")["block_t"] == 64
+    assert kernel.launch_options(8192, "decode")["block_t"] == 16
+    assert kernel.launch_options(64, "dot_scaled")["block_t"] == 16
+    x = torch.empty(kernel.DEQUANT_MIN_TOKENS, 8, dtype=torch.bfloat16)
+    assert kernel.default_mode(x) == "decode"                 # on the CPU: no dot_scaled, no cuBLAS
