@@ -23,6 +23,7 @@ bytes (inputs read once, o and states written once) over the measured copy bandw
 from __future__ import annotations
 
 import argparse
+import functools
 import datetime
 import json
 import os
@@ -83,11 +84,17 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     # of batched matmuls per chunk index), then the wrapper (triton_kernels/kda_chunked_blocked.py),
     # which also runs the recurrence in one Triton launch; all exact fp32
     from k3.platforms.triton_kernels import kda_chunked_blocked as triton_blocked
+    from k3.platforms.triton_kernels import kda_chunked_recurrence as triton_recurrence
 
     variants = {"torch_batched_triton_diag": lambda: torch_chunked(
                     *args, **kw, **emit, diagonal=triton_blocked.diagonal_blocks,
                     group_elements=triton_blocked.GROUP_ELEMENTS),
-                "torch_batched_triton": lambda: triton_blocked.kda_chunked(*args, **kw, **emit)}
+                "torch_batched_triton": lambda: triton_blocked.kda_chunked(*args, **kw, **emit),
+                # the recurrence's dots in 3xTF32 (bench/kda_tf32_sensitivity.py: as accurate as fp32)
+                "torch_batched_triton_tf32x3": lambda: torch_chunked(
+                    *args, **kw, **emit, diagonal=triton_blocked.diagonal_blocks,
+                    group_elements=triton_blocked.GROUP_ELEMENTS,
+                    recurrence=functools.partial(triton_recurrence.recurrence, precision="tf32x3"))}
     for key, call in variants.items():
         res = call()
         out[f"error_ratio_o_{key}"] = ratio(res[0], want[0])

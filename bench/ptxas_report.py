@@ -97,9 +97,10 @@ def variants():
 
     fn = kda_chunked_recurrence._recurrence_kernel                 # the chunked prefill's phase 2, fp32 FMA dots
     types = _types(fn, {"seg_ptr": "*i32", "slot_ptr": "*i32"}, (), default_pointer="*fp32")
-    for block_v in (32, 16):
-        yield ("kda_chunked_recurrence", f"C64_K128_bv{block_v}_w8", fn, types,
-               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, SLICE=kda_chunked_recurrence.SLICE),
+    for block_v, precision in ((32, "ieee"), (16, "ieee"), (32, "tf32x3")):
+        yield ("kda_chunked_recurrence", f"C64_K128_bv{block_v}_w8" + ("" if precision == "ieee" else f"_{precision}"),
+               fn, types, dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v,
+                               SLICE=kda_chunked_recurrence.SLICE, PRECISION=precision),
                kda_chunked_recurrence.NUM_WARPS)
 
     fn = short_conv._short_conv_kernel

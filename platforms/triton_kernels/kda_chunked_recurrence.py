@@ -52,6 +52,7 @@ def _recurrence_kernel(
     HV, R,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SLICE: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # all tensors contiguous: W, qeG, kdec [nseg, HV, C, K]; U, o [nseg, HV, C, V];
     # A [nseg, HV, C, C]; eGC [nseg, HV, 1, K]; h0, ht [N, HV, K, V]; ckpt [slots, HV, K, V];
@@ -94,8 +95,8 @@ def _recurrence_kernel(
             ck = sh * C * K + cc[:, None] * K + kk[None, :]
             ck_in = c_in[:, None] & (kk < K)[None, :]
             Sk = tl.load(s_old + kk[:, None] * BLOCK_V + bv[None, :])      # [SLICE, BLOCK_V]
-            delta -= tl.dot(tl.load(w_ptr + ck, mask=ck_in, other=0.0), Sk, input_precision="ieee")
-            o = tl.dot(tl.load(qeg_ptr + ck, mask=ck_in, other=0.0), Sk, acc=o, input_precision="ieee")
+            delta -= tl.dot(tl.load(w_ptr + ck, mask=ck_in, other=0.0), Sk, input_precision=PRECISION)
+            o = tl.dot(tl.load(qeg_ptr + ck, mask=ck_in, other=0.0), Sk, acc=o, input_precision=PRECISION)
         tl.store(d_work + cc[:, None] * BLOCK_V + bv[None, :], delta)
         tl.debug_barrier()
         for c0 in tl.static_range(0, BLOCK_C, SLICE):                      # o += A_qk delta
@@ -103,7 +104,7 @@ def _recurrence_kernel(
             A = tl.load(a_ptr + sh * C * C + cc[:, None] * C + cs[None, :],
                         mask=c_in[:, None] & (cs < C)[None, :], other=0.0)  # [BLOCK_C, SLICE]
             D = tl.load(d_work + cs[:, None] * BLOCK_V + bv[None, :])       # [SLICE, BLOCK_V]
-            o = tl.dot(A, D, acc=o, input_precision="ieee")
+            o = tl.dot(A, D, acc=o, input_precision=PRECISION)
         tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=cv_in)
         slot = tl.load(slot_ptr + n * R + r).to(tl.int64)
         for k0 in tl.static_range(0, BLOCK_K, SLICE):                      # S = eGC S + kdec^T delta
@@ -116,7 +117,7 @@ def _recurrence_kernel(
                 KT = tl.load(kdec_ptr + sh * C * K + cs[None, :] * K + kk[:, None],
                              mask=k_in[:, None] & (cs < C)[None, :], other=0.0)   # [SLICE k, SLICE c]
                 D = tl.load(d_work + cs[:, None] * BLOCK_V + bv[None, :])
-                Sk = tl.dot(KT, D, acc=Sk, input_precision="ieee")
+                Sk = tl.dot(KT, D, acc=Sk, input_precision=PRECISION)
             tl.store(s_new + kk[:, None] * BLOCK_V + bv[None, :], Sk)
             if slot >= 0:
                 tl.store(ckpt_ptr + (slot * HV + h) * K * V + kk[:, None] * V + vv[None, :], Sk,
@@ -150,7 +151,7 @@ def tables(order, sizes, capture, device):
 
 
 def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=BLOCK_V, num_warps=NUM_WARPS,
-               slice_=SLICE):
+               slice_=SLICE, precision="ieee"):
     """Phase 2 in one launch: `torch_kernels.kda_chunked_blocked.recurrence_torch`'s signature and
     contract (W, qeG, kdec [nseg, HV, C, K]; U [nseg, HV, C, V]; A_qk [nseg, HV, C, C]; eGC
     [nseg, HV, 1, K]; initial [N, HV, K, V]; the round-major `order`, `sizes`; `capture`, the
@@ -159,7 +160,12 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     fp32 tensors (any strides: made contiguous, which phase 1's are already); float64 goes to
     the torch loop, and so do empty inputs (no chunks, heads or state). block_v (a power of two
     >= 16; capped at V's next power of two) and num_warps: launch options for benchmarks.
+    precision: the dots' `input_precision`, "ieee" (served: fp32 FMAs) or "tf32x3" (three TF32
+    tensor-core products; as accurate as fp32 for this chain in bench/kda_tf32_sensitivity.py,
+    not yet run on a GPU), for benchmarks.
     """
+    if precision not in ("ieee", "tf32x3"):
+        raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
     nseg, HV, C, V = U.shape
     K, N = W.shape[-1], initial.shape[0]
     if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
@@ -182,6 +188,7 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     work = torch.empty(grid[0] * grid[1] * (2 * block_k + block_c) * block_v, dtype=torch.float32, device=dev)
     _recurrence_kernel[grid](
         W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, work, HV, len(sizes),
-        C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_V=block_v, SLICE=slice_, num_warps=num_warps,
+        C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_V=block_v, SLICE=slice_, PRECISION=precision,
+        num_warps=num_warps,
     )
     return o_chunks, final, captured

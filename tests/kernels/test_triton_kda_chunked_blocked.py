@@ -187,6 +187,13 @@ def test_triton_recurrence_tables_and_fallbacks():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     with pytest.raises(ValueError, match="block_v"):
         rec.recurrence(*tensors, order, sizes, block_v=24)
+    with pytest.raises(ValueError, match="precision"):
+        rec.recurrence(*tensors, order, sizes, precision="tf32")
+    # the 3xTF32 launch option compiles and runs (the interpreter multiplies in fp32 either way;
+    # its accuracy on tensor cores is the GPU benchmark's to show)
+    got = rec.recurrence(*tensors, order, sizes, [1], precision="tf32x3")
+    for g, w in zip(got, blocked.recurrence_torch(*tensors, order, sizes, [1])):
+        assert _ratio(g, w) < 1e-6, _ratio(g, w)
 
 
 @pytest.mark.parametrize("dtype, chunk", [(torch.float32, 32), (torch.float32, 64), (torch.bfloat16, 48)])
