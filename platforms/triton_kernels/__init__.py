@@ -6,3 +6,11 @@ the signature of its k3.reference op, falls back to that op for inputs it does n
 (float64, shapes outside its constraints), and runs under `TRITON_INTERPRET=1` on CPU tensors
 so CI checks it at tiny shapes against the reference.
 """
+
+import os
+
+
+def interpreted() -> bool:
+    """Whether Triton runs its interpreter (TRITON_INTERPRET set and not "0"): kernels then run
+    on CPU tensors, without the GPU-only paths (dot_scaled, cuBLAS)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -17,13 +17,12 @@ TRITON_INTERPRET=1), take the torch diagonal, its group bound and the torch recu
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from k3.dtypes import compute_dtype
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
 
+from . import interpreted
 from .kda_chunked_recurrence import recurrence
 from .kda_intra_diagonal import diagonal_blocks
 
@@ -35,8 +34,7 @@ def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
     fp32 inputs) on a CUDA device, or any device under TRITON_INTERPRET=1."""
     if compute_dtype(q, k, v, g, beta, initial_state) == torch.float64:
         return False
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    return q.device.type == "cuda" or interpreted
+    return q.device.type == "cuda" or interpreted()
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

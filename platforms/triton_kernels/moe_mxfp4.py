@@ -40,8 +40,6 @@ Four ways to multiply (the `mode` launch option):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -49,8 +47,8 @@ import triton.language as tl
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import moe_mxfp4_dequant, moe_mxfp4_gemv
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, gated_activation
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
+from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "gemv", "dequant")
@@ -212,8 +210,7 @@ def default_mode(x: torch.Tensor) -> str:
     """gemv for bf16 decode batches of up to GEMV_MAX_TOKENS tokens on a GPU, dot_scaled for
     larger bf16 batches, dequant (moe_mxfp4_dequant.py) from DEQUANT_MIN_TOKENS; decode
     otherwise (module docstring)."""
-    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if x.dtype != torch.bfloat16 or not x.is_cuda or interpreted:
+    if x.dtype != torch.bfloat16 or not x.is_cuda or interpreted():
         return "decode"
     if x.shape[0] >= DEQUANT_MIN_TOKENS:
         return "dequant"
@@ -284,9 +281,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
     # No host round trip anywhere here, so a CUDA graph can capture it (torch.bincount reads its
     # maximum on the host, a scatter-add does not).
-    local = (topk_ids.reshape(-1).long() - expert_start)
-    local = local.masked_fill((local < 0) | (local >= e_local), e_local)
-    order = torch.argsort(local, stable=True).to(torch.int32)                          # [T*k]
+    local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)
+    order = order.to(torch.int32)                                                       # [T*k]
     counts = torch.zeros(e_local + 1, dtype=torch.int32, device=x.device)
     counts = counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))            # [E_local + 1]
     counts[e_local:].zero_()                              # other ranks' choices: no tile reads them (no H2D copy)

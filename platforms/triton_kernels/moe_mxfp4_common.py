@@ -1,10 +1,21 @@
-"""In-kernel pieces both MXFP4 routed-expert kernels use (moe_mxfp4.py's tensor-core and
-byte-decode modes, moe_mxfp4_gemv.py): fp16 bit patterns widened to fp32, E2M1 and E8M0
-decoding, and the gated activation of the gate/up projection (which glu.py, the dense FFNs'
-activation, shares so dense and routed experts compute the same function)."""
+"""Pieces the MXFP4 routed-expert kernels share (moe_mxfp4.py's tensor-core and byte-decode
+modes, moe_mxfp4_gemv.py, moe_mxfp4_dequant.py): in the kernels, fp16 bit patterns widened to
+fp32, E2M1 and E8M0 decoding, and the gated activation of the gate/up projection (which glu.py,
+the dense FFNs' activation, shares so dense and routed experts compute the same function); on
+the host side, the grouping of (token, choice) pairs by local expert."""
 
+import torch
 import triton
 import triton.language as tl
+
+
+def pairs_by_local_expert(topk_ids: torch.Tensor, expert_start: int, e_local: int):
+    """The T*k (token, choice) pairs' local experts, ids of other ranks in bucket e_local
+    ([T*k] int64), and the pairs sorted by it (stable argsort, [T*k] int64). On the device,
+    no host synchronisation."""
+    local = topk_ids.reshape(-1).long() - expert_start
+    local = local.masked_fill((local < 0) | (local >= e_local), e_local)
+    return local, torch.argsort(local, stable=True)
 
 
 @triton.jit

@@ -30,7 +30,7 @@ import triton.language as tl
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import glu
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier
+from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert
 
 BLOCK_ROWS = 16
 BLOCK_BYTES = 128           # 256 weights of a row per program (a multiple of a 16-byte scale group)
@@ -75,9 +75,7 @@ def experts_forward(x, w13: MXFP4Tensor, w2: MXFP4Tensor, topk_weights, topk_ids
     activation (glu.py), dequantise w2[e], @ w2[e]^T, each rounded to bf16 (module docstring)."""
     t, l = x.shape
     e_local, topk = w13.shape[0], topk_ids.shape[1]
-    local = topk_ids.reshape(-1).long() - expert_start                                # [T*k] pair -> expert
-    local = local.masked_fill((local < 0) | (local >= e_local), e_local)
-    order = torch.argsort(local, stable=True)                                         # pairs grouped by expert
+    local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)            # pairs grouped by expert
     counts = torch.bincount(local, minlength=e_local + 1)[:e_local].tolist()           # the host synchronisation
     weights = topk_weights.reshape(-1).to(torch.float32)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
