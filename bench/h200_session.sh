@@ -74,7 +74,7 @@ kernels)
     step bench-moe 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" ${MOE_ARGS:-}
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 100 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-kda-prefill 160 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     step bench-kda-verify 60 python3 bench/kda_verify.py --out "$OUT/kda_verify.json"
     step bench-indexer 60 python3 bench/indexer_decode.py --out "$OUT/indexer_decode.json"
     ;;

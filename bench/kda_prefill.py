@@ -27,6 +27,7 @@ import functools
 import datetime
 import json
 import os
+import statistics
 from unittest import mock
 
 import torch
@@ -86,15 +87,22 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     from k3.platforms.triton_kernels import kda_chunked_blocked as triton_blocked
     from k3.platforms.triton_kernels import kda_chunked_recurrence as triton_recurrence
 
-    variants = {"torch_batched_triton_diag": lambda: torch_chunked(
-                    *args, **kw, **emit, diagonal=triton_blocked.diagonal_blocks,
-                    group_elements=triton_blocked.GROUP_ELEMENTS),
-                "torch_batched_triton": lambda: triton_blocked.kda_chunked(*args, **kw, **emit),
-                # the recurrence's dots in 3xTF32 (bench/kda_tf32_sensitivity.py: as accurate as fp32)
-                "torch_batched_triton_tf32x3": lambda: torch_chunked(
-                    *args, **kw, **emit, diagonal=triton_blocked.diagonal_blocks,
-                    group_elements=triton_blocked.GROUP_ELEMENTS,
-                    recurrence=functools.partial(triton_recurrence.recurrence, precision="tf32x3"))}
+    from k3.platforms.triton_kernels import kda_intra_chunk as triton_intra
+
+    def phases(intra_precision, rec_precision, **rec_launch):
+        return lambda: torch_chunked(
+            *args, **kw, **emit, intra=functools.partial(triton_intra.intra_chunk, precision=intra_precision),
+            recurrence=functools.partial(triton_recurrence.recurrence, precision=rec_precision, **rec_launch))
+
+    variants = {"torch_batched_triton": lambda: triton_blocked.kda_chunked_triton_diagonal(*args, **kw, **emit),
+                # both phases in Triton, served: phase 1 in fp32 FMAs, the recurrence in 3xTF32 tensor-core
+                # dots (bench/kda_tf32_sensitivity.py: as accurate as fp32) with its state in registers;
+                # then both phases in fp32 FMAs, and both in 3xTF32
+                "triton_phases": lambda: triton_blocked.kda_chunked(*args, **kw, **emit),
+                "triton_phases_ieee": phases("ieee", "ieee"),
+                "triton_phases_tf32x3": phases("tf32x3", "tf32x3")}
+    if len(lens) == 1 and offsets is None:
+        out["phase_ms"] = phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence)
     for key, call in variants.items():
         res = call()
         out[f"error_ratio_o_{key}"] = ratio(res[0], want[0])
@@ -110,6 +118,44 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     out["k3_vs_reference_speedup"] = out["reference_ms"] / out["k3_ms"]
     out["k3_over_fla_direct"] = out["k3_ms"] / out["fla_direct_no_checkpoints_ms"]
     return out
+
+
+def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence):
+    """Device time of each phase's kernel variants (CUDA events around the phase inside one
+    prefill, the median of 10), and of the whole prefill: what the rest (input copies, index
+    building, the output scatter) costs is the difference."""
+    timings = {}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            res = fn(*a, **k)
+            end.record()
+            end.synchronize()
+            timings.setdefault(name, []).append(start.elapsed_time(end))
+            return res
+        return call
+
+    P = functools.partial
+    intras = {"intra_ieee": P(triton_intra.intra_chunk, precision="ieee"),          # served: 4 warps, slices of 16
+              "intra_tf32x3": P(triton_intra.intra_chunk, precision="tf32x3"),
+              "intra_ieee_rows_inverse": P(triton_intra.intra_chunk, neumann=False),
+              "intra_ieee_w8_s32": P(triton_intra.intra_chunk, num_warps=8, slice_=32),
+              "intra_ieee_diag32": P(triton_intra.intra_chunk, diag_slice=32)}
+    recs = {"recurrence_ieee": P(triton_recurrence.recurrence, precision="ieee"),
+            "recurrence_tf32x3_bv16_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=16),
+            "recurrence_tf32x3_bv32_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=32)}
+    pairs = [(name, "recurrence_tf32x3_bv32_w4") for name in intras]
+    pairs += [("intra_ieee", "recurrence_ieee"), ("intra_ieee", "recurrence_tf32x3_bv16_w4")]
+    for iname, rname in pairs:
+        for _ in range(11):
+            torch_chunked(*args, **kw, intra=timed(iname, intras[iname]), recurrence=timed(rname, recs[rname]))
+    whole = timed("whole", lambda: torch_chunked(*args, **kw, intra=intras["intra_ieee"],
+                                                 recurrence=recs["recurrence_tf32x3_bv32_w4"]))
+    for _ in range(11):
+        whole()
+    return {name: statistics.median(ms[1:]) for name, ms in timings.items()}
 
 
 def main() -> None:

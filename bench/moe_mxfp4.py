@@ -40,7 +40,7 @@ PREFILL_VARIANTS = {        # the sixth session's sweep of nine tile shapes kept
     "ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8),
     "ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4, stages=4),
     "ds_n128_k64_t128_w8_s3": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=128, num_warps=8, stages=3),
-    "dequant": dict(mode="dequant"),      # each active expert dequantised to bf16, then cuBLAS
+    "dequant": dict(mode="dequant"),      # active experts dequantised to bf16 a group at a time, grouped products
 }
 PREFILL_T = 512
 GEMV_MAX_T = 16          # one program per (expert, token): past a few tokens per expert the tensor cores win

@@ -103,6 +103,22 @@ def variants():
                                SLICE=kda_chunked_recurrence.SLICE, PRECISION=precision),
                kda_chunked_recurrence.NUM_WARPS)
 
+    fn = kda_chunked_recurrence._recurrence_mma_kernel             # its tensor-core form (3xTF32), state in registers
+    for block_v, warps in ((32, 4), (16, 4), (64, 8)):
+        yield ("kda_chunked_recurrence", f"mma_C64_K128_bv{block_v}_w{warps}_tf32x3", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, PRECISION="tf32x3"), warps)
+
+    from k3.platforms.triton_kernels import kda_intra_chunk
+
+    fn = kda_intra_chunk._intra_chunk_kernel                      # the chunked prefill's phase 1
+    types = _types(fn, {"index_ptr": "*i64"}, (), default_pointer="*fp32")
+    for warps, slice_, diag_slice, precision in ((4, 16, 16, "ieee"), (4, 16, 32, "ieee"), (8, 32, 16, "ieee"),
+                                                 (4, 16, 16, "tf32x3")):
+        yield ("kda_intra_chunk", f"C64_K128_w{warps}_s{slice_}_d{diag_slice}" + ("" if precision == "ieee" else
+                                                                                 f"_{precision}"),
+               fn, types, dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
+                               DIAG_SLICE=diag_slice, PRECISION=precision, NEUMANN=True), warps)
+
     fn = short_conv._short_conv_kernel
     types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())
     yield ("short_conv", "W4_bf16", fn, types, dict(W=4, SILU=True, BLOCK_T=16, BLOCK_C=64), 4)
@@ -141,7 +157,7 @@ def variants():
                dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages), warps)
 
     fn = moe_mxfp4_dequant._dequantize_kernel
-    types = _types(fn, {"packed_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": "*bf16"}, ())
+    types = _types(fn, {"packed_ptr": "*u8", "scales_ptr": "*u8", "ids_ptr": "*i32", "out_ptr": "*bf16"}, ())
     yield ("moe_dequant", "bf16_L3584", fn, types, dict(HALF_COLS=1792, BLOCK_ROWS=moe_mxfp4_dequant.BLOCK_ROWS,
                                                          BLOCK_BYTES=moe_mxfp4_dequant.BLOCK_BYTES), 4)
 

@@ -60,13 +60,16 @@ PROMOTED = {
                                 "chunked KDA prefill in torch, every chunk's intra-chunk work batched (exact fp32)",
                                 needs=()),
     "kda_chunked_blocked": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked",
-                                  "kda_chunked_torch with its diagonal blocks' pairwise decays in one Triton launch"),
+                                  "chunked KDA prefill with both phases (intra-chunk, recurrence) in Triton, "
+                                  "exact fp32"),
 }
 KERNELS = {
     # fla-core's kda.chunked, when named, serves instead of the promoted kda_chunked_torch
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),
+    "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
+                                 "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
 }
 
 

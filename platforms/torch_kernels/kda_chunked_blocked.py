@@ -29,6 +29,8 @@ wrapper, `triton_kernels/kda_chunked_blocked.py`, passes it; this module imports
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from k3 import reference as ref
@@ -116,6 +118,30 @@ def _intra_chunk(q, k, v, g, beta, diagonal=diagonal_blocks_torch):
     return W, U, A_qk.tril(), q * eG, torch.exp(GC - G) * k, torch.exp(GC)
 
 
+def intra_chunk_torch(q, k, v, g, beta, index, diagonal=None, group_elements=None):
+    """Phase 1 for all chunks: q (scaled), k, g [rows, HV, K], v [rows, HV, V], beta [rows, HV],
+    the packed tokens in the compute dtype with a zero row (what a padded chunk position reads);
+    index [nseg, C], the row of each chunk position. Returns `_intra_chunk`'s (W, U, A_qk, q e^G,
+    k e^(G_C - G), e^(G_C)) for the nseg chunks, [nseg, HV, C, *].
+
+    Computed in groups of chunks whose diagonal decays (the torch diagonal) or working tensors
+    (another `diagonal`, taken to materialise nothing: `working_floats` per chunk) hold at most
+    group_elements (default GROUP_ELEMENTS) floats."""
+    nseg, C = index.shape
+    HV, K, V = q.shape[1], q.shape[2], v.shape[2]
+    if diagonal is None or diagonal is diagonal_blocks_torch:
+        diagonal, per_chunk = diagonal_blocks_torch, HV * C * BLOCK * K
+    else:
+        per_chunk = working_floats(HV, C, K, V)
+    group = max(1, (group_elements or GROUP_ELEMENTS) // per_chunk)
+    parts = []
+    for s0 in range(0, nseg, group):
+        sel = index[s0: s0 + group]
+        qs, ks, vs, gs = (x[sel].permute(0, 2, 1, 3) for x in (q, k, v, g))
+        parts.append(_intra_chunk(qs, ks, vs, gs, beta[sel].transpose(1, 2), diagonal))
+    return tuple(torch.cat(chunked) for chunked in zip(*parts))
+
+
 def recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=()):
     """Phase 2, the state recurrence across chunks: for each sequence's chunks in order, from its
     initial state S,
@@ -163,7 +189,7 @@ def recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                checkpoint_offsets=None, diagonal=None, group_elements=None, recurrence=None):
+                checkpoint_offsets=None, diagonal=None, group_elements=None, intra=None, recurrence=None):
     """`k3.reference.kda_chunked` (same signature and contract), all chunks' intra-chunk work
     batched; chunk_size must be a multiple of 16 here (the reference takes the others).
 
@@ -171,7 +197,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     None for the torch einsums. group_elements (default GROUP_ELEMENTS): the floats one phase-1
     group of chunks may hold, counted as the torch diagonal's pairwise decays (a chunk's C / 16
     blocks of [16, 16, K] per head) or, for another diagonal, which is taken to materialise
-    nothing, as `working_floats` per chunk. recurrence: phase 2 (`recurrence_torch`'s signature
+    nothing, as `working_floats` per chunk. intra: phase 1 whole (`intra_chunk_torch`'s
+    signature and contract), in place of the torch one with `diagonal` and `group_elements`.
+    recurrence: phase 2 (`recurrence_torch`'s signature
     and contract); None for the torch loop.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < BLOCK or chunk_size % BLOCK:
@@ -193,18 +221,10 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         index[s, : z - a] = torch.arange(a, z)
     index = index.to(dev)
 
-    # phase 1, in groups whose diagonal decays (the torch diagonal) or working tensors fit
-    if diagonal is None or diagonal is diagonal_blocks_torch:
-        diagonal, per_chunk = diagonal_blocks_torch, HV * C * BLOCK * K
-    else:
-        per_chunk = working_floats(HV, C, K, V)
-    group = max(1, (group_elements or GROUP_ELEMENTS) // per_chunk)
-    parts = []
-    for s0 in range(0, len(segments), group):
-        sel = index[s0: s0 + group]
-        qs, ks, vs, gs = (x[sel].permute(0, 2, 1, 3) for x in (qf, kf, vf, gf))
-        parts.append(_intra_chunk(qs, ks, vs, gs, bf[sel].transpose(1, 2), diagonal))
-    W, U, A_qk, qeG, kdec, eGC = (torch.cat(chunked) for chunked in zip(*parts))
+    # phase 1: every chunk's W, U, A_qk, q e^G, k e^(G_C - G), e^(G_C)
+    if intra is None:
+        intra = functools.partial(intra_chunk_torch, diagonal=diagonal, group_elements=group_elements)
+    W, U, A_qk, qeG, kdec, eGC = intra(qf, kf, vf, gf, bf, index)
 
     # phase 2: the recurrence (`recurrence_torch`'s contract), the chunk ends wanted as checkpoints
     capture, slot_of = [], {}

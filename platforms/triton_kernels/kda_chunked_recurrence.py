@@ -44,6 +44,9 @@ from k3.platforms.torch_kernels.kda_chunked_blocked import recurrence_torch
 BLOCK_V = 32
 NUM_WARPS = 8
 SLICE = 16                    # the depth of every dot (K and C are walked in slices of it)
+MMA_BLOCK_V = 32              # the tensor-core form's launch (4 warps): 255 registers, 60 B spilled at K3's shapes;
+                              # 16 (227, none) took 6.1 ms at 8K tokens on the H200 against 4.5 (bench/kda_prefill.py)
+MMA_NUM_WARPS = 4
 
 
 @triton.jit
@@ -132,6 +135,67 @@ def _recurrence_kernel(
                  tl.load(s_last + kk[:, None] * BLOCK_V + bv[None, :]), mask=(kk < K)[:, None] & v_in[None, :])
 
 
+@triton.jit
+def _recurrence_mma_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr,
+    HV, R,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # `_recurrence_kernel`'s contract and layouts with tensor-core dots (PRECISION "tf32x3"):
+    # their accumulators are spread over the CTA, so the state stays in registers across chunks
+    # (no scratch, no barriers), as two halves of K rows (S1, S2: [HALF, BLOCK_V]) so that each
+    # dot's operands, split three ways by 3xTF32, fit the registers
+    HALF: tl.constexpr = BLOCK_K // 2
+    nh = tl.program_id(1).to(tl.int64)
+    n = nh // HV
+    h = nh % HV
+    cc = tl.arange(0, BLOCK_C)
+    k1 = tl.arange(0, HALF)
+    k2 = HALF + k1
+    vv = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    c_in, v_in = cc < C, vv < V
+    cv_in = c_in[:, None] & v_in[None, :]
+    S1 = tl.load(h0_ptr + nh * K * V + k1[:, None] * V + vv[None, :], mask=(k1 < K)[:, None] & v_in[None, :],
+                 other=0.0)                                                 # [HALF, BLOCK_V]
+    S2 = tl.load(h0_ptr + nh * K * V + k2[:, None] * V + vv[None, :], mask=(k2 < K)[:, None] & v_in[None, :],
+                 other=0.0)
+    r = 0
+    seg = tl.load(seg_ptr + n * R).to(tl.int64)                             # R >= 1
+    while seg >= 0:
+        sh = seg * HV + h
+        base_ck = sh * C * K + cc[:, None] * K
+        m1 = c_in[:, None] & (k1 < K)[None, :]
+        m2 = c_in[:, None] & (k2 < K)[None, :]
+        delta = tl.load(u_ptr + sh * C * V + cc[:, None] * V + vv[None, :], mask=cv_in, other=0.0)
+        delta -= tl.dot(tl.load(w_ptr + base_ck + k1[None, :], mask=m1, other=0.0), S1, input_precision=PRECISION)
+        delta -= tl.dot(tl.load(w_ptr + base_ck + k2[None, :], mask=m2, other=0.0), S2, input_precision=PRECISION)
+        o = tl.dot(tl.load(qeg_ptr + base_ck + k1[None, :], mask=m1, other=0.0), S1, input_precision=PRECISION)
+        o = tl.dot(tl.load(qeg_ptr + base_ck + k2[None, :], mask=m2, other=0.0), S2, acc=o,
+                   input_precision=PRECISION)
+        A = tl.load(a_ptr + sh * C * C + cc[:, None] * C + cc[None, :], mask=c_in[:, None] & c_in[None, :],
+                    other=0.0)                                              # [BLOCK_C, BLOCK_C]
+        o = tl.dot(A, delta, acc=o, input_precision=PRECISION)
+        tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=cv_in)
+        d1 = tl.load(egc_ptr + sh * K + k1, mask=k1 < K, other=0.0)        # 0 on padded rows
+        d2 = tl.load(egc_ptr + sh * K + k2, mask=k2 < K, other=0.0)
+        KT1 = tl.load(kdec_ptr + sh * C * K + cc[None, :] * K + k1[:, None], mask=(k1 < K)[:, None] & c_in[None, :],
+                      other=0.0)                                            # [HALF, BLOCK_C]
+        S1 = tl.dot(KT1, delta, acc=d1[:, None] * S1, input_precision=PRECISION)
+        KT2 = tl.load(kdec_ptr + sh * C * K + cc[None, :] * K + k2[:, None], mask=(k2 < K)[:, None] & c_in[None, :],
+                      other=0.0)
+        S2 = tl.dot(KT2, delta, acc=d2[:, None] * S2, input_precision=PRECISION)
+        slot = tl.load(slot_ptr + n * R + r).to(tl.int64)
+        if slot >= 0:
+            dst = ckpt_ptr + (slot * HV + h) * K * V + vv[None, :]
+            tl.store(dst + k1[:, None] * V, S1, mask=(k1 < K)[:, None] & v_in[None, :])
+            tl.store(dst + k2[:, None] * V, S2, mask=(k2 < K)[:, None] & v_in[None, :])
+        r += 1
+        seg = tl.load(seg_ptr + n * R + r, mask=r < R, other=-1).to(tl.int64)
+    tl.store(ht_ptr + nh * K * V + k1[:, None] * V + vv[None, :], S1, mask=(k1 < K)[:, None] & v_in[None, :])
+    tl.store(ht_ptr + nh * K * V + k2[:, None] * V + vv[None, :], S2, mask=(k2 < K)[:, None] & v_in[None, :])
+
+
 def tables(order, sizes, capture, device):
     """The per-sequence tables the kernel reads, from `_segments`' round-major structure: an int32
     [2, N, R] tensor on `device` (one upload), [0] the segment of each sequence's r-th chunk and
@@ -150,7 +214,7 @@ def tables(order, sizes, capture, device):
     return table.to(device)
 
 
-def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=BLOCK_V, num_warps=NUM_WARPS,
+def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=None, num_warps=None,
                slice_=SLICE, precision="ieee"):
     """Phase 2 in one launch: `torch_kernels.kda_chunked_blocked.recurrence_torch`'s signature and
     contract (W, qeG, kdec [nseg, HV, C, K]; U [nseg, HV, C, V]; A_qk [nseg, HV, C, C]; eGC
@@ -159,10 +223,12 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
 
     fp32 tensors (any strides: made contiguous, which phase 1's are already); float64 goes to
     the torch loop, and so do empty inputs (no chunks, heads or state). block_v (a power of two
-    >= 16; capped at V's next power of two) and num_warps: launch options for benchmarks.
-    precision: the dots' `input_precision`, "ieee" (served: fp32 FMAs) or "tf32x3" (three TF32
-    tensor-core products; as accurate as fp32 for this chain in bench/kda_tf32_sensitivity.py,
-    not yet run on a GPU), for benchmarks.
+    >= 16; capped at V's next power of two; default BLOCK_V, or MMA_BLOCK_V for the tensor-core
+    form) and num_warps (NUM_WARPS, MMA_NUM_WARPS): launch options for benchmarks.
+    precision: the dots' `input_precision`, "ieee" (served: fp32 FMAs, the state in scratch) or
+    "tf32x3" (three TF32 tensor-core products, as accurate as fp32 for this chain in
+    bench/kda_tf32_sensitivity.py and on the H200's conformance cases; `_recurrence_mma_kernel`,
+    the state in registers and whole-depth dots).
     """
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
@@ -170,6 +236,9 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     K, N = W.shape[-1], initial.shape[0]
     if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
         return recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
+    mma = precision != "ieee"
+    block_v = block_v or (MMA_BLOCK_V if mma else BLOCK_V)
+    num_warps = num_warps or (MMA_NUM_WARPS if mma else NUM_WARPS)
     if block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"kda chunked recurrence: block_v must be a power of two >= 16; got {block_v}")
     if sum(sizes) != nseg or len(order) != N:
@@ -185,6 +254,13 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     block_c, block_k = max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(K))
     slice_ = min(slice_, block_c, block_k)
     grid = (triton.cdiv(V, block_v), N * HV)
+    if mma:                                 # tensor-core dots: the state in registers, two halves >= 16
+        _recurrence_mma_kernel[grid](
+            W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, HV, len(sizes),
+            C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=max(32, block_k), BLOCK_V=block_v, PRECISION=precision,
+            num_warps=num_warps,
+        )
+        return o_chunks, final, captured
     work = torch.empty(grid[0] * grid[1] * (2 * block_k + block_c) * block_v, dtype=torch.float32, device=dev)
     _recurrence_kernel[grid](
         W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, work, HV, len(sizes),

@@ -28,8 +28,9 @@ Four ways to multiply (the `mode` launch option):
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
     the gate/up activations are stored in bf16 (as the reference rounds them in a bf16 model);
   - "dequant" (bf16 activations on a GPU, the default there from DEQUANT_MIN_TOKENS tokens: prefill
-    chunks): moe_mxfp4_dequant.py, each active expert dequantised to bf16 once and multiplied on
-    cuBLAS, one host synchronisation;
+    chunks): moe_mxfp4_dequant.py, the active experts dequantised to bf16 once, a group at a time
+    (one launch a group), and multiplied as grouped products (torch._grouped_mm where it runs),
+    one host synchronisation;
   - "decode" (fp32 and fp16 activations, and the Triton interpreter, which has no dot_scaled):
     the kernel decodes each nibble itself (an E2M1 code placed as an fp16's sign, two lowest
     exponent bits and top mantissa bit is its value / 2^14), scales each 32-element group, and multiplies
@@ -203,7 +204,8 @@ def covers(x, w13, w2, activation) -> bool:
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
 GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 2.0x the tensor cores at T = 1, 1.5x at 4, 1.16x at 8, 0.84x at 16
-DEQUANT_MIN_TOKENS = 8192  # the H200 at k3-slice dims: dequant 56.0 ms vs 66.2 (64-token tiles) at 8192, 65.3 vs 18.2 at 2048
+DEQUANT_MIN_TOKENS = 1024  # the H200 at k3-slice dims (grouped dequant vs 64-token tiles): 23.5 vs 66.2 ms at 8192,
+#                            10.4 vs 18.2 at 2048, 8.6 vs 10.1 at 1024 (bench/moe_mxfp4.py); not measured below 1024
 
 
 def default_mode(x: torch.Tensor) -> str:

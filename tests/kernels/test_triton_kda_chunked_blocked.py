@@ -1,9 +1,11 @@
-"""The batched chunked KDA prefill with its diagonal blocks in Triton
-(platforms/triton_kernels/kda_chunked_blocked.py over kda_intra_diagonal.py), under the
-interpreter: the diagonal kernel against the torch einsums it replaces (strong decays, strided
-inputs, NaN-poisoned outputs so unwritten or overwritten memory shows), every `kda.chunked`
-conformance sample with it in place of the reference op, and ragged sequences with initial
-states and checkpoints against k3.reference.kda_chunked, in one group and in many."""
+"""The chunked KDA prefill in Triton (platforms/triton_kernels/kda_chunked_blocked.py over
+kda_intra_chunk.py, kda_intra_diagonal.py and kda_chunked_recurrence.py), under the interpreter:
+each kernel against the torch code it replaces (strong decays, padded chunks, dimensions that are
+not powers of two, NaN-poisoned outputs so unwritten memory shows), every `kda.chunked`
+conformance sample with the served wrapper in place of the reference op, and ragged sequences
+with initial states and checkpoints against k3.reference.kda_chunked, for the served form (both
+phases in Triton) and the previous one (torch phase 1 with the Triton diagonal, in one group and
+in many)."""
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
 from kernel_tables import run_with, samples
 
 diag = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_diagonal")
+intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
 wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
 
 CASES = samples("kda.chunked", float64=True)
@@ -91,22 +94,101 @@ def _ratio(got, want):
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("dtype, chunk, group_elements", [     # group_elements 1: a group per chunk
-    (torch.float32, 32, None), (torch.float32, 64, 1), (torch.bfloat16, 32, 1), (torch.bfloat16, 64, None)])
-def test_ragged_checkpoints_match_the_reference(dtype, chunk, group_elements, monkeypatch):
+def _nan_poisoned_empty(monkeypatch, module):
+    """Make `module`'s torch.empty / empty_like return NaN-filled tensors (unwritten memory shows)."""
+    monkeypatch.setattr(module.torch, "empty", lambda *a, **kw: torch.full(
+        a if len(a) > 1 or not isinstance(a[0], tuple) else a[0], float("nan"), **kw))
+    monkeypatch.setattr(module.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
+
+
+def _packed(rows, HV, K, V, seed, decay=1.0):
+    """Packed phase-1 inputs [rows + 1, HV, *] (a zero row last) with strong decays now and then."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows + 1, HV, K, generator=gen) / K ** 0.5
+    k = ref.l2_norm(torch.randn(rows + 1, HV, K, generator=gen))
+    v = torch.randn(rows + 1, HV, V, generator=gen)
+    g = -decay * torch.rand(rows + 1, HV, K, generator=gen)
+    g[::9] = -50.0
+    beta = torch.rand(rows + 1, HV, generator=gen)
+    for x in (q, k, v, g, beta):
+        x[-1] = 0
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("C, K, V, precision", [(32, 40, 48, "ieee"), (64, 32, 16, "ieee"), (16, 128, 32, "ieee"),
+                                                 (64, 16, 64, "tf32x3")])
+def test_intra_chunk_matches_the_torch_phase1(C, K, V, precision, monkeypatch):
+    rows, HV = 3 * C + 5, 2
+    tensors = _packed(rows, HV, K, V, seed=C + K + V)
+    index = torch.full((5, C), rows, dtype=torch.long)                    # pad: the zero row
+    for s, (a, z) in enumerate([(0, C), (C, 2 * C), (2 * C, 3 * C), (3 * C, rows), (7, 12)]):
+        index[s, : z - a] = torch.arange(a, z)                            # full, partial and short chunks
+    _nan_poisoned_empty(monkeypatch, intra)
+    got = intra.intra_chunk(*tensors, index, precision=precision)
+    monkeypatch.undo()
+    want = blocked.intra_chunk_torch(*(x.double() for x in tensors), index)
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    for name, g, w in zip(("W", "U", "A_qk", "qeG", "kdec", "eGC"), got, want):
+        assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
+        assert _ratio(g, w) < 1e-5, (name, _ratio(g, w))
+    assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
+
+
+@pytest.mark.parametrize("neumann", [True, False])
+def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann):
+    # keys all near one direction, beta 1 and slow decays: (I + L) is far from I, and the powers
+    # of L in the product-form inverse cancel; with its Newton step it matches float64 as the
+    # row-by-row inverse does (without the step W's error was ~1e-4 here)
+    rows, HV, K, V, C = 128, 2, 64, 32, 64
+    q, k, v, g, beta = _packed(rows, HV, K, V, seed=11, decay=0.05)
+    k[:-1] = ref.l2_norm(k[:-1] + 3 * k[:1])
+    g[:-1] = -0.05 * torch.rand(rows, HV, K, generator=torch.Generator().manual_seed(1))
+    beta[:-1] = 1.0
+    index = torch.arange(rows).view(2, C)
+    got = intra.intra_chunk(q, k, v, g, beta, index, neumann=neumann)
+    want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
+    for name, a, b in zip(("W", "U"), got, want):
+        assert _ratio(a, b) < 2e-6, (name, _ratio(a, b))
+
+
+def test_intra_chunk_fallbacks_and_errors():
+    tensors = _packed(40, 2, 16, 16, seed=3)
+    index = torch.arange(32).view(2, 16)
+    d = [x.double() for x in tensors]
+    for g, w in zip(intra.intra_chunk(*d, index), blocked.intra_chunk_torch(*d, index)):   # float64: torch
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="precision"):
+        intra.intra_chunk(*tensors, index, precision="tf32")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        intra.intra_chunk(*tensors, torch.arange(24).view(1, 24))
+
+
+@pytest.mark.parametrize("form, dtype, chunk, group_elements", [   # group_elements 1: a group per chunk
+    ("served", torch.float32, 32, None), ("served", torch.bfloat16, 64, None),
+    ("triton_diagonal", torch.float32, 64, 1), ("triton_diagonal", torch.bfloat16, 32, 1),
+    ("triton_diagonal", torch.float32, 32, None)])
+def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elements, monkeypatch):
     if group_elements is not None:
         monkeypatch.setattr(wrapper, "GROUP_ELEMENTS", group_elements)
     calls = []
-    counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
-    monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
+    if form == "served":
+        counted = lambda *a, **kw: calls.append(1) or intra.intra_chunk(*a, **kw)   # noqa: E731
+        monkeypatch.setattr(wrapper, "intra_chunk", counted)
+        run = wrapper.kda_chunked
+    else:
+        counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
+        monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
+        run = wrapper.kda_chunked_triton_diagonal
     args, kw = _inputs([45, 100, 31], dtype=dtype)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 31]])
-    got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
+    got = run(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
                            chunk_size=chunk, checkpoint_offsets=offsets)
     assert got[0].dtype == dtype and got[1].dtype == torch.float32 and len(got[2]) == 2
-    assert calls and (group_elements is None or len(calls) > 3)           # the Triton diagonal, grouped as asked
+    # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
+    assert calls == [1] if form == "served" else (calls and (group_elements is None or len(calls) > 3))
     for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
         assert torch.isfinite(a).all()
         # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
@@ -154,17 +236,17 @@ def _phase1(counts, HV, C, K, V, seed):
     return (W, U, A, qeG, kdec, eGC, h0), order, sizes
 
 
-@pytest.mark.parametrize("C, K, V, block_v, slice_", [(32, 40, 48, 32, 16), (16, 16, 16, 32, 16),
-                                                      (48, 32, 64, 16, 32), (64, 128, 32, 32, 16)])
-def test_triton_recurrence_matches_the_torch_loop(C, K, V, block_v, slice_, monkeypatch):
+@pytest.mark.parametrize("C, K, V, block_v, slice_, precision", [
+    (32, 40, 48, 32, 16, "ieee"), (16, 16, 16, 32, 16, "ieee"), (48, 32, 64, 16, 32, "ieee"),
+    (64, 128, 32, 32, 16, "ieee"),
+    (32, 40, 48, 32, 16, "tf32x3"), (64, 128, 32, 32, 16, "tf32x3")])    # tf32x3: the state-in-registers kernel
+def test_triton_recurrence_matches_the_torch_loop(C, K, V, block_v, slice_, precision, monkeypatch):
     counts = [3, 1, 0, 4, 2]                                              # an empty sequence too
     tensors, order, sizes = _phase1(counts, 2, C, K, V, seed=C + K + V)
     capture = [0, 7, 3, 9]                                                # some chunk ends, in no order
     # outputs NaN-poisoned: unwritten memory shows
-    monkeypatch.setattr(rec.torch, "empty", lambda *a, **kw: torch.full(a if len(a) > 1 or not isinstance(a[0], tuple)
-                                                                         else a[0], float("nan"), **kw))
-    monkeypatch.setattr(rec.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
-    got = rec.recurrence(*tensors, order, sizes, capture, block_v=block_v, slice_=slice_)
+    _nan_poisoned_empty(monkeypatch, rec)
+    got = rec.recurrence(*tensors, order, sizes, capture, block_v=block_v, slice_=slice_, precision=precision)
     monkeypatch.undo()
     want = blocked.recurrence_torch(*tensors, order, sizes, capture)
     assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]

@@ -1,7 +1,8 @@
 """The MXFP4 routed-experts kernel (platforms/triton_kernels/moe_mxfp4.py) against
 k3.reference.experts_forward on the same MXFP4 weights: SiTU-GLU with and without the linear
 beta, SiLU-GLU, bf16 and fp32 activations, ragged expert loads (an expert with no token, one
-with every token), expert parallelism (ids of other ranks contribute nothing) and odd sizes."""
+with every token), expert parallelism (ids of other ranks contribute nothing) and odd sizes; the
+prefill "dequant" mode's groups of experts (byte cap, torch._grouped_mm or its loop fallback)."""
 
 import functools
 
@@ -87,6 +88,164 @@ def test_dequantize_expert_is_exact(dtype):
         assert got.shape == want.shape == (37, 320)
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
     assert dequantize_expert(w, 1, dtype)[5, 64:96].isnan().all()
+
+
+def _nan_poisoned_empty(monkeypatch, module):
+    """Make `module`'s torch.empty return NaN-filled float tensors (unwritten memory shows)."""
+    empty = torch.empty
+
+    def poisoned(*size, dtype=None, **kw):
+        out = empty(*size, dtype=dtype, **kw)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(module.torch, "empty", poisoned)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantize_experts_writes_each_named_expert(dtype, monkeypatch):
+    """One launch for any list of experts (repeats and any order): [G, R, C] equal to
+    MXFP4Tensor.dequantize's bit for bit in a NaN-poisoned buffer, a NaN scale included."""
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    g = torch.Generator().manual_seed(8)
+    w = MXFP4Tensor.from_float(torch.randn(4, 37, 320, generator=g) * 100)
+    w.scales[1, 5, 2] = 255                                                   # E8M0 NaN
+    ids = [3, 1, 1, 0]
+    _nan_poisoned_empty(monkeypatch, dequant)
+    got = dequant.dequantize_experts(w, torch.tensor(ids, dtype=torch.int32), dtype)
+    monkeypatch.undo()
+    want = w.dequantize(dtype, index=torch.tensor(ids))
+    assert got.shape == want.shape == (4, 37, 320) and got.dtype == dtype
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert int(got.isnan().sum()) == 2 * 32                                  # the NaN group, in both copies of 1
+    with pytest.raises(ValueError, match="int32"):
+        dequant.dequantize_experts(w, torch.tensor(ids), dtype)
+
+
+def test_expert_groups_hold_the_active_experts_under_the_byte_cap(monkeypatch):
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    counts = [0, 5, 0, 3, 2, 0, 7]
+    monkeypatch.setattr(dequant, "GROUP_BYTES", 250)
+    assert dequant.expert_groups(counts, 100) == [[1, 3], [4, 6]]
+    monkeypatch.setattr(dequant, "GROUP_BYTES", 50)                          # an expert over the cap: one a group
+    assert dequant.expert_groups(counts, 100) == [[1], [3], [4], [6]]
+    monkeypatch.setattr(dequant, "GROUP_BYTES", 2 << 30)
+    assert dequant.expert_groups(counts, 100) == [[1, 3, 4, 6]]
+    assert dequant.expert_groups([0, 0], 100) == []
+
+
+def _dequant_case(seed, t=13, k=3, e_global=10, e_local=6, start=3, inter=32, l=64):
+    """An expert-parallel rank's slice (experts start..start+e_local of e_global), routing that
+    leaves two of its experts without a token (one between busy ones), names one by every
+    token and one twice for token 0."""
+    g = torch.Generator().manual_seed(seed)
+    w13, w2 = _experts(e_global, inter, l, g)
+    weights, ids = _routing(t, k, e_global, g)
+    ids[:, 0] = start + 2                                                    # every token
+    ids[0, 1] = start + 2                                                    # token 0 names it twice
+    for idle in (start + 1, start + 4):
+        ids[ids == idle] = start - 1                                         # another rank's expert
+    x = torch.randn(t, l, generator=g).bfloat16()
+    local13 = MXFP4Tensor(w13.packed[start:start + e_local], w13.scales[start:start + e_local])
+    local2 = MXFP4Tensor(w2.packed[start:start + e_local], w2.scales[start:start + e_local])
+    return x, local13, local2, weights, ids, start
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_mm", "mm_loop"])
+@pytest.mark.parametrize("per_group", [None, 2, 1], ids=["one_group", "groups_of_2", "groups_of_1"])
+def test_dequant_mode_groups_match_the_reference(per_group, grouped, monkeypatch):
+    """The dequant mode over an expert-parallel slice (expert_start 3), cut into one group, groups
+    of two or of one expert by the byte cap, with torch._grouped_mm or the loop of products:
+    each against the reference, in NaN-poisoned buffers; one dequantising launch per weight and
+    group, for the active experts only."""
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    if grouped and not dequant.grouped_mm_runs(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("torch._grouped_mm does not run here")
+    x, w13, w2, weights, ids, start = _dequant_case(9)
+    e_local, two_i, l = w13.shape
+    expert_bytes = 2 * (two_i * l + l * two_i // 2)
+    if per_group:
+        monkeypatch.setattr(dequant, "GROUP_BYTES", per_group * expert_bytes + expert_bytes // 2)
+    monkeypatch.setattr(dequant, "grouped_mm_runs", lambda device, dtype: grouped)
+    launched, dequantize = [], dequant.dequantize_experts
+
+    def spy(w, ids_dev, *a):
+        launched.append(ids_dev.tolist())
+        return dequantize(w, ids_dev, *a)
+
+    monkeypatch.setattr(dequant, "dequantize_experts", spy)
+    _nan_poisoned_empty(monkeypatch, dequant)
+    kw = {"activation": "situ", "beta": 4.0, "linear_beta": 8.0}
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="dequant", expert_start=start, **kw)
+    monkeypatch.undo()
+    active = [0, 2, 3, 5]                                                     # local experts 1 and 4 idle
+    assert sorted({e for e in ids.flatten().tolist() if start <= e < start + e_local}) == [start + e for e in active]
+    size = per_group or len(active)
+    groups = [active[i: i + size] for i in range(0, len(active), size)]
+    assert launched == [ids_ for group in groups for ids_ in (group, group)]      # w13 then w2, per group
+    want = ref.experts_forward(x, w13, w2, weights, ids, expert_start=start, **kw)
+    assert got.isfinite().all()
+    _check(got, want, torch.bfloat16)
+
+
+def test_grouped_mm_and_the_loop_of_products_agree():
+    """The two product paths over one dequantised group buffer and the same offsets, where
+    torch._grouped_mm runs: the same bf16 rounding of fp32 sums (both against fp64)."""
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    if not dequant.grouped_mm_runs(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("torch._grouped_mm does not run here")
+    g = torch.Generator().manual_seed(10)
+    a = torch.randn(40, 64, generator=g).bfloat16()                           # [n, K]
+    w = torch.randn(3, 96, 64, generator=g).bfloat16()                        # [G, N, K]
+    ends = [7, 8, 40]
+    ends_dev = torch.tensor(ends, dtype=torch.int32)
+    fast = dequant.grouped_matmul(a, w, ends, ends_dev, grouped=True)
+    loop = dequant.grouped_matmul(a, w, ends, ends_dev, grouped=False)
+    want = torch.cat([a[s:e].double() @ w[i].double().T for i, (s, e) in enumerate(zip([0] + ends, ends))])
+    for got in (fast, loop):
+        assert got.dtype == torch.bfloat16 and got.shape == (40, 96)
+        torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6)
+    torch.testing.assert_close(fast, loop, rtol=2 ** -7, atol=0)
+
+
+def test_grouped_mm_that_raises_or_is_wrong_falls_back_to_the_loop(monkeypatch):
+    """grouped_mm_runs tries the op once per (device, dtype): one that raises, one that
+    returns wrong rows and a torch without it all fall back to the loop, and the mode still
+    matches the reference."""
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    cpu = torch.device("cpu")
+    real = getattr(torch, "_grouped_mm", None)
+
+    def raises(*a, **kw):
+        raise RuntimeError("grouped gemm is not supported on your system")
+
+    def wrong(a, b, offs=None, **kw):
+        return real(a, b, offs=offs).flip(0)
+
+    for fake in (raises, None) if real is None else (raises, wrong, None):
+        monkeypatch.setattr(dequant, "_GROUPED_MM_RUNS", {})
+        if fake is None:                                                      # a torch without the op
+            monkeypatch.delattr(torch, "_grouped_mm", raising=False)
+        else:
+            monkeypatch.setattr(torch, "_grouped_mm", fake, raising=False)
+        assert not dequant.grouped_mm_runs(cpu, torch.bfloat16)
+        assert dequant._GROUPED_MM_RUNS == {(cpu, torch.bfloat16): False}
+        x, w13, w2, weights, ids, start = _dequant_case(11)
+        got = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="dequant", expert_start=start)
+        _check(got, ref.experts_forward(x, w13, w2, weights, ids, activation="silu", expert_start=start),
+               torch.bfloat16)
+        monkeypatch.undo()
+
+
+def test_dequant_mode_with_no_token_on_this_rank_is_zero():
+    x, w13, w2, weights, ids, start = _dequant_case(12)
+    got = kernel.experts_forward(x, w13, w2, weights, ids.clamp(max=start - 1), activation="silu", mode="dequant",
+                                 expert_start=start)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, torch.zeros_like(x))
 
 
 def test_expert_tiles_cover_each_experts_pairs_once():
