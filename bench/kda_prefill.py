@@ -6,11 +6,14 @@ state), in one call on the GPU.
     python3 bench/kda_prefill.py --out kda_prefill.json
 
 k3's wrapper gives fla-core fp32 q / k / v by default (TF32 dots and fp32 per-chunk states,
-`kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands, and the
-batched torch kernel (`torch_kernels/kda_chunked_blocked.py`, exact fp32, experimental
-`kda_chunked_torch`), the same with its diagonal blocks in Triton (`torch_batched_triton_diag_ms`)
-and with both its diagonal blocks and its cross-chunk recurrence in Triton, the wrapper
-`triton_kernels/kda_chunked_blocked.py` (`torch_batched_triton_ms`).
+`kda_chunked.operand_dtype`); each case also times and checks it on bf16 operands, and k3's own
+chunked prefill: the batched torch kernel (`torch_kernels/kda_chunked_blocked.py`, experimental
+`kda_chunked_torch`, `torch_batched_ms`), the sixth session's served form (torch phase 1 with the
+Triton diagonal, Triton recurrence: `torch_batched_triton_ms`) and both phases in Triton
+(`triton_kernels/kda_chunked_blocked.py`): served (`triton_phases_ms`: phase 1 in fp32 FMAs, the
+recurrence in 3xTF32), both in fp32 FMAs (`triton_phases_ieee_ms`) and both in 3xTF32
+(`triton_phases_tf32x3_ms`). The 8K case without checkpoints also times each phase's launch
+variants inside a whole prefill (`phase_ms`: CUDA events around the phase, medians of 10).
 
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,

@@ -7,8 +7,8 @@ structure (exact fp32) with
   in place of its torch loop of a few batched matmuls per chunk index.
 The dots: phase 1 in fp32 FMAs ("ieee", INTRA_PRECISION), phase 2 in 3xTF32 tensor-core
 products (RECURRENCE_PRECISION; bench/kda_tf32_sensitivity.py: as accurate as fp32 for this
-chain, where plain TF32 is not; its kernel keeps the state in registers: 4.5 ms at 8K tokens and
-96 heads on the H200 against 16.3 for the fp32-FMA form).
+chain, where plain TF32 is not; its kernel keeps the state in registers: 4.2 ms at 8K tokens and
+96 heads on the H200 against 15.4 for the fp32-FMA form; the whole prefill 12.05 ms a layer).
 
 `kda_chunked_triton_diagonal` is the previous served form (measured in bench/kda_prefill.py):
 phase 1 in torch with only its diagonal blocks in Triton (`kda_intra_diagonal`).

@@ -16,21 +16,25 @@ Which segments are a sequence's chunks, and which slots their ends go to, are tw
 tables (R: the most chunks of a sequence, -1 padded) uploaded once; the programs read them on
 the device, so the launch is the same whatever the chunk counts.
 
-Exact fp32: every product is `tl.dot(..., input_precision="ieee")` (fp32 FMAs, no TF32: TF32 on
-this chain breaks conformance, BENCHMARKS.md "fla-core's precision"). Dimensions that are not
-powers of two (or under 16, tl.dot's least) are padded with masked loads reading 0, which leaves
-S's padded rows 0 (eGC and kdec read 0 there) and delta's padded rows 0 (U and W read 0).
+Two kernels, by the dots' precision (`recurrence(precision=...)`):
 
-Where S lives: Triton's fp32 FMA dots hold their whole depth per thread, so S in registers
-makes W_c @ S a 128-deep dot and spills kilobytes a thread at K = 128 (ptxas, sm_90a: 1.6 KB at
-BLOCK_V = 32 and 8 warps, 20 KB at 4 warps). S is kept instead in the program's own scratch
-(`work`, 2 x [K, BLOCK_V] ping-pong + delta [C, BLOCK_V]: 40 KB a program at K3's shapes,
-L1 / L2 resident), and every dot is SLICE (16) deep over K or C slices, with a CTA barrier
-after delta is written and one at the end of each chunk. Launch: BLOCK_V = 32 and 8 warps
-(K3's C = 64, K = V = 128: 184 registers, no spills, 1 program of 8 warps an SM by registers;
-4 V blocks a head, 384 programs at 96 heads for one sequence). BLOCK_V = 16 compiles to 180
-registers, no spills (768 programs); 4 warps spill at either. bench/ptxas_report.py compiles
-both launched tiles for sm_90a.
+- "tf32x3" (served by `kda_chunked_blocked`): `_recurrence_mma_kernel`, three TF32 tensor-core
+  products per dot (as accurate as fp32 for this chain in bench/kda_tf32_sensitivity.py, where
+  plain TF32 is not; it passes the H200's conformance cases). Tensor-core accumulators are spread
+  over the CTA, so S stays in registers across chunks, as two halves of K rows so the operands,
+  split three ways, fit: no scratch, no barriers. 4.2 ms at 8K tokens and 96 heads on the H200
+  (BLOCK_V = 32, 4 warps: 255 registers, 60 B spilled; 16 columns: 4.9 ms, no spills).
+- "ieee" (exact fp32 FMAs): `_recurrence_kernel`, 15.4 ms on the same shapes. Triton's fp32 FMA
+  dots hold their whole depth per thread, so S in registers would make W_c @ S a 128-deep dot
+  and spill kilobytes a thread at K = 128 (ptxas, sm_90a: 1.6 KB at BLOCK_V = 32 and 8 warps, 20
+  KB at 4 warps). S is kept instead in the program's own scratch (`work`, 2 x [K, BLOCK_V]
+  ping-pong + delta [C, BLOCK_V]: 40 KB a program at K3's shapes, L1 / L2 resident), and every
+  dot is SLICE (16) deep over K or C slices, with a CTA barrier after delta is written and one
+  at the end of each chunk. Launch: BLOCK_V = 32 and 8 warps (184 registers, no spills).
+
+Dimensions that are not powers of two (or under 16, tl.dot's least) are padded with masked loads
+reading 0, which leaves S's padded rows 0 (eGC and kdec read 0 there) and delta's padded rows 0
+(U and W read 0). bench/ptxas_report.py compiles the launched tiles for sm_90a.
 """
 
 from __future__ import annotations

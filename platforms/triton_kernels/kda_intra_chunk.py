@@ -8,21 +8,28 @@ zero row: k = v = 0, no decay, beta = 0) and, with G the cumulative log decay al
 (it never increases) and 16-row blocks b:
 
 1. G per block (the running sum of the blocks before plus the block's own cumulative sum),
-   kept in a scratch [C, K] for the rest of the program; q e^G and e^(G_C) are written.
+   kept in a scratch [C, K] for the rest of the program; q e^G, e^(G_C) and k e^(G_C - G).
 2. For each row block i in order, for each column block j < i: the decay-weighted products
    k_i e^(G_i - G_j) k_j and q_i e^(G_i - G_j) k_j as one matmul of both sides scaled to the
    end r of block j, e^(G_i - G_r) and e^(G_r - G_j), each at most 1 (nothing can overflow
    whatever the gate); the diagonal block with its exact pairwise decays, elementwise in fp32.
-   A_qk's block row is written (zeros above the diagonal). The solve of the WY/UT form,
-   (I + L) [W | U] = beta [e^G k | v] with L = beta A_kk strictly lower, is block forward
-   substitution: X_i = D_i^-1 (R_i - sum_j L_ij X_j), the X_j of earlier blocks read back from
-   W and U (written by this program, a CTA barrier apart) and D_i^-1, the inverse of the unit
-   lower triangular diagonal block, built row by row in registers. k e^(G_C - G) is written.
+   A_qk's block row is written (zeros above the diagonal), and L = beta A_kk's to a scratch.
+   The solve of the WY/UT form, (I + L) [W | U] = beta [e^G k | v] with L strictly lower, is
+   block forward substitution: X_i = D_i^-1 (R_i - sum_j L_ij X_j), the X_j of earlier blocks
+   read back from W and U (written by this program, a CTA barrier apart) and D_i^-1, the
+   inverse of the unit lower triangular diagonal block, as (I - L)(I + L^2)(I + L^4)(I + L^8)
+   (six 16 x 16 dots) and one Newton step (without it the powers' rounding cost W three
+   digits when the keys are strongly correlated); the row-by-row inverse is a launch option
+   (7.3 against 5.8 ms at 8K tokens on the H200: its 30 cross-warp reductions a block).
+
+Measured on the H200 (bench/kda_prefill.py, 8K tokens, 96 heads): 5.8 ms; a split into three
+launches (decays; A's block rows, one program each; the solve) took 6.2 ms and was dropped.
 
 Products: `tl.dot` with `input_precision` PRECISION, every dot SLICE (16 or 32) deep over K
 (Triton's fp32 FMA dots hold their whole depth per thread): "ieee" is fp32 FMAs (exact fp32,
 served); "tf32x3" three TF32 tensor-core products, as accurate as fp32 for this chain in
-bench/kda_tf32_sensitivity.py (a launch option for benchmarks until a device run decides).
+bench/kda_tf32_sensitivity.py, a launch option (6.9 ms: these dots are too small for tensor
+cores to pay).
 """
 
 from __future__ import annotations
@@ -35,34 +42,90 @@ BLOCK = 16                    # rows of a block (the solve's diagonal blocks, th
 SLICE = 16                    # the depth of the K-deep dots (K walked in slices of it)
 DIAG_SLICE = 16               # key channels per slice of the diagonal blocks' [16, 16, slice] decays
 NEUMANN = True                # the diagonal blocks' inverse as a product of powers (six dots)
-NUM_WARPS = 4                 # 205 registers, no spills at K3's C = 64, K = V = 128: two programs an SM
-                              # (bench/ptxas_report.py); 8 warps (one an SM) took 10.2 ms at 8K tokens, 4 took 6.4
+NUM_WARPS = 4                 # 168 registers, 24 B spilled at K3's C = 64, K = V = 128 (bench/ptxas_report.py):
+                              # 5.8 ms at 8K tokens on the H200; 8 warps (one program an SM) took 10.1 ms
 
 
 @triton.jit
-def _intra_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, index_ptr,
-    G_ptr, w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
-    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK: tl.constexpr, SLICE: tl.constexpr, DIAG_SLICE: tl.constexpr, PRECISION: tl.constexpr,
-    NEUMANN: tl.constexpr,
-):
-    # packed rows, contiguous: q, k, g [rows, HV, K]; v [rows, HV, V]; beta [rows, HV];
-    # index [nseg, C] (the packed row of each chunk position). Outputs and scratch, contiguous:
-    # G, W, qeG, kdec [nseg, HV, C, K]; U [nseg, HV, C, V]; A_qk [nseg, HV, C, C]; eGC [nseg, HV, K]
-    sh = tl.program_id(0).to(tl.int64)
-    s = sh // HV
-    h = sh % HV
+def _offdiagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, rows_j, i, j, h, HV, K: tl.constexpr,
+                       BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, SLICE: tl.constexpr, PRECISION: tl.constexpr):
+    """(A_kk, A_qk) [BLOCK, BLOCK] of row block i and column block j < i: both sides scaled to
+    the end r of block j, e^(G_i - G_r) <= 1 and e^(G_r - G_j) <= 1, SLICE-deep dots over K."""
+    ii = tl.arange(0, BLOCK)
+    ss = tl.arange(0, SLICE)
+    akk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    aqk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for c0 in range(0, BLOCK_K, SLICE):
+        cs = c0 + ss
+        c_in = (cs < K)[None, :]
+        Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        Gj = tl.load(G_ptr + chunk_k + (j + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        Gr = tl.load(G_ptr + chunk_k + (j + BLOCK - 1) * K + cs, mask=cs < K, other=0.0)   # [SLICE]
+        ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        qi = tl.load(q_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        kj = tl.load(k_ptr + (rows_j * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        left = tl.exp(Gi - Gr[None, :])                                 # [BLOCK, SLICE], <= 1
+        right = tl.trans(kj * tl.exp(Gr[None, :] - Gj))                 # [SLICE, BLOCK], <= |k|
+        akk = tl.dot(ki * left, right, acc=akk, input_precision=PRECISION)
+        aqk = tl.dot(qi * left, right, acc=aqk, input_precision=PRECISION)
+    return akk, aqk
+
+
+@triton.jit
+def _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K: tl.constexpr, BLOCK: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DIAG_SLICE: tl.constexpr):
+    """(A_kk, A_qk) [BLOCK, BLOCK] of diagonal block i: the exact pairwise decays e^(G_a - G_b),
+    a >= b, masked to -inf above the diagonal before the exponential; elementwise fp32."""
+    ii = tl.arange(0, BLOCK)
+    ds = tl.arange(0, DIAG_SLICE)
+    lower = ii[:, None] >= ii[None, :]
+    akk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    aqk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for c0 in range(0, BLOCK_K, DIAG_SLICE):
+        cs = c0 + ds
+        c_in = (cs < K)[None, :]
+        Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        qi = tl.load(q_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
+        decay = tl.exp(tl.where(lower[:, :, None], Gi[:, None, :] - Gi[None, :, :], float("-inf")))
+        right = decay * ki[None, :, :]                                  # [a, b, slice]: e^(G_a - G_b) k_b
+        akk += tl.sum(ki[:, None, :] * right, axis=2)
+        aqk += tl.sum(qi[:, None, :] * right, axis=2)
+    return akk, aqk
+
+
+@triton.jit
+def _unit_lower_inverse(L, BLOCK: tl.constexpr, NEUMANN: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + L)^-1 for L [BLOCK, BLOCK] strictly lower triangular (nilpotent: L^BLOCK = 0)."""
+    ii = tl.arange(0, BLOCK)
+    eye = (ii[:, None] == ii[None, :]).to(tl.float32)
+    if NEUMANN:         # (I - L)(I + L^2)(I + L^4)(I + L^8) = sum_k (-L)^k for BLOCK = 16: six small dots
+        Dinv = eye - L
+        Lp = L
+        for _ in tl.static_range(3):
+            Lp = tl.dot(Lp, Lp, input_precision=PRECISION)
+            Dinv = tl.dot(Dinv, Lp, acc=Dinv, input_precision=PRECISION)
+        # one Newton step, X <- X + X (I - (I + L) X), takes back the accuracy the powers lose
+        # to cancellation when the keys are strongly correlated (rounding of L^8)
+        residual = eye - Dinv - tl.dot(L, Dinv, input_precision=PRECISION)
+        Dinv = tl.dot(Dinv, residual, acc=Dinv, input_precision=PRECISION)
+    else:               # forward substitution, row by row: row r = e_r - sum_b L[r, b] row b
+        Dinv = eye
+        for r in range(1, BLOCK):
+            L_r = tl.sum(tl.where(ii[:, None] == r, L, 0.0), 0)         # [BLOCK] row r of L
+            Dinv = tl.where(ii[:, None] == r, Dinv - tl.sum(L_r[:, None] * Dinv, 0)[None, :], Dinv)
+    return Dinv
+
+
+@triton.jit
+def _decays(q_ptr, k_ptr, g_ptr, index_ptr, G_ptr, qeg_ptr, kdec_ptr, egc_ptr, s, h, sh, HV,
+            C: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Step 1 for chunk s, head h: G block by block (the running sum of the blocks before plus
+    the block's own cumulative sum) into the scratch, q e^G, e^(G_C) and k e^(G_C - G)."""
     ii = tl.arange(0, BLOCK)
     kk = tl.arange(0, BLOCK_K)
-    vv = tl.arange(0, BLOCK_V)
-    k_in, v_in = kk < K, vv < V
-    ss = tl.arange(0, SLICE)
-    ds = tl.arange(0, DIAG_SLICE)
-    chunk_k = sh * C * K                                                # (s, h)'s [C, K] tiles
-    chunk_v = sh * C * V
-
-    # 1. G block by block; q e^G; e^(G_C)
+    k_in = kk < K
+    chunk_k = sh * C * K
     base = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for b in tl.static_range(0, C, BLOCK):
         rows = tl.load(index_ptr + s * C + b + ii).to(tl.int64)        # [BLOCK] packed rows
@@ -76,85 +139,87 @@ def _intra_chunk_kernel(
         base += tl.sum(g, 0)
     tl.store(egc_ptr + sh * K + kk, tl.exp(base), mask=k_in)
     tl.debug_barrier()                                                  # G complete before it is read
+    GC = tl.load(G_ptr + chunk_k + (C - 1) * K + kk, mask=k_in, other=0.0)
+    for b in tl.static_range(0, C, BLOCK):
+        rows = tl.load(index_ptr + s * C + b + ii).to(tl.int64)
+        dst = chunk_k + (b + ii)[:, None] * K + kk[None, :]
+        Gb = tl.load(G_ptr + dst, mask=k_in[None, :], other=0.0)
+        kb = tl.load(k_ptr + (rows * HV + h)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
+        tl.store(kdec_ptr + dst, tl.exp(GC[None, :] - Gb) * kb, mask=k_in[None, :])
 
-    lower = ii[:, None] >= ii[None, :]
+
+@triton.jit
+def _solve_block_row(L_ij_ptr, L_ii, k_ptr, v_ptr, b_ptr, G_ptr, w_ptr, u_ptr, rows_i, i, h, HV, chunk_k, chunk_v,
+                     K: tl.constexpr, V: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                     BLOCK_V: tl.constexpr, NEUMANN: tl.constexpr, PRECISION: tl.constexpr, C: tl.constexpr):
+    """Block row i of the WY/UT solve, (I + L) [W | U] = beta [e^G k | v]:
+    X_i = D_i^-1 (R_i - sum_{j < i} L_ij X_j), the X_j read back from W and U (written before
+    a CTA barrier), L_ij from the [C, C] at L_ij_ptr (row-major), L_ii given."""
+    ii = tl.arange(0, BLOCK)
+    kk = tl.arange(0, BLOCK_K)
+    vv = tl.arange(0, BLOCK_V)
+    k_in, v_in = kk < K, vv < V
+    beta = tl.load(b_ptr + rows_i * HV + h)                             # [BLOCK]
+    acc_w = tl.zeros((BLOCK, BLOCK_K), dtype=tl.float32)                # sum_j L_ij X_j
+    acc_u = tl.zeros((BLOCK, BLOCK_V), dtype=tl.float32)
+    for j in range(0, i, BLOCK):
+        L = tl.load(L_ij_ptr + (i + ii)[:, None] * C + (j + ii)[None, :])
+        Xw = tl.load(w_ptr + chunk_k + (j + ii)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
+        Xu = tl.load(u_ptr + chunk_v + (j + ii)[:, None] * V + vv[None, :], mask=v_in[None, :], other=0.0)
+        acc_w = tl.dot(L, Xw, acc=acc_w, input_precision=PRECISION)
+        acc_u = tl.dot(L, Xu, acc=acc_u, input_precision=PRECISION)
+    Dinv = _unit_lower_inverse(L_ii, BLOCK, NEUMANN, PRECISION)
+    Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
+    ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
+    vi = tl.load(v_ptr + (rows_i * HV + h)[:, None] * V + vv[None, :], mask=v_in[None, :], other=0.0)
+    Rw = beta[:, None] * tl.exp(Gi) * ki - acc_w                        # [BLOCK, BLOCK_K]
+    Ru = beta[:, None] * vi - acc_u                                     # [BLOCK, BLOCK_V]
+    tl.store(w_ptr + chunk_k + (i + ii)[:, None] * K + kk[None, :], tl.dot(Dinv, Rw, input_precision=PRECISION),
+             mask=k_in[None, :])
+    tl.store(u_ptr + chunk_v + (i + ii)[:, None] * V + vv[None, :], tl.dot(Dinv, Ru, input_precision=PRECISION),
+             mask=v_in[None, :])
+    tl.debug_barrier()                                                  # X_i written before block i + 1 reads it
+
+
+@triton.jit
+def _intra_chunk_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, index_ptr,
+    G_ptr, L_ptr, w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK: tl.constexpr, SLICE: tl.constexpr, DIAG_SLICE: tl.constexpr, PRECISION: tl.constexpr,
+    NEUMANN: tl.constexpr,
+):
+    # One program per (chunk s, head h), all of phase 1. Packed rows, contiguous: q, k, g
+    # [rows, HV, K]; v [rows, HV, V]; beta [rows, HV]; index [nseg, C] (the packed row of each
+    # chunk position). Outputs and scratch, contiguous: G, W, qeG, kdec [nseg, HV, C, K]; U
+    # [nseg, HV, C, V]; A_qk and L (beta A_kk, strictly lower) [nseg, HV, C, C]; eGC [nseg, HV, K]
+    sh = tl.program_id(0).to(tl.int64)
+    s = sh // HV
+    h = sh % HV
+    ii = tl.arange(0, BLOCK)
+    chunk_k = sh * C * K                                                # (s, h)'s [C, K] tiles
+    chunk_v = sh * C * V
+    _decays(q_ptr, k_ptr, g_ptr, index_ptr, G_ptr, qeg_ptr, kdec_ptr, egc_ptr, s, h, sh, HV, C, K, BLOCK, BLOCK_K)
+    tl.debug_barrier()
     strictly_lower = ii[:, None] > ii[None, :]
-    eye = (ii[:, None] == ii[None, :]).to(tl.float32)
-    # 2. block rows in order: A_qk's row, the solve's X_i = D_i^-1 (R_i - sum_j L_ij X_j), kdec
-    for i in range(0, C, BLOCK):
+    for i in range(0, C, BLOCK):                                        # block rows in order
         rows_i = tl.load(index_ptr + s * C + i + ii).to(tl.int64)
-        beta = tl.load(b_ptr + rows_i * HV + h)                         # [BLOCK]
-        acc_w = tl.zeros((BLOCK, BLOCK_K), dtype=tl.float32)            # sum_j L_ij X_j
-        acc_u = tl.zeros((BLOCK, BLOCK_V), dtype=tl.float32)
-        for j in range(0, i, BLOCK):                          # the blocks left of the diagonal
+        beta = tl.load(b_ptr + rows_i * HV + h)
+        for j in range(0, i, BLOCK):                                    # left of the diagonal
             rows_j = tl.load(index_ptr + s * C + j + ii).to(tl.int64)
-            akk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-            aqk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-            for c0 in range(0, BLOCK_K, SLICE):
-                cs = c0 + ss
-                c_in = (cs < K)[None, :]
-                Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-                Gj = tl.load(G_ptr + chunk_k + (j + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-                Gr = tl.load(G_ptr + chunk_k + (j + BLOCK - 1) * K + cs, mask=cs < K, other=0.0)   # [SLICE]
-                ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-                qi = tl.load(q_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-                kj = tl.load(k_ptr + (rows_j * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-                left = tl.exp(Gi - Gr[None, :])                         # [BLOCK, SLICE], <= 1
-                right = tl.trans(kj * tl.exp(Gr[None, :] - Gj))         # [SLICE, BLOCK], <= |k|
-                akk = tl.dot(ki * left, right, acc=akk, input_precision=PRECISION)
-                aqk = tl.dot(qi * left, right, acc=aqk, input_precision=PRECISION)
+            akk, aqk = _offdiagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, rows_j, i, j, h, HV, K, BLOCK,
+                                          BLOCK_K, SLICE, PRECISION)
             tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :], aqk)
-            L = beta[:, None] * akk
-            Xw = tl.load(w_ptr + chunk_k + (j + ii)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
-            Xu = tl.load(u_ptr + chunk_v + (j + ii)[:, None] * V + vv[None, :], mask=v_in[None, :], other=0.0)
-            acc_w = tl.dot(L, Xw, acc=acc_w, input_precision=PRECISION)
-            acc_u = tl.dot(L, Xu, acc=acc_u, input_precision=PRECISION)
-        # the diagonal block: exact pairwise decays e^(G_a - G_b), a >= b, masked before exp
-        akk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-        aqk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-        for c0 in range(0, BLOCK_K, DIAG_SLICE):
-            cs = c0 + ds
-            c_in = (cs < K)[None, :]
-            Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-            ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-            qi = tl.load(q_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in, other=0.0)
-            decay = tl.exp(tl.where(lower[:, :, None], Gi[:, None, :] - Gi[None, :, :], float("-inf")))
-            right = decay * ki[None, :, :]                              # [a, b, slice]: e^(G_a - G_b) k_b
-            akk += tl.sum(ki[:, None, :] * right, axis=2)
-            aqk += tl.sum(qi[:, None, :] * right, axis=2)
+            tl.store(L_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :], beta[:, None] * akk)
+        akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
         tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (i + ii)[None, :], aqk)
-        for j in range(i + BLOCK, C, BLOCK):                  # zeros right of the diagonal
+        for j in range(i + BLOCK, C, BLOCK):                            # zeros right of the diagonal
             tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :],
                      tl.zeros((BLOCK, BLOCK), dtype=tl.float32))
-        # D_i^-1 = (I + L_ii)^-1, L_ii = beta A_kk strictly lower (nilpotent: L^BLOCK = 0)
-        L = tl.where(strictly_lower, beta[:, None] * akk, 0.0)
-        if NEUMANN:     # (I - L)(I + L^2)(I + L^4)(I + L^8) = sum_k (-L)^k for BLOCK = 16: six small dots
-            Dinv = eye - L
-            Lp = L
-            for _ in tl.static_range(3):
-                Lp = tl.dot(Lp, Lp, input_precision=PRECISION)
-                Dinv = tl.dot(Dinv, Lp, acc=Dinv, input_precision=PRECISION)
-            # one Newton step, X <- X + X (I - (I + L) X), takes back the accuracy the powers
-            # lose to cancellation when the keys are strongly correlated (rounding of L^8)
-            residual = eye - Dinv - tl.dot(L, Dinv, input_precision=PRECISION)
-            Dinv = tl.dot(Dinv, residual, acc=Dinv, input_precision=PRECISION)
-        else:           # forward substitution, row by row: row r = e_r - sum_b L[r, b] row b
-            Dinv = eye
-            for r in range(1, BLOCK):
-                L_r = tl.sum(tl.where(ii[:, None] == r, L, 0.0), 0)     # [BLOCK] row r of L
-                Dinv = tl.where(ii[:, None] == r, Dinv - tl.sum(L_r[:, None] * Dinv, 0)[None, :], Dinv)
-        Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
-        ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + kk[None, :], mask=k_in[None, :], other=0.0)
-        vi = tl.load(v_ptr + (rows_i * HV + h)[:, None] * V + vv[None, :], mask=v_in[None, :], other=0.0)
-        Rw = beta[:, None] * tl.exp(Gi) * ki - acc_w                    # [BLOCK, BLOCK_K]
-        Ru = beta[:, None] * vi - acc_u                                 # [BLOCK, BLOCK_V]
-        dst_k = chunk_k + (i + ii)[:, None] * K + kk[None, :]
-        tl.store(w_ptr + dst_k, tl.dot(Dinv, Rw, input_precision=PRECISION), mask=k_in[None, :])
-        tl.store(u_ptr + chunk_v + (i + ii)[:, None] * V + vv[None, :], tl.dot(Dinv, Ru, input_precision=PRECISION),
-                 mask=v_in[None, :])
-        GC = tl.load(G_ptr + chunk_k + (C - 1) * K + kk, mask=k_in, other=0.0)
-        tl.store(kdec_ptr + dst_k, tl.exp(GC[None, :] - Gi) * ki, mask=k_in[None, :])
-        tl.debug_barrier()                                              # X_i written before block i + 1 reads it
+        tl.debug_barrier()                                              # L's row written before it is read
+        _solve_block_row(L_ptr + sh * C * C, tl.where(strictly_lower, beta[:, None] * akk, 0.0), k_ptr, v_ptr,
+                         b_ptr, G_ptr, w_ptr, u_ptr, rows_i, i, h, HV, chunk_k, chunk_v, K, V, BLOCK, BLOCK_K,
+                         BLOCK_V, NEUMANN, PRECISION, C)
 
 
 def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARPS, slice_=SLICE,
@@ -166,8 +231,8 @@ def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARP
     [nseg, HV, 1, K], fp32.
 
     C must be a multiple of 16; other dtypes than fp32 (float64) go to the torch version.
-    precision ("ieee" served, "tf32x3"), num_warps, slice_ (16 or 32), diag_slice and neumann
-    (the diagonal blocks' inverse as a product of powers, else by rows): launch options.
+    Launch options: precision ("ieee" served, "tf32x3"), num_warps, slice_ (16 or 32),
+    diag_slice and neumann (the diagonal blocks' inverse as a product of powers, else by rows).
     """
     from k3.platforms.torch_kernels.kda_chunked_blocked import intra_chunk_torch
 
@@ -183,15 +248,14 @@ def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARP
     q, k, v, g, beta, index = (x.contiguous() for x in (q, k, v, g, beta, index))
     dev, f32 = q.device, torch.float32
     G = torch.empty(nseg, HV, C, K, dtype=f32, device=dev)             # scratch: the cumulative log decays
+    L = torch.empty(nseg, HV, C, C, dtype=f32, device=dev)             # scratch: beta A_kk, strictly lower
     W, qeG, kdec = (torch.empty(nseg, HV, C, K, dtype=f32, device=dev) for _ in range(3))
     U = torch.empty(nseg, HV, C, V, dtype=f32, device=dev)
     A_qk = torch.empty(nseg, HV, C, C, dtype=f32, device=dev)
     eGC = torch.empty(nseg, HV, 1, K, dtype=f32, device=dev)
     block_k, block_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     _intra_chunk_kernel[(nseg * HV,)](
-        q, k, v, g, beta, index, G, W, U, A_qk, qeG, kdec, eGC, HV,
-        C=C, K=K, V=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK=BLOCK, SLICE=min(slice_, block_k),
-        DIAG_SLICE=min(diag_slice, block_k), PRECISION=precision, NEUMANN=neumann and BLOCK == 16,
-        num_warps=num_warps,
-    )
+        q, k, v, g, beta, index, G, L, W, U, A_qk, qeG, kdec, eGC, HV, C=C, K=K, V=V, BLOCK_K=block_k,
+        BLOCK_V=block_v, BLOCK=BLOCK, SLICE=min(slice_, block_k), DIAG_SLICE=min(diag_slice, block_k),
+        PRECISION=precision, NEUMANN=neumann and BLOCK == 16, num_warps=num_warps)
     return W, U, A_qk, qeG, kdec, eGC
