@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the NVIDIA kernels issue needs from the H200, in three device calls (each under the
+# What the NVIDIA kernels issue needs from the H200, one device call a phase (each under the
 # 10-minute limit; at most 8 files come back from $OUT). From the repository root, with `.whl`
 # (fla-core, tqdm wheels) carried:
 #   bash bench/h200_session.sh conformance                  (about 5 minutes)
@@ -8,16 +8,22 @@
 #     and model cases: k3's batched torch kernel without the Triton diagonal (the fallback
 #     where Triton is missing) and fla-core's (experimental; k3's pinned launch configurations);
 #   bash bench/h200_session.sh kernels
-#     per-kernel benchmarks: AttnRes, MXFP4 experts, KDA decode launch variants, MLA (decode and
-#     prefill), KDA prefill (fla-core wrapper), the KDA verify recurrence and
-#     the DSA indexer decode / prefill scores and top-k;
+#     per-kernel benchmarks: AttnRes, MXFP4 experts (decode batches), KDA decode launch variants,
+#     MLA (decode and prefill), the KDA verify recurrence and the DSA indexer decode / prefill
+#     scores and top-k;
+#   bash bench/h200_session.sh prefill
+#     the prefill kernels: KDA chunked prefill (k3's Triton phases and their launch variants,
+#     fla-core's wrapper and kernel, the reference) and the MXFP4 experts at 1K-8K tokens (tiles
+#     and the dequant mode);
 #   bash bench/h200_session.sh e2e
 #     k3-slice end to end (bench/k3_slice.py) with the served kernels and fla-core's chunked KDA
 #     prefill, then the peer; K3_SLICE_ARGS adds arguments (e.g. "--ttft 1024 8192 --peer ''"),
 #     E2E_EXPERIMENTAL replaces the experimental kernels switched on (default kda_chunked; "" for
 #     the served set alone);
 #   bash bench/h200_session.sh profile
-#     device time per kernel of a k3-slice decode step (bench/k3_slice_profile.py);
+#     device time per kernel of a k3-slice decode step and of an 8K prefill (bench/k3_slice_profile.py),
+#     the host-synchronisation census (bench/host_syncs.py) and the MoE dequant mode's kernels
+#     (bench/moe_dequant_profile.py);
 #   bash bench/h200_session.sh check                        (about 5 minutes)
 #     after a change to the served path, in one call: the served conformance report, k3-slice
 #     end to end (served kernels, synchronous and asynchronous scheduling), the decode profile
@@ -32,9 +38,9 @@
 # (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != conformance && $phase != kernels && $phase != e2e && $phase != profile && $phase != tune
-      && $phase != check ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|e2e|profile|tune|check" >&2
+if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
+      && $phase != tune && $phase != check ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -74,9 +80,12 @@ kernels)
     step bench-moe 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" ${MOE_ARGS:-}
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
-    step bench-kda-prefill 160 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
     step bench-kda-verify 60 python3 bench/kda_verify.py --out "$OUT/kda_verify.json"
     step bench-indexer 60 python3 bench/indexer_decode.py --out "$OUT/indexer_decode.json"
+    ;;
+prefill)
+    step bench-kda-prefill 160 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step bench-moe-prefill 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4_prefill.json" --batch 1024 2048 8192
     ;;
 e2e)
     # shellcheck disable=SC2086
@@ -90,6 +99,8 @@ profile)
     step profile-prefill 120 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"
     # where decode steps wait for the device besides reading their tokens (sync and async scheduling)
     step host-syncs 90 python3 bench/host_syncs.py --out "$OUT/host_syncs.json"
+    # where the MoE dequant mode's time goes at prefill sizes (1K and 8K tokens), kernel by kernel
+    step profile-moe-dequant 90 python3 bench/moe_dequant_profile.py --out "$OUT/moe_dequant_profile.json"
     ;;
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice

@@ -50,3 +50,18 @@ def test_host_syncs_smoke(tmp_path):
     runs = {r["async_scheduling"]: r for r in result["runs"]}
     assert set(runs) == {False, True} and all(r["step_ms"] > 0 and r["syncs_per_step"] == {} for r in runs.values())
     assert runs[True]["lookahead_steps"] > 0 and runs[False]["lookahead_steps"] == 0
+
+
+def test_every_device_session_phase_fits_one_call():
+    """bench/h200_session.sh: each phase's step time limits add up to under the device's 10
+    minutes a call, so no phase can be cut off whole by the call's own limit."""
+    import re
+
+    text = (ROOT / "bench" / "h200_session.sh").read_text()
+    body = text[text.index('case $phase in'):]
+    phases = re.findall(r"^(\w+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
+    assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
+                                            "tune"}
+    for name, steps in phases:
+        limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
+        assert limits and sum(limits) < 600, (name, limits)
