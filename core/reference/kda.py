@@ -37,10 +37,14 @@ class KDAInputs:
     shape: tuple[int, int, int, int, int]  # B, T, HV, K, V
 
 
-def prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -> KDAInputs:
+def prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, *, zero_row=False) -> KDAInputs:
     """The contract's checks of the KDA ops' inputs (raising its errors, named for `op`), then
     the inputs in the compute dtype as `KDAInputs` (q scaled, heads repeated to the value heads,
-    the initial state copied or zeros). Kernels that take the same inputs start from it."""
+    the initial state copied or zeros). Kernels that take the same inputs start from it.
+
+    zero_row: q, k, v, g and beta get one more row, all zeros, after the B*T rows (what a kernel
+    gathering padded chunks reads for their padding), written in the same pass as the rest:
+    no second copy to append it."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not t.is_floating_point():
             raise ValueError(f"{op}: {name} must be a float tensor; got {t.dtype}")
@@ -74,10 +78,24 @@ def prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -
         )
     cd = compute_dtype(q, k, v, g, beta, initial_state)
     scale = K**-0.5 if scale is None else scale
-    rep = HV // H  # value heads per q/k head
 
-    def heads(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, K] -> [B*T, HV, K]
-        return upcast(x, cd).repeat_interleave(rep, dim=2).reshape(B * T, HV, K)
+    rows = B * T + (1 if zero_row else 0)
+
+    def flat(x: torch.Tensor, heads_of: int, width: int, factor=None) -> torch.Tensor:
+        """x [B, T, heads_of, width] in cd as [rows, HV, width], heads repeated to HV (each
+        head's rep copies adjacent), times factor; one pass into a fresh buffer when there is
+        anything to do (a cast, a repeat, a factor or the zero row), else x's own view."""
+        if not zero_row and factor is None and heads_of == HV and x.dtype == cd:
+            return x.reshape(B * T, HV, width)
+        out = torch.empty(rows, HV, width, dtype=cd, device=x.device)
+        if zero_row:
+            out[-1].zero_()
+        body = out[: B * T].view(B * T, heads_of, HV // heads_of, width)
+        src = x.reshape(B * T, heads_of, 1, width).expand(B * T, heads_of, HV // heads_of, width)
+        body.copy_(src)                                                 # the cast, in the same pass
+        if factor is not None:
+            body.mul_(factor)                                           # in cd, as the reference scales
+        return out
 
     state = (
         torch.zeros(N, HV, K, V, dtype=cd, device=q.device)
@@ -85,16 +103,15 @@ def prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens) -
         else upcast(initial_state, cd).clone()
     )
     return KDAInputs(
-        q=heads(q) * scale,
-        k=heads(k),
-        v=upcast(v, cd).reshape(B * T, HV, V),
-        g=upcast(g, cd).reshape(B * T, HV, K),
-        beta=upcast(beta, cd).reshape(B * T, HV),
+        q=flat(q, H, K, scale),
+        k=flat(k, H, K),
+        v=flat(v, HV, V),
+        g=flat(g, HV, K),
+        beta=flat(beta[..., None], HV, 1)[..., 0],
         state=state,
         bounds=bounds,
         shape=(B, T, HV, K, V),
     )
-
 
 def _step(S, q, k, v, g, beta):
     """One token for n (sequence, head) rows: S [n, HV, K, V]; q, k, g [n, HV, K]; v [n, HV, V].

@@ -206,13 +206,14 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)
     op = "kda_chunked"
-    p = prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens)   # the contract's errors
+    # the contract's errors; the inputs as rows [B*T + 1, HV, *] in the compute dtype, the last
+    # row zeros (what padding positions read), written in one pass
+    p = prepare_kda_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, zero_row=True)
     B, T, HV, K, V = p.shape
     bounds, N, dev = p.bounds, len(p.bounds), q.device
     wanted = (None if checkpoint_offsets is None
               else checkpoint_offsets_per_sequence(checkpoint_offsets, [e - s for s, e in bounds], op))
-    # rows [B*T + 1, HV, *] in the compute dtype, a zero row last (what padding tokens read)
-    qf, kf, vf, gf, bf = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (p.q, p.k, p.v, p.g, p.beta))
+    qf, kf, vf, gf, bf = p.q, p.k, p.v, p.g, p.beta
     segments, order, sizes = _segments(bounds, wanted, chunk_size)
     C = chunk_size
     pad = B * T                                                           # the zero row

@@ -331,3 +331,27 @@ def test_rebuild_state_from_corrections_equals_per_position_states():
             expected = s0[i] if m == 0 else states[i, m - 1]
             torch.testing.assert_close(rebuilt[i], expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(kda_rebuild_state(s0, k_hv, g, u, torch.full((n,), length)), final, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("zero_row", [False, True])
+def test_prepared_inputs_rows_heads_scale_and_zero_row(dtype, zero_row):
+    from k3.reference.kda import prepare_kda_inputs
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, HV, K, V = 2, 5, 2, 4, 8, 6
+    q, k = (torch.randn(B, T, H, K, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    g = -torch.rand(B, T, HV, K, generator=gen).to(dtype)
+    beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+    p = prepare_kda_inputs("kda_chunked", q, k, v, g, beta, 0.5, None, None, zero_row=zero_row)
+    cd = torch.float64 if dtype == torch.float64 else torch.float32
+    rows = B * T + (1 if zero_row else 0)
+    want_q = q.to(cd).repeat_interleave(HV // H, dim=2).reshape(B * T, HV, K) * 0.5
+    want_k = k.to(cd).repeat_interleave(HV // H, dim=2).reshape(B * T, HV, K)
+    for got, want in ((p.q, want_q), (p.k, want_k), (p.v, v.to(cd).reshape(B * T, HV, V)),
+                      (p.g, g.to(cd).reshape(B * T, HV, K)), (p.beta, beta.to(cd).reshape(B * T, HV))):
+        assert got.dtype == cd and got.shape[0] == rows
+        torch.testing.assert_close(got[: B * T], want, rtol=0, atol=0)
+        if zero_row:
+            assert (got[-1] == 0).all()
