@@ -60,8 +60,8 @@ PROMOTED = {
                                 "chunked KDA prefill in torch, every chunk's intra-chunk work batched (exact fp32)",
                                 needs=()),
     "kda_chunked_blocked": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked",
-                                  "chunked KDA prefill with both phases (intra-chunk, recurrence) in Triton, "
-                                  "exact fp32"),
+                                  "chunked KDA prefill with both phases in Triton: the intra-chunk phase in "
+                                  "exact fp32, the recurrence on 3xTF32 tensor cores"),
 }
 KERNELS = {
     # fla-core's kda.chunked, when named, serves instead of the promoted kda_chunked_torch

@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from k3.platforms.torch_kernels.kda_chunked_blocked import intra_chunk_torch
+
 BLOCK = 16                    # rows of a block (the solve's diagonal blocks, the exact decays)
 SLICE = 16                    # the depth of the K-deep dots (K walked in slices of it)
 DIAG_SLICE = 16               # key channels per slice of the diagonal blocks' [16, 16, slice] decays
@@ -234,8 +236,6 @@ def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARP
     Launch options: precision ("ieee" served, "tf32x3"), num_warps, slice_ (16 or 32),
     diag_slice and neumann (the diagonal blocks' inverse as a product of powers, else by rows).
     """
-    from k3.platforms.torch_kernels.kda_chunked_blocked import intra_chunk_torch
-
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"kda intra chunk: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
     nseg, C = index.shape

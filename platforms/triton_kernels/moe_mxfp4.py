@@ -49,7 +49,8 @@ from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert
+from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert,
+                               pairs_per_local_expert)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "gemv", "dequant")
@@ -281,12 +282,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
-    # No host round trip anywhere here, so a CUDA graph can capture it (torch.bincount reads its
-    # maximum on the host, a scatter-add does not).
+    # No host round trip anywhere here, so a CUDA graph can capture it.
     local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)
     order = order.to(torch.int32)                                                       # [T*k]
-    counts = torch.zeros(e_local + 1, dtype=torch.int32, device=x.device)
-    counts = counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))            # [E_local + 1]
+    counts = pairs_per_local_expert(local, e_local)                                     # [E_local + 1]
     counts[e_local:].zero_()                              # other ranks' choices: no tile reads them (no H2D copy)
     starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
     tile_expert, tile_start = expert_tiles(counts[:e_local], block_t, t * topk)

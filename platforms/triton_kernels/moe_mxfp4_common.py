@@ -18,6 +18,14 @@ def pairs_by_local_expert(topk_ids: torch.Tensor, expert_start: int, e_local: in
     return local, torch.argsort(local, stable=True)
 
 
+def pairs_per_local_expert(local: torch.Tensor, e_local: int) -> torch.Tensor:
+    """How many pairs each local expert got, other ranks' in bucket e_local ([E_local + 1]
+    int32), from `pairs_by_local_expert`'s `local`. A scatter-add on the device: torch.bincount
+    would read its maximum on the host (a synchronisation, and no CUDA-graph capture)."""
+    counts = torch.zeros(e_local + 1, dtype=torch.int32, device=local.device)
+    return counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))
+
+
 @triton.jit
 def fp16_bits_to_f32(bits):
     """Low 16 bits of an integer tensor as an fp16, widened to fp32 (exact)."""

@@ -54,7 +54,7 @@ import triton.language as tl
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import glu
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert
+from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert, pairs_per_local_expert
 
 BLOCK_ROWS = 16
 BLOCK_BYTES = 128           # 256 weights of a row per program (a multiple of a 16-byte scale group)
@@ -189,7 +189,7 @@ def experts_forward(x, w13: MXFP4Tensor, w2: MXFP4Tensor, topk_weights, topk_ids
     t, l = x.shape
     e_local, two_i, topk = w13.shape[0], w13.shape[1], topk_ids.shape[1]
     local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)            # [T*k], pairs sorted by expert
-    counts_dev = torch.bincount(local, minlength=e_local + 1)[:e_local]                # [E_local] pairs per expert
+    counts_dev = pairs_per_local_expert(local, e_local)[:e_local]                       # [E_local] pairs per expert
     counts = counts_dev.tolist()                                                       # the host synchronisation
     starts = [0, *itertools.accumulate(counts)]                # expert e's pairs: order[starts[e]:starts[e + 1]]
     groups = expert_groups(counts, 2 * (two_i * l + w2.shape[1] * w2.shape[2]))
