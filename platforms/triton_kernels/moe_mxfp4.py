@@ -19,10 +19,12 @@ most of them empty): no host synchronisation, so decode steps can be
 captured in a CUDA graph, and `dense_dispatch` (the reference's host-sync-free mode) changes
 nothing here but keeps batches off the "dequant" mode, which reads the expert counts on the host.
 
-Four ways to multiply (the `mode` launch option):
+Five ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 16 weight rows on
     the CUDA cores, for decode steps where an expert sees a token or two;
+  - "gemv_mma" (bf16 and fp16 decode batches): moe_mxfp4_gemv_mma.py, the gemv grid with the codes decoded
+    to fp16 in registers and multiplied on the tensor cores against the token row scaled into fp16;
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -48,12 +50,12 @@ import triton.language as tl
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_mma
 from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert,
                                pairs_per_local_expert)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode", "gemv", "dequant")
+MODES = ("dot_scaled", "decode", "gemv", "gemv_mma", "dequant")
 
 
 @triton.jit
@@ -231,6 +233,8 @@ def launch_options(t: int, mode: str) -> dict:
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":
         return dict(block_t=1, block_n=16, block_k=512, num_warps=4, stages=1)
+    if mode == "gemv_mma":
+        return dict(block_t=1, block_n=64, block_k=512, num_warps=4)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     if t >= PREFILL_TOKENS and mode == "dot_scaled":        # (fp32 "decode" tiles keep their registers)
@@ -240,12 +244,15 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None):
+                    stages=None, row_split=None, fp32_planes=None, prefetch=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
-    mode ("dot_scaled", "decode" or "gemv"; None: `default_mode`), block_t (tokens per program,
+    mode (one of MODES; None: `default_mode`), block_t (tokens per program,
     >= 16 for the tensor cores; gemv takes one), block_n (weight rows per program), block_k (columns per step, a power
-    of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth):
+    of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth),
+    row_split (gemv: weight rows each thread holds, sharing its activation loads), fp32_planes
+    (gemv: activations widened to fp32 once on the host side instead of in every program),
+    prefetch (gemv: each step's weights loaded one step ahead):
     launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -256,9 +263,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     mode = mode or default_mode(x)
     if dense_dispatch and mode == "dequant":
         mode = "dot_scaled"                 # the caller needs no host synchronisation (graph capture)
-    if mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16):
+    if (mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16)
+            or (mode == "gemv_mma" and x.dtype == torch.float32)):
         raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled and dequant take bf16 "
-                         f"activations, got {x.dtype})")
+                         f"activations, gemv_mma bf16 or fp16; got {x.dtype})")
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
@@ -273,12 +281,21 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if mode == "gemv" and not moe_mxfp4_gemv.word_aligned(w13, w2):
+    if mode in ("gemv", "gemv_mma") and not moe_mxfp4_gemv.word_aligned(w13, w2):
         mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
+    if mode == "gemv_mma":
+        return moe_mxfp4_gemv_mma.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation,
+                                                  beta=beta, linear_beta=linear_beta, expert_start=expert_start,
+                                                  block_n=block_n, block_k=block_k, num_warps=num_warps,
+                                                  stages=stages)
     if mode == "gemv":
         return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,
-                                              block_k=block_k, num_warps=num_warps, stages=stages or 1)
+                                              block_k=block_k, num_warps=num_warps, stages=stages or 1,
+                                              split=row_split or chosen.get("row_split", 1),
+                                              fp32_planes=chosen.get("fp32_planes", False) if fp32_planes is None
+                                              else fp32_planes,
+                                              prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch)
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.

@@ -38,32 +38,60 @@ from .moe_mxfp4_common import e8m0_multiplier, fp16_bits_to_f32, gated_activatio
 
 
 @triton.jit
-def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.constexpr, BLOCK_K: tl.constexpr,
-                    s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr):
-    """sum_k W_e[rows, k] * src[k] over k < L in fp32: [R]. src points at the token's row in
-    planes: [8, L / 8], src[c, j] = column 8j + c (so each thread's activations for its words are
-    one contiguous vector load, in the layout of the words themselves).
+def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, L: tl.constexpr, BLOCK_K: tl.constexpr,
+                    s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PREFETCH: tl.constexpr):
+    """sum_k W_e[r, k] * src[k] over k < L in fp32 for the BLOCK_N rows r = row0 + i (rows past N
+    read as zero): [BLOCK_N / SPLIT, SPLIT], row row0 + u * BLOCK_N / SPLIT + i at [i, u]. src
+    points at the token's row in planes: [8, L / 8], src[c, j] = column 8j + c (so each thread's
+    activations for its words are one contiguous vector load, in the layout of the words themselves).
 
     The codes are read as uint32 words: word j of a 32-column group holds columns 8j..8j+7, one
     nibble each (column 8j + c in nibble c). Nibbles c and c + 4 are 16 bits apart, so one
-    shift-and-mask builds both as an fp16 pair (value / 2^14) in one register's halves."""
+    shift-and-mask builds both as an fp16 pair (value / 2^14) in one register's halves.
+
+    SPLIT: the rows come as SPLIT blocks of BLOCK_N / SPLIT that every thread holds one row of
+    (the block index is the third of the four tile dimensions: Triton's layouts spread threads
+    over the first two and repeat the last non-contiguous one in each thread's registers), so a thread
+    loads and widens its activations once for SPLIT weight rows: the activation loads, not the
+    weight bytes, were what bound the one-row-per-thread form (BENCHMARKS.md).
+    PREFETCH: each step's codes and scales are loaded one step ahead, into registers, so a warp
+    has loads in flight while it decodes (without it, a warp waits out DRAM latency each step)."""
     G: tl.constexpr = BLOCK_K // 32
     PLANE: tl.constexpr = L // 8
+    RB: tl.constexpr = BLOCK_N // SPLIT
+    rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
+    mask_r = rows < N
     group_in_step = tl.arange(0, G)
-    words_ptr = (packed_ptr + e * s_pe + rows[:, None, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
-    row_scales = scales_ptr + e * s_se + rows[:, None] * s_sr                                 # [R, 1]
-    acc = tl.zeros((rows.shape[0], G), dtype=tl.float32)
+    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
+    row_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr                              # [RB, 1, U]
+    acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
+    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
+    step_scales = row_scales + group_in_step[None, :, None]
+    if PREFETCH:
+        w_next = tl.load(step_words, mask=mask_r[:, None, :, None], other=0)
+        sc_next = tl.load(step_scales, mask=mask_r[:, None, :], other=127)
     for k0 in tl.range(0, L, BLOCK_K, num_stages=STAGES):
         word = k0 // 8 + group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :]                # [G, 4]
-        w = tl.load(words_ptr + word[None, :, :], mask=mask_r[:, None, None], other=0)        # [R, G, 4] uint32
-        x0 = tl.load(src_ptr + word)[None].to(tl.float32)                                     # [1, G, 4]: column 8j + c
-        x1 = tl.load(src_ptr + PLANE + word)[None].to(tl.float32)
-        x2 = tl.load(src_ptr + 2 * PLANE + word)[None].to(tl.float32)
-        x3 = tl.load(src_ptr + 3 * PLANE + word)[None].to(tl.float32)
-        x4 = tl.load(src_ptr + 4 * PLANE + word)[None].to(tl.float32)
-        x5 = tl.load(src_ptr + 5 * PLANE + word)[None].to(tl.float32)
-        x6 = tl.load(src_ptr + 6 * PLANE + word)[None].to(tl.float32)
-        x7 = tl.load(src_ptr + 7 * PLANE + word)[None].to(tl.float32)
+        if PREFETCH:
+            # this step's codes and scales were loaded during the previous step; the next
+            # step's (the last step again at the end: a cache hit, no mask) load during this one
+            w = w_next
+            sc = sc_next
+            following = tl.minimum(k0 + BLOCK_K, L - BLOCK_K)
+            w_next = tl.load(step_words + following // 8, mask=mask_r[:, None, :, None], other=0)
+            sc_next = tl.load(step_scales + following // 32, mask=mask_r[:, None, :], other=127)
+        else:
+            w = tl.load(words_ptr + word[None, :, None, :], mask=mask_r[:, None, :, None], other=0)  # [RB, G, U, 4]
+            sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :, None], mask=mask_r[:, None, :], other=127)
+        x0 = tl.load(src_ptr + word)[None, :, None, :].to(tl.float32)                         # [1, G, 1, 4]: 8j + c
+        x1 = tl.load(src_ptr + PLANE + word)[None, :, None, :].to(tl.float32)
+        x2 = tl.load(src_ptr + 2 * PLANE + word)[None, :, None, :].to(tl.float32)
+        x3 = tl.load(src_ptr + 3 * PLANE + word)[None, :, None, :].to(tl.float32)
+        x4 = tl.load(src_ptr + 4 * PLANE + word)[None, :, None, :].to(tl.float32)
+        x5 = tl.load(src_ptr + 5 * PLANE + word)[None, :, None, :].to(tl.float32)
+        x6 = tl.load(src_ptr + 6 * PLANE + word)[None, :, None, :].to(tl.float32)
+        x7 = tl.load(src_ptr + 7 * PLANE + word)[None, :, None, :].to(tl.float32)
         p04 = ((w << 9) & 0x0E000E00) | ((w << 12) & 0x80008000)                               # fp16 pairs (c, c + 4)
         p15 = ((w << 5) & 0x0E000E00) | ((w << 8) & 0x80008000)
         p26 = ((w << 1) & 0x0E000E00) | ((w << 4) & 0x80008000)
@@ -76,9 +104,8 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, L: tl.cons
         part += fp16_bits_to_f32(p26 >> 16) * x6
         part += fp16_bits_to_f32(p37) * x3
         part += fp16_bits_to_f32(p37 >> 16) * x7
-        sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :], mask=mask_r[:, None], other=127).to(tl.int32)
         # two exact steps: 2^14 folded into the scale would overflow fp32 for scale codes above 241
-        acc += (tl.sum(part, axis=2) * 16384.0) * e8m0_multiplier(sc)                         # [R, G]
+        acc += (tl.sum(part, axis=3) * 16384.0) * e8m0_multiplier(sc.to(tl.int32))           # [RB, G, U]
     return tl.sum(acc, axis=1)
 
 
@@ -92,24 +119,34 @@ def _local_expert(ids_ptr, expert_start, E_LOCAL):
 
 
 @triton.jit
+def _block_rows(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's rows in `_rows_dot_token`'s [BLOCK_N / SPLIT, SPLIT] arrangement."""
+    RB: tl.constexpr = BLOCK_N // SPLIT
+    return tl.program_id(1) * BLOCK_N + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB
+
+
+@triton.jit
 def gate_up_kernel(
     x_ptr, p13_ptr, s13_ptr, ids_ptr, act_ptr,
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
     TOPK, expert_start, E_LOCAL, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     if local:
-        col = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = col < I
+        col0 = tl.program_id(1) * BLOCK_N
         x_row = x_ptr + (n // TOPK) * s_x
-        g = _rows_dot_token(p13_ptr, s13_ptr, e, col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
-        u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col, mask_n, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES)
+        g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES,
+                            SPLIT, BLOCK_N, PREFETCH)
+        u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
+                            STAGES, SPLIT, BLOCK_N, PREFETCH)
         out = gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA)
         if ACT_BF16:                                      # as the reference rounds them in a bf16 model
             out = out.to(tl.bfloat16).to(tl.float32)
-        tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=mask_n)  # planes, as x
+        col = _block_rows(BLOCK_N, SPLIT)                                                     # [RB, U]
+        tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=col < I)  # planes, as x
 
 
 @triton.jit
@@ -118,16 +155,17 @@ def down_kernel(
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
     expert_start, E_LOCAL,
     L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
-    row = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
     mask_n = row < L
     if local:
-        out = _rows_dot_token(p2_ptr, s2_ptr, e, row, mask_n, act_ptr + n * s_act, I, BLOCK_K,
-                              s_pe, s_pr, s_se, s_sr, STAGES)
+        out = _rows_dot_token(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, L, act_ptr + n * s_act, I, BLOCK_K,
+                              s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH)
         tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
     else:                                                 # another rank's expert: contributes nothing
-        tl.store(y_ptr + n * s_y + row, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=mask_n)
+        tl.store(y_ptr + n * s_y + row, tl.zeros(row.shape, dtype=tl.float32), mask=mask_n)
 
 
 def word_aligned(w13, w2) -> bool:
@@ -138,11 +176,14 @@ def word_aligned(w13, w2) -> bool:
 
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
-                    block_n, block_k, num_warps, stages=1):
+                    block_n, block_k, num_warps, stages=1, split=1, fp32_planes=False,
+                    prefetch=False):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
     launches and the sum over choices."""
+    if block_n % split or (block_n // split) & (block_n // split - 1):
+        raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
@@ -151,9 +192,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
     # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
     # Activation loads, not weight bytes, bound this kernel (L1, BENCHMARKS.md): half the bytes.
-    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and not fp32_planes else torch.float32
     x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()       # [T, 8, L/8]
-    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 and not fp32_planes else torch.float32
     act = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)       # planes
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
@@ -161,12 +202,14 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
         x_planes.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
         topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
-        ACT_BF16=x.dtype == torch.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
+        ACT_BF16=x.dtype == torch.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split,
+        PREFETCH=prefetch, num_warps=num_warps,
     )
     down_kernel[(t * topk, triton.cdiv(l, block_n))](
         act, w2.packed, w2.scales, ids, weights, y,
         act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
         expert_start, e_local,
-        L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, num_warps=num_warps,
+        L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch,
+        num_warps=num_warps,
     )
     return y.view(t, topk, l).sum(1).to(x.dtype)
