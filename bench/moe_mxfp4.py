@@ -33,14 +33,6 @@ VARIANTS = {
     "gemv_n32_k512_w4_u4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False),
     "gemv_n16_k512_w4_u2_pf": dict(mode="gemv", block_n=16, block_k=512, num_warps=4, row_split=2, prefetch=True),
     "gemv_n32_k256_w2_u4_pf": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True),
-    # the tensor-core gemv (moe_mxfp4_gemv_mma.py): rows, columns a step, warps, pipeline stages
-    "mma_n64_k256_w4_s2": dict(mode="gemv_mma", block_n=64, block_k=256, num_warps=4, stages=2),
-    "mma_n64_k512_w4_s2": dict(mode="gemv_mma", block_n=64, block_k=512, num_warps=4, stages=2),
-    "mma_n128_k256_w4_s2": dict(mode="gemv_mma", block_n=128, block_k=256, num_warps=4, stages=2),
-    "mma_n128_k256_w8_s2": dict(mode="gemv_mma", block_n=128, block_k=256, num_warps=8, stages=2),
-    "mma_n64_k256_w4_s3": dict(mode="gemv_mma", block_n=64, block_k=256, num_warps=4, stages=3),
-    "mma_n128_k512_w8_s2": dict(mode="gemv_mma", block_n=128, block_k=512, num_warps=8, stages=2),
-    "mma_n64_k128_w4_s3": dict(mode="gemv_mma", block_n=64, block_k=128, num_warps=4, stages=3),
 }
 # prefill batches (PREFILL_T tokens and up, ~T*k/E >= 64 per expert): larger token tiles and the
 # dequantise-then-cuBLAS mode, timed
@@ -155,7 +147,7 @@ def main() -> None:
             for name, options in VARIANTS.items():
                 if t < 16 and options.get("block_t", 16) > 16:
                     continue                                  # a token block of 32+ for 1-4 tokens: waste
-                if options["mode"] in ("gemv", "gemv_mma") and t > GEMV_MAX_T:
+                if options["mode"] == "gemv" and t > GEMV_MAX_T:
                     continue
                 entry[f"{name}_check"] = check(lambda *a, **k: kernel(*a, **options, **k), w13, w2, t, k, "cuda",
                                                seed=t)

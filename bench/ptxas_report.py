@@ -27,11 +27,10 @@ TARGET = GPUTarget("cuda", 90, 32)
 # MXFP4 MoE tiles compiled: (mode 0 dot_scaled / 1 decode, rows, tokens, columns, warps); the first
 # two are what moe_mxfp4.launch_options serves at batch 1 and above, the fourth its prefill tile
 MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (0, 128, 64, 64, 4), (1, 64, 16, 64, 4))
-# the gemv mode's (rows, columns, warps, pipeline stages, rows per thread, activation planes, prefetch)
-MOE_GEMV_TILES = ((16, 512, 4, 1, 1, "bf16", False), (16, 512, 4, 1, 2, "bf16", False),
-                  (32, 512, 4, 1, 4, "bf16", False), (32, 512, 4, 1, 4, "bf16", True),
-                  (16, 512, 4, 1, 2, "bf16", True), (64, 512, 4, 1, 8, "bf16", True),
-                  (32, 256, 2, 1, 4, "bf16", True), (64, 512, 8, 1, 4, "bf16", True))
+# the gemv mode's (rows, columns, warps, pipeline stages, rows per thread, prefetch): the former
+# one-row tile and the two moe_mxfp4.launch_options serves (one token; 2-16 tokens)
+MOE_GEMV_TILES = ((16, 512, 4, 1, 1, False), (32, 512, 4, 1, 4, False), (32, 256, 2, 1, 4, True),
+                  (16, 512, 4, 1, 2, True))
 
 
 def ptxas_path() -> str:
@@ -84,13 +83,11 @@ def variants():
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
-                        "fresh_ptr": "*u8", "arrivals_ptr": "*i32"}, ("scale", "lower_bound", "norm_eps", "l2_eps"))
+                        "fresh_ptr": "*u8"}, ("scale", "lower_bound", "norm_eps", "l2_eps"))
     base = dict(H=96, K=128, W=4, SOFTPLUS_GATE=False)
-    for warps, first, block_v, split_v in ((4, True, 128, 1), (4, False, 128, 1), (4, True, 32, 1), (4, True, 16, 1),
-                                           (8, True, 32, 1), (4, False, 128, 4), (2, False, 128, 8),
-                                           (8, True, 128, 1), (16, True, 128, 1)):
-        yield ("kda_decode", f"w{warps}_statefirst{int(first)}_bv{block_v}" + (f"_split{split_v}" if split_v > 1 else ""),
-               fn, types, {**base, "STATE_FIRST": first, "BLOCK_V": block_v, "SPLIT_V": split_v}, warps)
+    for warps, first, block_v in ((4, True, 128), (4, False, 128), (4, True, 32), (4, True, 16), (8, True, 32)):
+        yield ("kda_decode", f"w{warps}_statefirst{int(first)}_bv{block_v}", fn, types,
+               {**base, "STATE_FIRST": first, "BLOCK_V": block_v}, warps)
 
     fn = kda_recurrent._kda_recurrent_kernel
     types = _types(fn, {"g_ptr": "*fp32", "beta_ptr": "*fp32", "h0_ptr": "*fp32", "cu_ptr": "*i32", "ht_ptr": "*fp32",
@@ -148,17 +145,17 @@ def variants():
         yield ("moe_down", variant, fn, {**types, **act},
                dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
 
-    for block_n, block_k, warps, stages, split, planes, prefetch in MOE_GEMV_TILES:
-        name = f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}_{planes}" + ("_prefetch" if prefetch else "")
+    for block_n, block_k, warps, stages, split, prefetch in MOE_GEMV_TILES:
+        name = f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")
         fn = moe_mxfp4_gemv.gate_up_kernel
-        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": f"*{planes}",
-                            "x_ptr": f"*{planes}"}, ("beta", "linear_beta"))
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*bf16",
+                            "x_ptr": "*bf16"}, ("beta", "linear_beta"))
         yield ("moe_gate_up", name, fn, types,
                dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, BLOCK_N=block_n, BLOCK_K=block_k,
                     STAGES=stages, SPLIT=split, PREFETCH=prefetch), warps)
         fn = moe_mxfp4_gemv.down_kernel
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
-                            "y_ptr": "*fp32", "act_ptr": f"*{planes}"}, ())
+                            "y_ptr": "*fp32", "act_ptr": "*bf16"}, ())
         yield ("moe_down", name, fn, types,
                dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch),
                warps)

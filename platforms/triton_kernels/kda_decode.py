@@ -72,12 +72,12 @@ def _conv_step(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c, s_qkv_n, s_win_r, s_wi
 @triton.jit
 def _kda_decode_step_kernel(
     qkv_ptr, w_ptr, f_ptr, a_log_ptr, dt_bias_ptr, b_ptr, gate_ptr, norm_w_ptr,
-    rec_ptr, win_ptr, idx_ptr, fresh_ptr, o_ptr, arrivals_ptr,
+    rec_ptr, win_ptr, idx_ptr, fresh_ptr, o_ptr,
     s_qkv_n, s_f_n, s_f_h, s_b_n, s_gate_n, s_gate_h, s_o_n, s_o_h,
     s_rec_r, s_rec_h, s_rec_k, s_rec_v, s_win_r, s_win_c, s_win_t,
     scale, lower_bound, norm_eps, l2_eps,
     H: tl.constexpr, K: tl.constexpr, W: tl.constexpr, SOFTPLUS_GATE: tl.constexpr, STATE_FIRST: tl.constexpr,
-    BLOCK_V: tl.constexpr, SPLIT_V: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n = pid // H
@@ -88,17 +88,12 @@ def _kda_decode_step_kernel(
     offs = tl.arange(0, K)
     P = H * K
     s_ptrs = rec_ptr + row * s_rec_r + h * s_rec_h + offs[:, None] * s_rec_k + offs[None, :] * s_rec_v
-    if STATE_FIRST and BLOCK_V == K and SPLIT_V == 1:   # the 4*K*V-byte row load is in flight during the conv
+    if STATE_FIRST and BLOCK_V == K:        # the 4*K*V-byte row load is in flight during the conv
         S = tl.load(s_ptrs)
-    if SPLIT_V > 1:                         # this program's columns, likewise loaded first
-        V_PART: tl.constexpr = K // SPLIT_V
-        cols = tl.program_id(1) * V_PART + tl.arange(0, V_PART)
-        tile = rec_ptr + row * s_rec_r + h * s_rec_h + offs[:, None] * s_rec_k + cols[None, :] * s_rec_v
-        S = tl.load(tile)
 
     # short conv + SiLU, rounded to the activation dtype (short_conv returns it)
-    q = _conv_taps(qkv_ptr, w_ptr, win_ptr, n, row, fresh, h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-    k = _conv_taps(qkv_ptr, w_ptr, win_ptr, n, row, fresh, P + h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
+    q = _conv_step(qkv_ptr, w_ptr, win_ptr, n, row, fresh, h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
+    k = _conv_step(qkv_ptr, w_ptr, win_ptr, n, row, fresh, P + h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
     q = q.to(act).to(tl.float32)
     k = k.to(act).to(tl.float32)
     # L2 norms (eps inside the sqrt), rounded like l2_norm's output
@@ -117,85 +112,50 @@ def _kda_decode_step_kernel(
     c_v = 2 * P + h * K                                                        # first v channel
     o_row = o_ptr + n * s_o_n + h * s_o_h
 
-    if SPLIT_V > 1:
-        # this program's K / SPLIT_V state columns; the last of the head's programs to finish
-        # slides the windows and normalises o (below)
-        v = _conv_taps(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c_v + cols, s_qkv_n, s_win_r, s_win_c, s_win_t,
-                       W).to(act).to(tl.float32)
+    if BLOCK_V == K:
+        # the whole [K, V] state row at once
+        v = _conv_step(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c_v + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
+        v = v.to(act).to(tl.float32)
+        if not STATE_FIRST:
+            S = tl.load(s_ptrs)
         S = tl.where(fresh, tl.zeros_like(S), S)
         S = S * decay[:, None]
-        u = beta * (v - tl.sum(S * k[:, None], 0))                           # [V_PART]
+        u = beta * (v - tl.sum(S * k[:, None], 0))                           # [V]
         S = S + k[:, None] * u[None, :]
-        tl.debug_barrier()
-        tl.store(tile, S)
-        tl.store(o_row + cols, tl.sum(S * q[:, None], 0).to(act))            # raw o, normalised below
-        # Arrival: the barrier orders every thread's stores before the counter's release; the
-        # program that arrives last acquires them all. It resets the counter for the next call.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(arrivals_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_V - 1:
-            _slide_window(qkv_ptr, win_ptr, n, row, fresh, h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-            _slide_window(qkv_ptr, win_ptr, n, row, fresh, P + h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-            _slide_window(qkv_ptr, win_ptr, n, row, fresh, c_v + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-            o = tl.load(o_row + offs, cache_modifier=".cg").to(tl.float32)  # other SMs' stores: not from L1
-            _gated_rms_norm_store(o, tl.sum(o * o, 0), gate_ptr, norm_w_ptr, o_row, n, h, s_gate_n, s_gate_h,
-                                  norm_eps, offs, K)
-            tl.store(arrivals_ptr + pid, 0)
+        tl.debug_barrier()                  # every replica has read the row before it is written
+        tl.store(s_ptrs, S)
+        o = tl.sum(S * q[:, None], 0).to(act).to(tl.float32)                  # [V]
+        o_sumsq = tl.sum(o * o, 0)
     else:
-        # q's and k's windows slide here: every v column is convolved in this program
-        _slide_window(qkv_ptr, win_ptr, n, row, fresh, h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-        _slide_window(qkv_ptr, win_ptr, n, row, fresh, P + h * K + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-        if BLOCK_V == K:
-            # the whole [K, V] state row at once
-            v = _conv_step(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c_v + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-            v = v.to(act).to(tl.float32)
-            if not STATE_FIRST:
-                S = tl.load(s_ptrs)
+        # V in blocks of BLOCK_V columns: a [K, BLOCK_V] tile live at a time (the whole row
+        # does not fit in registers at K = V = 128); each block's v channels are convolved
+        # from the window without sliding it, and the raw o is stored, normalised below
+        cols = tl.arange(0, BLOCK_V)
+        o_sumsq = 0.0
+        for v0 in tl.static_range(0, K, BLOCK_V):
+            v = _conv_taps(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c_v + v0 + cols, s_qkv_n, s_win_r, s_win_c,
+                           s_win_t, W).to(act).to(tl.float32)
+            tile = rec_ptr + row * s_rec_r + h * s_rec_h + offs[:, None] * s_rec_k + (v0 + cols)[None, :] * s_rec_v
+            S = tl.load(tile)
             S = tl.where(fresh, tl.zeros_like(S), S)
             S = S * decay[:, None]
-            u = beta * (v - tl.sum(S * k[:, None], 0))                           # [V]
+            u = beta * (v - tl.sum(S * k[:, None], 0))                       # [BLOCK_V]
             S = S + k[:, None] * u[None, :]
-            tl.debug_barrier()                  # every replica has read the row before it is written
-            tl.store(s_ptrs, S)
-            o = tl.sum(S * q[:, None], 0).to(act).to(tl.float32)                  # [V]
-            o_sumsq = tl.sum(o * o, 0)
-        else:
-            # V in blocks of BLOCK_V columns: a [K, BLOCK_V] tile live at a time (the whole row
-            # does not fit in registers at K = V = 128); each block's v channels are convolved
-            # from the window without sliding it, and the raw o is stored, normalised below
-            cols = tl.arange(0, BLOCK_V)
-            o_sumsq = 0.0
-            for v0 in tl.static_range(0, K, BLOCK_V):
-                v = _conv_taps(qkv_ptr, w_ptr, win_ptr, n, row, fresh, c_v + v0 + cols, s_qkv_n, s_win_r, s_win_c,
-                               s_win_t, W).to(act).to(tl.float32)
-                tile = rec_ptr + row * s_rec_r + h * s_rec_h + offs[:, None] * s_rec_k + (v0 + cols)[None, :] * s_rec_v
-                S = tl.load(tile)
-                S = tl.where(fresh, tl.zeros_like(S), S)
-                S = S * decay[:, None]
-                u = beta * (v - tl.sum(S * k[:, None], 0))                       # [BLOCK_V]
-                S = S + k[:, None] * u[None, :]
-                tl.debug_barrier()
-                tl.store(tile, S)
-                o_blk = tl.sum(S * q[:, None], 0).to(act)
-                tl.store(o_row + v0 + cols, o_blk)
-                o_blk = o_blk.to(tl.float32)
-                o_sumsq += tl.sum(o_blk * o_blk, 0)
-            _slide_window(qkv_ptr, win_ptr, n, row, fresh, c_v + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
-            tl.debug_barrier()                  # the raw o blocks other threads stored
-            o = tl.load(o_row + offs).to(tl.float32)
+            tl.debug_barrier()
+            tl.store(tile, S)
+            o_blk = tl.sum(S * q[:, None], 0).to(act)
+            tl.store(o_row + v0 + cols, o_blk)
+            o_blk = o_blk.to(tl.float32)
+            o_sumsq += tl.sum(o_blk * o_blk, 0)
+        _slide_window(qkv_ptr, win_ptr, n, row, fresh, c_v + offs, s_qkv_n, s_win_r, s_win_c, s_win_t, W)
+        tl.debug_barrier()                  # the raw o blocks other threads stored
+        o = tl.load(o_row + offs).to(tl.float32)
 
-        _gated_rms_norm_store(o, o_sumsq, gate_ptr, norm_w_ptr, o_row, n, h, s_gate_n, s_gate_h, norm_eps, offs, K)
-
-
-@triton.jit
-def _gated_rms_norm_store(o, o_sumsq, gate_ptr, norm_w_ptr, o_row, n, h, s_gate_n, s_gate_h, norm_eps, offs,
-                          K: tl.constexpr):
-    """The gated RMSNorm (sigmoid gate) of the head's o ([K] fp32, sum of squares o_sumsq),
-    cast once and stored over the raw o at o_row."""
+    # gated RMSNorm (sigmoid gate), cast once
     gate = tl.load(gate_ptr + n * s_gate_n + h * s_gate_h + offs).to(tl.float32)
     y = o * tl.rsqrt(o_sumsq / K + norm_eps) * tl.load(norm_w_ptr + offs).to(tl.float32) * tl.sigmoid(gate)
     tl.debug_barrier()                      # the raw o is read by every thread before it is overwritten
-    tl.store(o_row + offs, y.to(o_row.dtype.element_ty))
+    tl.store(o_row + offs, y.to(act))
 
 
 def covers(qkv, conv_weight, f, b, recurrent, conv_state) -> bool:
@@ -209,19 +169,14 @@ def covers(qkv, conv_weight, f, b, recurrent, conv_state) -> bool:
 
 def kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_weight, recurrent, conv_state,
                     state_indices, fresh, *, lower_bound, norm_eps, l2_eps=1e-6, scale=None, num_warps=None,
-                    state_first=None, block_v=None, split_v=None):
+                    state_first=None, block_v=None):
     """`k3.reference.kda_decode_step` as one Triton kernel (same signature and contract).
 
     num_warps, state_first: launch options for benchmarks. Defaults, measured fastest on an H200
     (BENCHMARKS.md): 4 warps; the state row loaded before the conv when V is contiguous in it
     ("hkv" rows, 4-7% faster at N >= 64), after it otherwise ("hvk", 7-11% faster).
     block_v: state columns per step (default K: the whole row; a divisor of K processes the row
-    in [K, block_v] tiles, which ptxas compiles without spills at K = 128).
-    split_v: programs per (sequence, head), each updating K / split_v state columns (default 1):
-    more programs than SMs at one sequence, where one program per head leaves 96 programs each
-    streaming 128 KiB; the last to finish (a per-(sequence, head) arrival counter, `_arrivals`)
-    slides the conv windows and normalises o. Calls on one device must not overlap (one stream):
-    the counters are shared."""
+    in [K, block_v] tiles, which ptxas compiles without spills at K = 128)."""
     if not covers(qkv, conv_weight, f, b, recurrent, conv_state):
         return ref.kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_weight, recurrent,
                                    conv_state, state_indices, fresh, lower_bound=lower_bound, norm_eps=norm_eps,
@@ -233,39 +188,14 @@ def kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_wei
     o = torch.empty((n, h, k), dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return o
-    split_v = split_v or 1
-    if k % split_v or (k // split_v) & (k // split_v - 1):
-        raise ValueError(f"kda_decode_step: split_v {split_v} must leave a power of two of the {k} columns")
-    arrivals = _arrivals(n * h, qkv.device) if split_v > 1 else o
-    if arrivals is None:                    # no counters yet and a CUDA graph is being captured
-        split_v, arrivals = 1, o
-    _kda_decode_step_kernel[(n * h, split_v)](
+    _kda_decode_step_kernel[(n * h,)](
         qkv, conv_weight, f, A_log.reshape(h).float(), dt_bias.reshape(h * k).float(), b, out_gate, o_norm_weight,
         recurrent, conv_state, state_indices, fresh.view(torch.uint8) if fresh.dtype == torch.bool else fresh, o,
-        arrivals, qkv.stride(0), f.stride(0), f.stride(1), b.stride(0), out_gate.stride(0), out_gate.stride(1),
+        qkv.stride(0), f.stride(0), f.stride(1), b.stride(0), out_gate.stride(0), out_gate.stride(1),
         o.stride(0), o.stride(1), *recurrent.stride(), *conv_state.stride(),
         k ** -0.5 if scale is None else scale, 0.0 if lower_bound is None else lower_bound, norm_eps, l2_eps,
         H=h, K=k, W=conv_weight.shape[1], SOFTPLUS_GATE=lower_bound is None, STATE_FIRST=recurrent.stride(-1) == 1 if state_first is None else state_first,
-        BLOCK_V=k if block_v is None else block_v, SPLIT_V=split_v,
+        BLOCK_V=k if block_v is None else block_v,
         num_warps=num_warps or 4,
     )
     return o
-
-
-_ARRIVAL_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrivals(count: int, device: torch.device) -> torch.Tensor | None:
-    """At least `count` int32 arrival counters on `device`, zero between calls (the split-V
-    kernel's last program resets its own). Allocated outside CUDA-graph capture and kept, so a
-    captured step reuses them; None when more are needed during a capture (the caller then runs
-    unsplit)."""
-    counters = _ARRIVAL_COUNTERS.get(device)
-    if counters is None or counters.numel() < count:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        # 8192 at least: 64 sequences of 96 heads, so a graph captured for a larger batch than the
-        # first eager call's still finds its counters
-        counters = torch.zeros(max(8192, 1 << max(count - 1, 1).bit_length()), dtype=torch.int32, device=device)
-        _ARRIVAL_COUNTERS[device] = counters
-    return counters

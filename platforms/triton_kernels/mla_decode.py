@@ -172,7 +172,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
         repeated = torch.zeros_like(ordered, dtype=torch.bool)
         repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
         selection = torch.where(repeated | (ordered < 0) | (ordered >= max_kv), -1, ordered).to(torch.int32)
-    q_lat = torch.einsum("thd,hdr->thr", q_nope.float(), w_uk.float())                       # [T, H, R] fp32
+    q_lat = _per_head_fp32(q_nope, w_uk)                                                      # [T, H, R] fp32
     q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
     positions = max_kv if selection is None else selection.shape[1]
     block_h, block_n = 16, 32
@@ -197,4 +197,20 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
     top = lse.amax(-1, keepdim=True)
     weight = torch.exp(lse - torch.where(torch.isfinite(top), top, 0.0))                     # [T, H, S]
     out_lat = (weight[..., None] * o_part).sum(2) / weight.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.einsum("thr,hrv->thv", out_lat, w_uv.float()).to(q_nope.dtype)
+    if out_lat.dtype != w_uv.dtype and w_uv.dtype in (torch.bfloat16, torch.float16):
+        # the fp32 latent as two 16-bit parts (hi + lo holds it to about 2^-16), each multiplied
+        # with fp32 results: no fp32 copy of w_uv each step
+        hi = out_lat.to(w_uv.dtype)
+        lo = (out_lat - hi.float()).to(w_uv.dtype)
+        return (_per_head_fp32(hi, w_uv) + _per_head_fp32(lo, w_uv)).to(q_nope.dtype)
+    return _per_head_fp32(out_lat, w_uv).to(q_nope.dtype)
+
+
+def _per_head_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, H, A] times w [H, A, B] per head, in fp32: [T, H, B]. 16-bit operands of one dtype
+    on a GPU multiply as they are with fp32 results (torch.bmm's out_dtype: exact products, fp32
+    sums, as the upcast would give) instead of upcasting w, which copied the absorbed weights to
+    fp32 on every decode step (~0.1-0.2 ms a k3-slice step, BENCHMARKS.md)."""
+    if x.is_cuda and x.dtype == w.dtype and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.bmm(x.transpose(0, 1), w, out_dtype=torch.float32).transpose(0, 1)
+    return torch.einsum("tha,hab->thb", x.float(), w.float())

@@ -19,12 +19,10 @@ most of them empty): no host synchronisation, so decode steps can be
 captured in a CUDA graph, and `dense_dispatch` (the reference's host-sync-free mode) changes
 nothing here but keeps batches off the "dequant" mode, which reads the expert counts on the host.
 
-Five ways to multiply (the `mode` launch option):
+Four ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
-    activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 16 weight rows on
-    the CUDA cores, for decode steps where an expert sees a token or two;
-  - "gemv_mma" (bf16 and fp16 decode batches): moe_mxfp4_gemv_mma.py, the gemv grid with the codes decoded
-    to fp16 in registers and multiplied on the tensor cores against the token row scaled into fp16;
+    activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 32 weight rows (4 a
+    thread) on the CUDA cores, for decode steps where an expert sees a token or two;
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -50,12 +48,12 @@ import triton.language as tl
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_mma
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
 from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert,
                                pairs_per_local_expert)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode", "gemv", "gemv_mma", "dequant")
+MODES = ("dot_scaled", "decode", "gemv", "dequant")
 
 
 @triton.jit
@@ -206,7 +204,8 @@ def covers(x, w13, w2, activation) -> bool:
 
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
-GEMV_MAX_TOKENS = 8       # the H200 sweep: gemv 2.0x the tensor cores at T = 1, 1.5x at 4, 1.16x at 8, 0.84x at 16
+GEMV_MAX_TOKENS = 16      # the H200 sweep (rows per thread): gemv 2.8x the tensor cores at T = 1, 2.1x at 4, 1.65x
+#                            at 8, 1.21x at 16 (bench/moe_mxfp4.py, BENCHMARKS.md)
 DEQUANT_MIN_TOKENS = 1024  # the H200 at k3-slice dims (grouped dequant vs 64-token tiles): 23.5 vs 66.2 ms at 8192,
 #                            10.4 vs 18.2 at 2048, 8.6 vs 10.1 at 1024 (bench/moe_mxfp4.py); not measured below 1024
 
@@ -227,14 +226,15 @@ PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: lar
 
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
-    k3-slice dimensions (BENCHMARKS.md): gemv 16 rows x 512 columns;
+    k3-slice dimensions (BENCHMARKS.md): gemv 32 rows (4 a thread) x 512 columns on 4 warps for
+    one token, 32 x 256 on 2 warps with the weights loaded a step ahead for 2-16;
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
     dot_scaled prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":
-        return dict(block_t=1, block_n=16, block_k=512, num_warps=4, stages=1)
-    if mode == "gemv_mma":
-        return dict(block_t=1, block_n=64, block_k=512, num_warps=4)
+        if t == 1:
+            return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False)
+        return dict(block_t=1, block_n=32, block_k=256, num_warps=2, stages=1, row_split=4, prefetch=True)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     if t >= PREFILL_TOKENS and mode == "dot_scaled":        # (fp32 "decode" tiles keep their registers)
@@ -244,15 +244,14 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None, row_split=None, fp32_planes=None, prefetch=None):
+                    stages=None, row_split=None, prefetch=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
     >= 16 for the tensor cores; gemv takes one), block_n (weight rows per program), block_k (columns per step, a power
     of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth),
-    row_split (gemv: weight rows each thread holds, sharing its activation loads), fp32_planes
-    (gemv: activations widened to fp32 once on the host side instead of in every program),
-    prefetch (gemv: each step's weights loaded one step ahead):
+    row_split (gemv: weight rows each thread holds, sharing its activation loads), prefetch
+    (gemv: each step's weights loaded one step ahead):
     launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -263,10 +262,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     mode = mode or default_mode(x)
     if dense_dispatch and mode == "dequant":
         mode = "dot_scaled"                 # the caller needs no host synchronisation (graph capture)
-    if (mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16)
-            or (mode == "gemv_mma" and x.dtype == torch.float32)):
+    if mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16):
         raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled and dequant take bf16 "
-                         f"activations, gemv_mma bf16 or fp16; got {x.dtype})")
+                         f"activations, got {x.dtype})")
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
@@ -281,20 +279,13 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if mode in ("gemv", "gemv_mma") and not moe_mxfp4_gemv.word_aligned(w13, w2):
+    if mode == "gemv" and not moe_mxfp4_gemv.word_aligned(w13, w2):
         mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
-    if mode == "gemv_mma":
-        return moe_mxfp4_gemv_mma.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation,
-                                                  beta=beta, linear_beta=linear_beta, expert_start=expert_start,
-                                                  block_n=block_n, block_k=block_k, num_warps=num_warps,
-                                                  stages=stages)
     if mode == "gemv":
         return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,
                                               block_k=block_k, num_warps=num_warps, stages=stages or 1,
                                               split=row_split or chosen.get("row_split", 1),
-                                              fp32_planes=chosen.get("fp32_planes", False) if fp32_planes is None
-                                              else fp32_planes,
                                               prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch)
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)

@@ -15,8 +15,16 @@ the group scale multiplies a group's sum once, and the partial sums are reduced 
 once, after the loop. The activations come in "planes" ([8, width / 8]: plane c holds column
 8j + c of every word j), so a thread's activations for its words are one vector load in the
 words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
-in planes for the down kernel. 48-64 registers, so many programs per SM keep loads in flight
-(2.0x the tensor-core kernel at one token; still bound by L1 traffic, BENCHMARKS.md).
+in planes for the down kernel. Each thread holds the same words of several rows (row_split,
+4 served), so its activation loads and their widening serve all of them: with one row a
+thread, eight activation loads for each 16-byte weight load saturated L1. 71-96 registers.
+Where the loop now goes (BENCHMARKS.md, seventh and eighth sessions): about five instructions
+a weight (two to decode, one to widen the fp16 code, one FMA, the rest activations, scales and
+addresses), 0.16 warp instructions a weight in the SASS loop, so at T = 1 it is bound by issue
+(44% of the weight-bytes roofline, 2.8x the tensor-core kernel). Loading the weights a step
+ahead (prefetch) helps from two tokens on; fp32 activation planes, and decoding to fp16 for
+`tl.dot` (fewer instructions, but a shared-memory round trip and a barrier a step at low
+occupancy: 214-359 us at T = 1, commit 8710e52), were slower.
 
 Program ((token, choice) n, row block) of
   - `gate_up_kernel`: gate rows and up rows of w13 of the expert n chose against x's token row,
@@ -176,8 +184,7 @@ def word_aligned(w13, w2) -> bool:
 
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
-                    block_n, block_k, num_warps, stages=1, split=1, fp32_planes=False,
-                    prefetch=False):
+                    block_n, block_k, num_warps, stages=1, split=1, prefetch=False):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
@@ -192,9 +199,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
     # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
     # Activation loads, not weight bytes, bound this kernel (L1, BENCHMARKS.md): half the bytes.
-    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) and not fp32_planes else torch.float32
+    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
     x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()       # [T, 8, L/8]
-    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 and not fp32_planes else torch.float32
+    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
     act = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)       # planes
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](

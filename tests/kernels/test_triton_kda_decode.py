@@ -42,22 +42,6 @@ def test_state_row_in_column_blocks(layout, block_v):
     _two_steps_against_the_reference(layout, torch.float32, None, 3, block_v=block_v)
 
 
-@pytest.mark.parametrize("split_v", [2, 4])
-@pytest.mark.parametrize("layout", ["hkv", "hvk"])
-def test_state_columns_split_over_programs(layout, split_v):
-    """The split-V grid (each program K / split_v state columns, the last to arrive slides the
-    windows and normalises o): three steps, so a counter left non-zero by a call, or a window slid
-    before every program read it, shows in the next step's output."""
-    _two_steps_against_the_reference(layout, torch.bfloat16, -5.0, W, split_v=split_v)
-    _two_steps_against_the_reference(layout, torch.float32, None, 3, split_v=split_v)
-    assert int(kernel._ARRIVAL_COUNTERS[torch.device("cpu")].abs().sum()) == 0
-
-
-def test_split_v_must_leave_a_power_of_two_of_columns():
-    with pytest.raises(ValueError, match="split_v"):
-        _two_steps_against_the_reference("hkv", torch.float32, -5.0, W, split_v=3)
-
-
 @pytest.mark.parametrize("width", [2, 3])
 def test_short_conv_widths(width):
     _two_steps_against_the_reference("hkv", torch.float32, -5.0, width)
