@@ -21,6 +21,7 @@ from k3 import reference as ref
 from measure import bench_ms, graph_replay_ms, ratio, run_header, save
 
 D, BANK, VISIBLE = 7168, 12, 8
+LAUNCH_VARIANTS = ((1024, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16), (2048, 16))   # (block_d, warps)
 
 
 def inputs(t, seed):
@@ -54,6 +55,16 @@ def main() -> None:
             entry["reference_us"] = bench_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
             if t <= 64:
                 entry["k3_graph_us"] = graph_replay_ms(lambda: kernel(prefix, delta, blocks, **kw)) * 1e3
+                # launch variants, 16 back-to-back steps a graph (a decode step runs 24 of them
+                # between other kernels; one step a graph mostly times the graph launch)
+                for block_d, warps in LAUNCH_VARIANTS:
+                    options = {"block_d": block_d, "num_warps": warps}
+                    h_v, p_v = kernel(prefix, delta, blocks.clone(), **kw, **options)
+                    if max(ratio(h_v, want_h), ratio(p_v, want_p)) >= 2e-2:
+                        entry[f"d{block_d}_w{warps}_failed"] = True
+                        continue
+                    entry[f"k3_d{block_d}_w{warps}_graph16_us"] = graph_replay_ms(
+                        lambda: [kernel(prefix, delta, blocks, **kw, **options) for _ in range(16)]) * 1e3 / 16
                 entry["reference_graph_us"] = graph_replay_ms(lambda: ref.attn_res(prefix, delta, blocks, **kw)) * 1e3
             nbytes = t * D * 2 * (2 + 2 + VISIBLE + 1)
             entry["floor_us"] = nbytes / copy_GBps / 1e3

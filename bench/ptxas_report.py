@@ -186,8 +186,9 @@ def variants():
 
     fn = attn_res._attn_res_kernel
     types = _types(fn, {}, ("eps", "out_eps"))
-    yield ("attn_res", "boundary_nvis8", fn, types,
-           dict(D=7168, NVIS=8, S_PAD=8, HAS_DELTA=True, HAS_WRITE=True, HAS_NORM=True, BLOCK_D=1024), 4)
+    for block_d, warps in ((1024, 4), (4096, 8)):                       # attn_res.launch_options
+        yield ("attn_res", "boundary_nvis8" + ("" if block_d == 1024 else f"_d{block_d}_w{warps}"), fn, types,
+               dict(D=7168, NVIS=8, S_PAD=8, HAS_DELTA=True, HAS_WRITE=True, HAS_NORM=True, BLOCK_D=block_d), warps)
 
     fn = rms_norm._rms_norm_kernel
     types = _types(fn, {}, ("eps",))

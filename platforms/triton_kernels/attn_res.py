@@ -119,8 +119,24 @@ def covers(prefix, delta, blocks) -> bool:
             and blocks.stride(-1) == 1 and (delta is None or (delta.dtype == prefix.dtype and delta.stride(-1) == 1)))
 
 
-def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, eps, out_norm_weight, out_eps):
-    """`k3.reference.attn_res` as one Triton kernel (same signature and contract)."""
+DECODE_TOKENS = 64
+
+
+def launch_options(t: int) -> tuple[int, int]:
+    """(columns a step, warps) by batch: the H200 at D = 7168 with 8 visible blocks (bench/attn_res.py,
+    16 steps a CUDA graph): 4096 on 8 warps for decode batches (9.4 / 10.2 us at T = 1 / 64,
+    against 14.6 / 15.6 us for 1024 on 4: one program a token, so the passes' load latency, not
+    bandwidth, sets the time, and fewer, wider steps pay it fewer times); 1024 on 4 above (prefill,
+    not swept)."""
+    return (4096, 8) if t <= DECODE_TOKENS else (1024, 4)
+
+
+def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, eps, out_norm_weight, out_eps,
+             block_d=None, num_warps=None):
+    """`k3.reference.attn_res` as one Triton kernel (same signature and contract).
+
+    block_d (columns a step, a power of two), num_warps: launch options for benchmarks (None:
+    `launch_options`)."""
     if not covers(prefix, delta, blocks):
         return ref.attn_res(prefix, delta, blocks, query=query, num_visible_blocks=num_visible_blocks,
                             write_index=write_index, eps=eps, out_norm_weight=out_norm_weight, out_eps=out_eps)
@@ -130,6 +146,7 @@ def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, e
     if t == 0:
         return h, prefix_out
     nvis = int(num_visible_blocks)
+    chosen = launch_options(t)
     _attn_res_kernel[(t,)](
         prefix, delta if delta is not None else prefix, blocks, query, out_norm_weight if out_norm_weight is not None
         else query, h, prefix_out,
@@ -138,6 +155,6 @@ def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, e
         -1 if write_index is None else int(write_index), float(eps), float(out_eps),
         D=d, NVIS=nvis, S_PAD=max(2, triton.next_power_of_2(max(nvis, 1))), HAS_DELTA=delta is not None,
         HAS_WRITE=write_index is not None, HAS_NORM=out_norm_weight is not None,
-        BLOCK_D=min(1024, triton.next_power_of_2(d)), num_warps=4,
+        BLOCK_D=min(block_d or chosen[0], triton.next_power_of_2(d)), num_warps=num_warps or chosen[1],
     )
     return h, prefix_out
