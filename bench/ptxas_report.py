@@ -183,6 +183,12 @@ def variants():
                    ("scaling",))
     yield ("router", "k3_E896_top16", fn, types,
            dict(E_PAD=1024, TOP_K=16, K_PAD=16, SIGMOID=True, HAS_BIAS=True, RENORMALIZE=True), 4)
+    yield ("router", "k3_slice_E128_top16_w1", fn, types,
+           dict(E_PAD=128, TOP_K=16, K_PAD=16, SIGMOID=True, HAS_BIAS=True, RENORMALIZE=True), 1)
+
+    fn = moe_mxfp4_gemv._sum_choices_kernel
+    yield ("moe_sum_choices", "top16_L3584", fn, _types(fn, {"y_ptr": "*fp32"}, ()),
+           dict(TOPK=16, L=3584, BLOCK=1024), 4)
 
     fn = attn_res._attn_res_kernel
     types = _types(fn, {}, ("eps", "out_eps"))

@@ -176,6 +176,19 @@ def down_kernel(
         tl.store(y_ptr + n * s_y + row, tl.zeros(row.shape, dtype=tl.float32), mask=mask_n)
 
 
+@triton.jit
+def _sum_choices_kernel(y_ptr, out_ptr, s_y, s_out, TOPK: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, cols] = sum over the token's TOPK rows of y (fp32, in choice order, as
+    y.view(T, TOPK, L).sum(1) adds them), cast to out's dtype."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < L
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for choice in tl.static_range(TOPK):
+        acc += tl.load(y_ptr + (t * TOPK + choice) * s_y + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + t * s_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def word_aligned(w13, w2) -> bool:
     """Whether both experts' packed codes can be read as 32-bit words: base addresses and row
     and expert strides (bytes) multiples of 4."""
@@ -188,7 +201,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
-    launches and the sum over choices."""
+    launches and the sum over choices (one launch, cast included)."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
     t, l = x.shape
@@ -219,4 +232,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
         L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch,
         num_warps=num_warps,
     )
-    return y.view(t, topk, l).sum(1).to(x.dtype)
+    out = torch.empty(t, l, dtype=x.dtype, device=x.device)
+    _sum_choices_kernel[(t, triton.cdiv(l, 1024))](y, out, y.stride(0), out.stride(0), TOPK=topk, L=l, BLOCK=1024,
+                                                   num_warps=4)
+    return out

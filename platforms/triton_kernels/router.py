@@ -57,8 +57,11 @@ def covers(logits, num_expert_group) -> bool:
 
 
 def select_experts(logits, *, top_k, correction_bias=None, scoring="sigmoid", renormalize=True,
-                   routed_scaling_factor=1.0, num_expert_group=1, topk_group=1):
-    """`k3.reference.select_experts` as one Triton kernel (same signature and contract)."""
+                   routed_scaling_factor=1.0, num_expert_group=1, topk_group=1, num_warps=None):
+    """`k3.reference.select_experts` as one Triton kernel (same signature and contract).
+
+    num_warps: a launch option for benchmarks (None: one warp up to 256 experts, where each of
+    the top_k arg-max rounds is a warp's shuffles with no barrier; 4 up to 1024; 8 above)."""
     if not covers(logits, num_expert_group) or scoring not in ("sigmoid", "softmax") or not 1 <= top_k <= logits.shape[1]:
         return ref.select_experts(logits, top_k=top_k, correction_bias=correction_bias, scoring=scoring,
                                   renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
@@ -74,6 +77,6 @@ def select_experts(logits, *, top_k, correction_bias=None, scoring="sigmoid", re
             logits.stride(0), weights.stride(0), ids.stride(0), e, float(routed_scaling_factor),
             E_PAD=triton.next_power_of_2(e), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
             SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
-            num_warps=4 if e <= 1024 else 8,
+            num_warps=num_warps or (1 if e <= 256 else 4 if e <= 1024 else 8),
         )
     return weights, ids
