@@ -17,7 +17,7 @@ from k3.plugin.contract import CacheViews, ForwardMetadata
 from k3.plugin.types import KernelSet
 
 from .kda_verify import commit_records, is_verify, verify
-from .module import K3Module
+from .module import K3Module, WeightSpec
 from .parallel import ParallelContext
 
 GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a / g_b)
@@ -55,19 +55,22 @@ class KDAMixer(K3Module):
             self.add_weight(name, (local_rows, in_dim), dtype, device,
                             full_shape=(full_rows, in_dim), shard=(0, start, local_rows))
 
-        for name in ("q_proj", "k_proj", "v_proj"):
-            proj(name, p_full, p_local, c0, d)
-        for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
-            w = la.short_conv_kernel_size
-            self.add_weight(name, (p_local, 1, w), dtype, device, full_shape=(p_full, 1, w), shard=rows,
-                            alt_shapes=((p_full, w),))
-        self.add_weight("f_a_proj", (GATE_RANK, d), dtype, device)
+        # Every projection of x fused into one weight (one launch a step), rows in this order:
+        # q, k, v [P each], the output gate g [P] (Kimi-Linear: its low-rank g_a [GATE_RANK]),
+        # the decay's f_a [GATE_RANK], beta's b [H]; `_project` splits the product.
+        full_gate = la.use_full_rank_gate
+        parts = [(f"{name}.weight", (p_full, d), rows) for name in ("q_proj", "k_proj", "v_proj")]
+        parts.append(("g_proj.weight", (p_full, d), rows) if full_gate else ("g_a_proj.weight", (GATE_RANK, d), None))
+        parts += [("f_a_proj.weight", (GATE_RANK, d), None), ("b_proj.weight", (la.num_heads, d), (0, h0, hl))]
+        q, kk, v, *rest = self.add_fused_weight("in_proj", parts, dtype, device)
+        self.in_proj_split = (q + kk + v, *rest)                               # qkv, g (or g_a), f_a, b
+        # the short-conv weights of q, k and v likewise: the [3P, W] view the kernels take
+        w = la.short_conv_kernel_size
+        self.add_weight("qkv_conv1d", (3 * p_local, 1, w), dtype, device, sources=[
+            WeightSpec(f"{part}_conv1d.weight", "qkv_conv1d", (p_full, 1, w), shard=rows, alt_shapes=((p_full, w),),
+                       dest=(slice(j * p_local, (j + 1) * p_local),)) for j, part in enumerate("qkv")])
         proj("f_b_proj", p_full, p_local, c0, GATE_RANK)
-        proj("b_proj", la.num_heads, hl, h0, d)
-        if la.use_full_rank_gate:
-            proj("g_proj", p_full, p_local, c0, d)
-        else:
-            self.add_weight("g_a_proj", (GATE_RANK, d), dtype, device)
+        if not full_gate:
             proj("g_b_proj", p_full, p_local, c0, GATE_RANK)
         self.add_weight("A_log", (hl,), state_dtype, device, checkpoint="A_log", full_shape=(la.num_heads,),
                         shard=(0, h0, hl), alt_shapes=((1, 1, la.num_heads, 1),))
@@ -76,10 +79,14 @@ class KDAMixer(K3Module):
         self.add_weight("o_norm", (hd,), dtype, device)
         self.add_weight("o_proj", (d, p_local), dtype, device, full_shape=(d, p_full), shard=(1, c0, p_local))
 
-    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cfg.linear_attn.use_full_rank_gate:
-            return F.linear(x, self.g_proj)
-        return F.linear(F.linear(x, self.g_a_proj), self.g_b_proj)
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [T, d] through the fused `in_proj`: (qkv [T, 3P], output gate [T, H, K], f [T, H, K]
+        (after f_b), b [T, H]); qkv and b are column views of one product."""
+        t, hl, hd = x.shape[0], self.num_heads, self.head_dim
+        qkv, g, f_a, b = F.linear(x, self.in_proj).split(self.in_proj_split, -1)
+        if not self.cfg.linear_attn.use_full_rank_gate:
+            g = F.linear(g, self.g_b_proj)
+        return qkv, g.reshape(t, hl, hd), F.linear(f_a, self.f_b_proj).view(t, hl, hd), b
 
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
                 *, per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -108,25 +115,25 @@ class KDAMixer(K3Module):
         fresh = (meta.context_lens == 0)                                        # [N]
         view = cache.kda[self.kda_index]
 
-        qkv = torch.cat([F.linear(x, self.q_proj), F.linear(x, self.k_proj), F.linear(x, self.v_proj)], -1)
-        conv_w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d]).squeeze(1)   # [3P, W]
-        f = F.linear(F.linear(x, self.f_a_proj), self.f_b_proj).view(t, hl, hd)
+        qkv, gate, f, b = self._project(x)                                     # qkv [T, 3P]: q | k | v
+        conv_w = self.qkv_conv1d.squeeze(1)                                     # [3P, W]
         if self._fused_decode(meta, per_position_states):
-            o = k.kda.decode_step(qkv, conv_w, f, self.A_log, self.dt_bias.view(hl, hd), F.linear(x, self.b_proj),
-                                  self.output_gate(x).view(t, hl, hd), self.o_norm, view.recurrent, view.conv,
-                                  rows, fresh, lower_bound=self.cfg.linear_attn.gate_lower_bound,
+            o = k.kda.decode_step(qkv, conv_w, f, self.A_log, self.dt_bias.view(hl, hd), b, gate, self.o_norm,
+                                  view.recurrent, view.conv, rows, fresh,
+                                  lower_bound=self.cfg.linear_attn.gate_lower_bound,
                                   norm_eps=self.cfg.rms_norm_eps)                 # [N, H, V], normalised
             return o.reshape(t, hl * hd), None
+        # the chunked and verify paths take whole tensors, as the unfused projections gave them
+        qkv, gate = qkv.contiguous(), gate.contiguous()
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
         s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
         g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
                        lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
-        beta = torch.sigmoid(F.linear(x, self.b_proj).to(g.dtype))              # [T, H]
+        beta = torch.sigmoid(b.to(g.dtype))                                     # [T, H]
         if is_verify(meta):
             o, states = verify(self, meta, cache, qkv, conv_w, conv_in, s0, g, beta)
         else:
             o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, per_position_states)
-        gate = self.output_gate(x).view(t, hl, hd)
         return k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd), states
 
     @staticmethod

@@ -40,17 +40,23 @@ class MLAMixer(K3Module):
             self.add_weight(name, (hl * per_head, in_dim), dtype, device, full_shape=(heads * per_head, in_dim),
                             shard=(0, h0 * per_head, hl * per_head))
 
+        # Every projection of x fused into one weight (one launch a step), rows in this order: the
+        # query's (q_a_proj, or q_proj without a query LoRA), kv_a_proj_with_mqa, the output gate's
+        # g_proj when the model has one; `forward` splits the product.
+        def head_rows(per_head):
+            return (0, h0 * per_head, hl * per_head)
+
+        parts = [("q_a_proj.weight", (cfg.q_lora_rank, d), None) if cfg.q_lora_rank is not None
+                 else ("q_proj.weight", (heads * dqk, d), head_rows(dqk)),
+                 ("kv_a_proj_with_mqa.weight", (r + dr, d), None)]
+        if cfg.mla_use_output_gate:
+            parts.append(("g_proj.weight", (heads * dv, d), head_rows(dv)))
+        self.in_proj_split = self.add_fused_weight("in_proj", parts, dtype, device)
         if cfg.q_lora_rank is not None:
-            self.add_weight("q_a_proj", (cfg.q_lora_rank, d), dtype, device)
             self.add_weight("q_a_layernorm", (cfg.q_lora_rank,), dtype, device)
             by_head("q_b_proj", dqk, cfg.q_lora_rank)
-        else:
-            by_head("q_proj", dqk, d)
-        self.add_weight("kv_a_proj_with_mqa", (r + dr, d), dtype, device)
         self.add_weight("kv_a_layernorm", (r,), dtype, device)
         by_head("kv_b_proj", dn + dv, r)
-        if cfg.mla_use_output_gate:
-            by_head("g_proj", dv, d)
         self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv),
                         shard=(1, h0 * dv, hl * dv))
         self.indexer = DSAIndexer(cfg, kernels=kernels, dtype=dtype, device=device) if cfg.uses_dsa else None
@@ -78,13 +84,13 @@ class MLAMixer(K3Module):
         """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks."""
         cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
+        q, kv, *g = F.linear(x, self.in_proj).split(self.in_proj_split, -1)      # kv [T, R + Dr]
         if cfg.q_lora_rank is not None:
-            c_q = k.elementwise.rms_norm(F.linear(x, self.q_a_proj), self.q_a_layernorm, eps)   # [T, r_q]
+            c_q = k.elementwise.rms_norm(q, self.q_a_layernorm, eps)                 # [T, r_q] (rows strided)
             q = F.linear(c_q, self.q_b_proj)
         else:
-            c_q, q = None, F.linear(x, self.q_proj)
+            c_q, q = None, q.contiguous()                                       # as its own product gave it
         q = q.view(t, hl, dn + dr)
-        kv = F.linear(x, self.kv_a_proj_with_mqa)                                  # [T, R + Dr]
         row = torch.cat([k.elementwise.rms_norm(kv[:, :r], self.kv_a_layernorm, eps), kv[:, r:]], -1)
 
         view = cache.latent[self.mla_index]
@@ -102,7 +108,7 @@ class MLAMixer(K3Module):
         o = o.reshape(t, hl * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
-            gate = torch.sigmoid(F.linear(x, self.g_proj).to(cd))
+            gate = torch.sigmoid(g[0].to(cd))
             o = (o.to(cd) * gate).to(x.dtype)
         return self.parallel.all_reduce(F.linear(o, self.o_proj))
 

@@ -101,6 +101,21 @@ class K3Module(nn.Module):
         self._weight_specs.extend(sources)
         return getattr(self, name)
 
+    def add_fused_weight(self, name: str, parts: list[tuple[str, tuple[int, ...], tuple[int, int, int] | None]],
+                         dtype: torch.dtype, device) -> tuple[int, ...]:
+        """Register `name`: the row-wise concatenation of the 2-D checkpoint tensors `parts`, each
+        (checkpoint name, full shape [rows, in], this rank's shard (0, start, rows) or None for all
+        of it), so one matrix product computes all of their outputs. Returns the local row count
+        of each part, in order (for `torch.split` of the product's last dimension)."""
+        rows = [shard[2] if shard else full_shape[0] for _, full_shape, shard in parts]
+        bounds = [0]
+        for count in rows:
+            bounds.append(bounds[-1] + count)
+        self.add_weight(name, (bounds[-1], parts[0][1][1]), dtype, device, sources=[
+            WeightSpec(checkpoint_name, name, full_shape, shard=shard, dest=(slice(start, end),))
+            for (checkpoint_name, full_shape, shard), start, end in zip(parts, bounds, bounds[1:])])
+        return tuple(rows)
+
     def weight_specs(self, prefix: str = "") -> Iterator[tuple[str, str, WeightSpec]]:
         """(checkpoint name, qualified parameter name, spec) for this module and its children."""
         for spec in self._weight_specs:
