@@ -215,6 +215,11 @@ def variants():
                {**types, "kv_ptr": cache}, dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT_LEN=256,
                                                 SPARSE=sparse, IEEE=False, NATIVE=native), 8)
 
+    fn = mla_decode._merge_splits_kernel                 # merge="triton" (experimental)
+    for out, hi_lo in (("*bf16", True), ("*fp32", False)):
+        yield ("mla_merge", f"R512_S64_{out[1:]}", fn, _types(fn, {"out_ptr": out}, (), default_pointer="*fp32"),
+               dict(R=512, S_PAD=64, R_CHUNK=64, HI_LO=hi_lo), 4)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -27,7 +27,8 @@ def test_every_kernel_compiles_for_sm90():
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
                                             "router", "attn_res", "mla_decode", "indexer_decode",
                                             "indexer_prefill", "rms_norm", "glu", "moe_dequant",
-                                            "kda_chunked_recurrence", "kda_intra_chunk", "moe_sum_choices"}
+                                            "kda_chunked_recurrence", "kda_intra_chunk", "moe_sum_choices",
+                                            "mla_merge"}
     for r in rows:
         assert 0 < r["registers"] <= 255, r
     # the column-blocked KDA decode tiles are the spill-free variants the H200 bench compares
