@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 
-from .module import K3Module, WeightSpec
+from .module import K3Module
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,8 @@ class DSparkLayer(K3Module):
         for name, shape in weights.items():
             self.add_weight(name, shape, dtype, device, checkpoint=f"self_attn.{name}.weight")
         i = cfg.intermediate_size
-        self.add_weight("gate_up_proj", (2 * i, d), dtype, device, sources=[
-            WeightSpec(f"mlp.{part}.weight", "gate_up_proj", (i, d), dest=(slice(j * i, (j + 1) * i),))
-            for j, part in enumerate(("gate_proj", "up_proj"))])
+        self.add_fused_weight("gate_up_proj", [(f"mlp.{part}.weight", (i, d), None)
+                                               for part in ("gate_proj", "up_proj")], dtype, device)
         self.add_weight("down_proj", (d, i), dtype, device, checkpoint="mlp.down_proj.weight")
 
     def latent_rows(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -34,10 +34,8 @@ class GLUMLP(K3Module):
         self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
         d = cfg.hidden_size
         i0, il = parallel.shard(intermediate, "FFN intermediate size")
-        self.add_weight("gate_up_proj", (2 * il, d), dtype, device, sources=[
-            WeightSpec(f"{part}.weight", "gate_up_proj", (intermediate, d), shard=(0, i0, il),
-                       dest=(slice(j * il, (j + 1) * il),))
-            for j, part in enumerate(("gate_proj", "up_proj"))])
+        self.add_fused_weight("gate_up_proj", [(f"{part}.weight", (intermediate, d), (0, i0, il))
+                                               for part in ("gate_proj", "up_proj")], dtype, device)
         self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il))
 
     def forward(self, x: torch.Tensor, *, decode: bool = False) -> torch.Tensor:

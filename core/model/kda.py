@@ -17,7 +17,7 @@ from k3.plugin.contract import CacheViews, ForwardMetadata
 from k3.plugin.types import KernelSet
 
 from .kda_verify import commit_records, is_verify, verify
-from .module import K3Module, WeightSpec
+from .module import K3Module
 from .parallel import ParallelContext
 
 GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a / g_b)
@@ -66,9 +66,8 @@ class KDAMixer(K3Module):
         self.in_proj_split = (q + kk + v, *rest)                               # qkv, g (or g_a), f_a, b
         # the short-conv weights of q, k and v likewise: the [3P, W] view the kernels take
         w = la.short_conv_kernel_size
-        self.add_weight("qkv_conv1d", (3 * p_local, 1, w), dtype, device, sources=[
-            WeightSpec(f"{part}_conv1d.weight", "qkv_conv1d", (p_full, 1, w), shard=rows, alt_shapes=((p_full, w),),
-                       dest=(slice(j * p_local, (j + 1) * p_local),)) for j, part in enumerate("qkv")])
+        self.add_fused_weight("qkv_conv1d", [(f"{part}_conv1d.weight", (p_full, 1, w), rows) for part in "qkv"],
+                              dtype, device, alt_shapes=((p_full, w),))
         proj("f_b_proj", p_full, p_local, c0, GATE_RANK)
         if not full_gate:
             proj("g_b_proj", p_full, p_local, c0, GATE_RANK)

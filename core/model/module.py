@@ -102,17 +102,20 @@ class K3Module(nn.Module):
         return getattr(self, name)
 
     def add_fused_weight(self, name: str, parts: list[tuple[str, tuple[int, ...], tuple[int, int, int] | None]],
-                         dtype: torch.dtype, device) -> tuple[int, ...]:
-        """Register `name`: the row-wise concatenation of the 2-D checkpoint tensors `parts`, each
-        (checkpoint name, full shape [rows, in], this rank's shard (0, start, rows) or None for all
-        of it), so one matrix product computes all of their outputs. Returns the local row count
-        of each part, in order (for `torch.split` of the product's last dimension)."""
+                         dtype: torch.dtype, device, *,
+                         alt_shapes: tuple[tuple[int, ...], ...] = ()) -> tuple[int, ...]:
+        """Register `name`: the concatenation along axis 0 of the checkpoint tensors `parts`, each
+        (checkpoint name, full shape [rows, ...], this rank's shard (0, start, rows) or None for
+        all of it), so one matrix product computes all of their outputs; every part has the same
+        trailing shape and accepts `alt_shapes`. Returns the local row count of each part, in
+        order (for `torch.split` of the product's last dimension)."""
         rows = [shard[2] if shard else full_shape[0] for _, full_shape, shard in parts]
         bounds = [0]
         for count in rows:
             bounds.append(bounds[-1] + count)
-        self.add_weight(name, (bounds[-1], parts[0][1][1]), dtype, device, sources=[
-            WeightSpec(checkpoint_name, name, full_shape, shard=shard, dest=(slice(start, end),))
+        self.add_weight(name, (bounds[-1], *parts[0][1][1:]), dtype, device, sources=[
+            WeightSpec(checkpoint_name, name, full_shape, shard=shard, dest=(slice(start, end),),
+                       alt_shapes=alt_shapes)
             for (checkpoint_name, full_shape, shard), start, end in zip(parts, bounds, bounds[1:])])
         return tuple(rows)
 

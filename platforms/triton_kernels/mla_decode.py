@@ -258,11 +258,8 @@ def _merge_then_absorb(o_part: torch.Tensor, lse: torch.Tensor, w_uv: torch.Tens
                                  num_warps=4)
     if not hi_lo:
         return _per_head_fp32(out, w_uv).to(dtype)
-    if out.is_cuda:
-        y = torch.bmm(out, w_uv, out_dtype=torch.float32)                                     # [H, 2T, Dv]
-    else:
-        y = torch.bmm(out.float(), w_uv.float())
-    return (y[:, :t] + y[:, t:]).transpose(0, 1).to(dtype)
+    y = _per_head_fp32(out.transpose(0, 1), w_uv)                                             # [2T, H, Dv]
+    return (y[:t] + y[t:]).to(dtype)
 
 
 def mla_decode_triton_merge(*args, **kwargs):
