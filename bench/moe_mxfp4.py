@@ -28,11 +28,27 @@ SITU_BETA = 4.0
 VARIANTS = {
     "ds_n64_k128_t16": dict(mode="dot_scaled", block_n=64, block_k=128, block_t=16),
     "ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8),
-    "gemv_n16_k512_w4": dict(mode="gemv", block_n=16, block_k=512, num_warps=4, row_split=1, prefetch=False),
-    # several weight rows per thread (u: row_split), weights loaded a step ahead (pf: prefetch)
-    "gemv_n32_k512_w4_u4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False),
-    "gemv_n16_k512_w4_u2_pf": dict(mode="gemv", block_n=16, block_k=512, num_warps=4, row_split=2, prefetch=True),
-    "gemv_n32_k256_w2_u4_pf": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True),
+    # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),
+    # weights loaded a step ahead (pf: prefetch)
+    "gemv_n32_k512_w4_u4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
+                                half=False),
+    "gemv_n32_k256_w2_u4_pf": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True,
+                                   half=False),
+    # fp16x2 products on scaled fp16 activations (h: words chained in fp16 per fp32 add, 4 or 1)
+    "gemv_n32_k512_w4_u4_h4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
+                                   half=True, chain=4),
+    "gemv_n32_k512_w4_u4_h1": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
+                                   half=True, chain=1),
+    "gemv_n32_k256_w2_u4_pf_h4": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True,
+                                      half=True, chain=4),
+    "gemv_n32_k512_w4_u4_pf_h4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=True,
+                                      half=True, chain=4),
+    "gemv_n64_k256_w4_u4_h4": dict(mode="gemv", block_n=64, block_k=256, num_warps=4, row_split=4, prefetch=False,
+                                   half=True, chain=4),
+    "gemv_n64_k256_w4_u8_pf_h4": dict(mode="gemv", block_n=64, block_k=256, num_warps=4, row_split=8, prefetch=True,
+                                      half=True, chain=4),
+    "gemv_n64_k512_w8_u4_h4": dict(mode="gemv", block_n=64, block_k=512, num_warps=8, row_split=4, prefetch=False,
+                                   half=True, chain=4),
 }
 # prefill batches (PREFILL_T tokens and up, ~T*k/E >= 64 per expert): larger token tiles and the
 # dequantise-then-cuBLAS mode, timed
@@ -44,7 +60,7 @@ PREFILL_VARIANTS = {        # the sixth session's sweep of nine tile shapes kept
     "dequant": dict(mode="dequant"),      # active experts dequantised to bf16 a group at a time, grouped products
 }
 PREFILL_T = 512
-GEMV_MAX_T = 16          # one program per (expert, token): past a few tokens per expert the tensor cores win
+GEMV_MAX_T = 32          # one program per (expert, token): past a few tokens per expert the tensor cores win
 
 
 def make_experts(e, inter, l, device, seed):

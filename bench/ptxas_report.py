@@ -27,10 +27,11 @@ TARGET = GPUTarget("cuda", 90, 32)
 # MXFP4 MoE tiles compiled: (mode 0 dot_scaled / 1 decode, rows, tokens, columns, warps); the first
 # two are what moe_mxfp4.launch_options serves at batch 1 and above, the fourth its prefill tile
 MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (0, 128, 64, 64, 4), (1, 64, 16, 64, 4))
-# the gemv mode's (rows, columns, warps, pipeline stages, rows per thread, prefetch): the former
-# one-row tile and the two moe_mxfp4.launch_options serves (one token; 2-16 tokens)
-MOE_GEMV_TILES = ((16, 512, 4, 1, 1, False), (32, 512, 4, 1, 4, False), (32, 256, 2, 1, 4, True),
-                  (16, 512, 4, 1, 2, True))
+# the gemv mode's (rows, columns, warps, pipeline stages, rows per thread, prefetch, fp16x2 chain or 0 for fp32
+# products): the former one-row tile, the two fp32-product tiles served before the fp16x2 form, and that form
+MOE_GEMV_TILES = ((16, 512, 4, 1, 1, False, 0), (32, 512, 4, 1, 4, False, 0), (32, 256, 2, 1, 4, True, 0),
+                  (16, 512, 4, 1, 2, True, 0), (32, 512, 4, 1, 4, False, 4), (32, 512, 4, 1, 4, False, 1),
+                  (32, 256, 2, 1, 4, True, 4), (32, 256, 2, 1, 4, True, 1))
 
 
 def ptxas_path() -> str:
@@ -145,20 +146,26 @@ def variants():
         yield ("moe_down", variant, fn, {**types, **act},
                dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
 
-    for block_n, block_k, warps, stages, split, prefetch in MOE_GEMV_TILES:
-        name = f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")
+    for block_n, block_k, warps, stages, split, prefetch, chain in MOE_GEMV_TILES:
+        name = (f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")
+                + (f"_fp16x2_c{chain}" if chain else ""))
+        form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=bool(chain),
+                    CHAIN=chain or 4, ASM=True)
+        planes = "*i32" if chain else "*bf16"                       # fp16 pairs as int32 words, or bf16 planes
         fn = moe_mxfp4_gemv.gate_up_kernel
-        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*bf16",
-                            "x_ptr": "*bf16"}, ("beta", "linear_beta"))
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*fp16" if chain else
+                            "*bf16", "x_ptr": planes, "x_unscale_ptr": "*fp32", "act_unscale_ptr": "*fp32"},
+                       ("beta", "linear_beta"))
         yield ("moe_gate_up", name, fn, types,
-               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, BLOCK_N=block_n, BLOCK_K=block_k,
-                    STAGES=stages, SPLIT=split, PREFETCH=prefetch), warps)
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, **form), warps)
         fn = moe_mxfp4_gemv.down_kernel
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
-                            "y_ptr": "*fp32", "act_ptr": "*bf16"}, ())
-        yield ("moe_down", name, fn, types,
-               dict(L=3584, I=3072, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch),
-               warps)
+                            "y_ptr": "*fp32", "act_ptr": planes, "act_unscale_ptr": "*fp32"}, ())
+        yield ("moe_down", name, fn, types, dict(L=3584, I=3072, **form), warps)
+
+    fn = moe_mxfp4_gemv._half_planes_kernel
+    yield ("moe_half_planes", "L3584_g16", fn, _types(fn, {"out_ptr": "*fp16", "unscale_ptr": "*fp32"}, ()),
+           dict(L=3584, GROUPS=16), 4)
 
     fn = moe_mxfp4_dequant._dequantize_kernel
     types = _types(fn, {"packed_ptr": "*u8", "scales_ptr": "*u8", "ids_ptr": "*i32", "out_ptr": "*bf16"}, ())
@@ -185,6 +192,11 @@ def variants():
            dict(E_PAD=1024, TOP_K=16, K_PAD=16, SIGMOID=True, HAS_BIAS=True, RENORMALIZE=True), 4)
     yield ("router", "k3_slice_E128_top16_w1", fn, types,
            dict(E_PAD=128, TOP_K=16, K_PAD=16, SIGMOID=True, HAS_BIAS=True, RENORMALIZE=True), 1)
+
+    fn = router._logits_kernel
+    types = _types(fn, {"w_ptr": "*fp32", "out_ptr": "*fp32"}, ())
+    for block_t, block_d in ((1, 4096), (16, 256)):
+        yield ("router", f"logits_T{block_t}_D7168", fn, types, dict(D=7168, BLOCK_T=block_t, BLOCK_D=block_d), 4)
 
     fn = moe_mxfp4_gemv._sum_choices_kernel
     yield ("moe_sum_choices", "top16_L3584", fn, _types(fn, {"y_ptr": "*fp32"}, ()),

@@ -22,7 +22,8 @@ nothing here but keeps batches off the "dequant" mode, which reads the expert co
 Four ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 32 weight rows (4 a
-    thread) on the CUDA cores, for decode steps where an expert sees a token or two;
+    thread) on the CUDA cores, for decode steps where an expert sees a token or two; bf16
+    activations are scaled per 32 columns into fp16 and multiplied two at a time (fp16x2);
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -204,8 +205,8 @@ def covers(x, w13, w2, activation) -> bool:
 
 # The model's dimensions are compile-time constants (also because the Triton interpreter
 # cannot take a runtime loop bound): one compiled kernel per (L, I), as for any model.
-GEMV_MAX_TOKENS = 16      # the H200 sweep (rows per thread): gemv 2.8x the tensor cores at T = 1, 2.1x at 4, 1.65x
-#                            at 8, 1.21x at 16 (bench/moe_mxfp4.py, BENCHMARKS.md)
+GEMV_MAX_TOKENS = 16      # the H200 sweep (fp16x2 gemv): 3.4x the tensor cores at T = 1, 2.5x at 4, 2.0x at 8,
+#                            1.42x at 16, 0.82x at 32 (bench/moe_mxfp4.py, BENCHMARKS.md)
 DEQUANT_MIN_TOKENS = 1024  # the H200 at k3-slice dims (grouped dequant vs 64-token tiles): 23.5 vs 66.2 ms at 8192,
 #                            10.4 vs 18.2 at 2048, 8.6 vs 10.1 at 1024 (bench/moe_mxfp4.py); not measured below 1024
 
@@ -226,15 +227,14 @@ PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: lar
 
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
-    k3-slice dimensions (BENCHMARKS.md): gemv 32 rows (4 a thread) x 512 columns on 4 warps for
-    one token, 32 x 256 on 2 warps with the weights loaded a step ahead for 2-16;
+    k3-slice dimensions (BENCHMARKS.md): gemv 32 rows (4 a thread) x 512 columns on 4 warps, the
+    fp16x2 form summing a group's four code words in fp16 (122 us at one token, 1,452 at 16; the
+    fp32-product form's best 147 / 1,697);
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
     dot_scaled prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
-    if mode == "gemv":
-        if t == 1:
-            return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False)
-        return dict(block_t=1, block_n=32, block_k=256, num_warps=2, stages=1, row_split=4, prefetch=True)
+    if mode == "gemv":      # fp16x2 products (bf16 activations): fastest at 1-32 tokens, prefetch slower
+        return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False, chain=4)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     if t >= PREFILL_TOKENS and mode == "dot_scaled":        # (fp32 "decode" tiles keep their registers)
@@ -244,14 +244,16 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None, row_split=None, prefetch=None):
+                    stages=None, row_split=None, prefetch=None, half=None, chain=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
     >= 16 for the tensor cores; gemv takes one), block_n (weight rows per program), block_k (columns per step, a power
     of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth),
     row_split (gemv: weight rows each thread holds, sharing its activation loads), prefetch
-    (gemv: each step's weights loaded one step ahead):
+    (gemv: each step's weights loaded one step ahead), half (gemv: fp16x2 products on scaled
+    fp16 activations; None: for bf16 activations), chain (gemv's fp16x2 form: code words summed in
+    fp16 before each fp32 add, 1 or 4):
     launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -286,7 +288,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,
                                               block_k=block_k, num_warps=num_warps, stages=stages or 1,
                                               split=row_split or chosen.get("row_split", 1),
-                                              prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch)
+                                              prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch,
+                                              half=half, chain=chain or chosen.get("chain", 4))
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.

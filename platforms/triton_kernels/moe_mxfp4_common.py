@@ -57,3 +57,62 @@ def gated_activation(g, u, beta, linear_beta, SITU: tl.constexpr, HAS_LINEAR_BET
     else:
         act = g * tl.sigmoid(g)
     return act * u
+
+
+@triton.jit
+def fp16_pair_bits(lo, hi):
+    """Two fp32 tensors rounded to fp16 (nearest even) and packed as one int32 (lo in bits 0-15)."""
+    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi16 = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    return (hi16 << 16) | lo16
+
+
+@triton.jit
+def hfma2(a, b, c, ASM: tl.constexpr):
+    """a * b + c on int32 registers that hold two fp16 each (both halves at once): one
+    `fma.rn.f16x2` on the GPU. Without inline assembly (ASM False: the Triton interpreter), the
+    same in fp32 rounded to fp16 per half: where the product is exact in fp16 (an E2M1 code times
+    an fp16 activation holds at most 10 significant bits) both are one rounding of the sum."""
+    if ASM:
+        return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    else:
+        lo = fp16_bits_to_f32(a) * fp16_bits_to_f32(b) + fp16_bits_to_f32(c)
+        hi = fp16_bits_to_f32(a >> 16) * fp16_bits_to_f32(b >> 16) + fp16_bits_to_f32(c >> 16)
+        return fp16_pair_bits(lo, hi)
+
+
+@triton.jit
+def fp16_pair_sum(a, ASM: tl.constexpr):
+    """The two fp16 halves of int32 a widened to fp32 and added (two conversions and an add)."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f16 lo, hi; .reg .f32 t; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, lo; cvt.f32.f16 t, hi; "
+            "add.f32 $0, $0, t; }", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return fp16_bits_to_f32(a) + fp16_bits_to_f32(a >> 16)
+
+
+@triton.jit
+def e2m1_pairs(w):
+    """A uint32 word of eight E2M1 codes (code c in bits 4c..4c+3) as four fp16 pairs (int32), pair
+    c holding codes c (low half) and c + 4 (high half): each code placed as an fp16's sign, two
+    lowest exponent bits and top mantissa bit, which is its value / 2^14 (code 1, 0.5, lands on
+    an fp16 subnormal)."""
+    p04 = ((w << 9) & 0x0E000E00) | ((w << 12) & 0x80008000)
+    p15 = ((w << 5) & 0x0E000E00) | ((w << 8) & 0x80008000)
+    p26 = ((w << 1) & 0x0E000E00) | ((w << 4) & 0x80008000)
+    p37 = ((w >> 3) & 0x0E000E00) | (w & 0x80008000)
+    return p04, p15, p26, p37
+
+
+@triton.jit
+def half_group_scales(amax):
+    """Per group of activations, from its largest magnitude (fp32): (scale, unscale), powers of
+    two with unscale = 2^floor(log2 amax) and scale = 2^14 / unscale, so amax * scale lies in
+    [2^14, 2^15): fp16 holds every scaled value of a bf16 group exactly (bf16's 8 significant
+    bits, down to 2^-32 of amax), and an E2M1 code / 2^14 times one stays under 12. A zero or
+    tiny group gets unscale 2^-100 (no division by zero); a non-finite one scale 0 (NaN out)."""
+    unscale = (amax.to(tl.int32, bitcast=True) & 0x7F800000).to(tl.float32, bitcast=True)
+    unscale = tl.maximum(unscale, 7.888609052210118e-31)                                     # 2^-100
+    return 16384.0 / unscale, unscale

@@ -4,27 +4,27 @@ expert sees one token or a few.
 
 Why: with one token per expert the matrix product is a matrix-vector product, and the tensor
 core path (`tl.dot_scaled`) pays for it twice: Triton upcasts the E2M1 codes into the MMA's
-operand layout through shared memory (about 0.26 warp instructions per weight in its SASS loop)
-and pads the one token to a 16-wide tile, so the loop is bound by instruction latency, not
-bytes (12% of the weight-bytes roofline at T = 1 on the H200, BENCHMARKS.md). Here each thread loads a 16-byte run of packed codes (one E8M0
-group: 32 weights) as four 32-bit words with one vector load and decodes two codes per integer
-shift-and-mask (an E2M1 code placed as an fp16's sign, two lowest exponent bits and top
-mantissa bit is its value / 2^14; nibbles c and c + 4 of a word land in one register's two fp16
-halves), multiplies them by the token's activations in fp32 and keeps per-group partial sums;
-the group scale multiplies a group's sum once, and the partial sums are reduced across the row
-once, after the loop. The activations come in "planes" ([8, width / 8]: plane c holds column
-8j + c of every word j), so a thread's activations for its words are one vector load in the
-words' own layout (no shuffle through shared memory); the gate/up kernel writes its output rows
-in planes for the down kernel. Each thread holds the same words of several rows (row_split,
-4 served), so its activation loads and their widening serve all of them: with one row a
-thread, eight activation loads for each 16-byte weight load saturated L1. 71-96 registers.
-Where the loop now goes (BENCHMARKS.md, seventh and eighth sessions): about five instructions
-a weight (two to decode, one to widen the fp16 code, one FMA, the rest activations, scales and
-addresses), 0.16 warp instructions a weight in the SASS loop, so at T = 1 it is bound by issue
-(44% of the weight-bytes roofline, 2.8x the tensor-core kernel). Loading the weights a step
-ahead (prefetch) helps from two tokens on; fp32 activation planes, and decoding to fp16 for
-`tl.dot` (fewer instructions, but a shared-memory round trip and a barrier a step at low
-occupancy: 214-359 us at T = 1, commit 8710e52), were slower.
+operand layout through shared memory and pads the one token to a 16-wide tile, so its loop is
+bound by instruction latency, not bytes (12% of the weight-bytes roofline at T = 1 on the H200,
+BENCHMARKS.md). Here each thread loads a 16-byte run of packed codes (one E8M0 group: 32
+weights) as four 32-bit words with one vector load and builds fp16 pairs from them by integer
+shifts and masks (an E2M1 code placed as an fp16's sign, two lowest exponent bits and top
+mantissa bit is its value / 2^14; nibbles c and c + 4 of a word land in one register's two
+halves: `e2m1_pairs`). Each thread holds the same words of several rows (row_split, 4 served),
+so its activation loads serve all of them. Two forms of the products:
+  - fp16x2 (bf16 activations, served; `_rows_dot_token_half`): the activations come as fp16
+    pairs matching the code pairs, each 32-column group scaled by its own power of two so fp16
+    holds them exactly, and one `fma.rn.f16x2` multiplies and adds two weights; a group's 16
+    pair products are summed in fp16 (exact products, rounded adds), then once in fp32 with
+    both scales. About 3.3 instructions a weight in the SASS loop (two of them the decode);
+    122 us at T = 1 on the H200, 55% of the weight-bytes roofline (BENCHMARKS.md, ninth session);
+  - fp32 (fp32 / fp16 activations; `_rows_dot_token`): each fp16 code widened to fp32 and
+    multiplied with fp32 FMAs by activations in planes of x's dtype (plane c holds column 8j + c
+    of every word j): about five instructions a weight, 147 us at T = 1.
+The group scale multiplies a group's sum once, and the partial sums are reduced across the row
+once, after the loop. Loading the weights a step ahead (prefetch) helped the fp32 form from two
+tokens on, not the fp16x2 one; decoding to fp16 for `tl.dot` (a shared-memory round trip and a
+barrier a step at low occupancy: 214-359 us at T = 1, commit 8710e52) was slower.
 
 Program ((token, choice) n, row block) of
   - `gate_up_kernel`: gate rows and up rows of w13 of the expert n chose against x's token row,
@@ -42,7 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .moe_mxfp4_common import e8m0_multiplier, fp16_bits_to_f32, gated_activation
+from . import interpreted
+from .moe_mxfp4_common import (e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, fp16_pair_sum, gated_activation,
+                               half_group_scales, hfma2)
 
 
 @triton.jit
@@ -100,10 +102,7 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, L: tl.constexpr
         x5 = tl.load(src_ptr + 5 * PLANE + word)[None, :, None, :].to(tl.float32)
         x6 = tl.load(src_ptr + 6 * PLANE + word)[None, :, None, :].to(tl.float32)
         x7 = tl.load(src_ptr + 7 * PLANE + word)[None, :, None, :].to(tl.float32)
-        p04 = ((w << 9) & 0x0E000E00) | ((w << 12) & 0x80008000)                               # fp16 pairs (c, c + 4)
-        p15 = ((w << 5) & 0x0E000E00) | ((w << 8) & 0x80008000)
-        p26 = ((w << 1) & 0x0E000E00) | ((w << 4) & 0x80008000)
-        p37 = ((w >> 3) & 0x0E000E00) | (w & 0x80008000)
+        p04, p15, p26, p37 = e2m1_pairs(w)                                                   # fp16 pairs (c, c + 4)
         part = fp16_bits_to_f32(p04) * x0                                                    # one fma chain
         part += fp16_bits_to_f32(p04 >> 16) * x4
         part += fp16_bits_to_f32(p15) * x1
@@ -115,6 +114,123 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, L: tl.constexpr
         # two exact steps: 2^14 folded into the scale would overflow fp32 for scale codes above 241
         acc += (tl.sum(part, axis=3) * 16384.0) * e8m0_multiplier(sc.to(tl.int32))           # [RB, G, U]
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _word_into(w, x0, x1, x2, x3, h, ASM: tl.constexpr):
+    """h (fp16 pairs) + the eight products of code word w with its activations: x_c holds
+    columns (8j + c, 8j + c + 4) as an fp16 pair, as e2m1_pairs pairs the codes. Four fma.rn.f16x2."""
+    p04, p15, p26, p37 = e2m1_pairs(w)
+    h = hfma2(p04, x0, h, ASM)
+    h = hfma2(p15, x1, h, ASM)
+    h = hfma2(p26, x2, h, ASM)
+    return hfma2(p37, x3, h, ASM)
+
+
+@triton.jit
+def _split_words(t, SHAPE: tl.constexpr):
+    """[..., 4] (a group's four words, in one thread's registers) -> its four [...] slices."""
+    a, b = tl.split(tl.reshape(t, SHAPE))                                                     # words (0, 2), (1, 3)
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L: tl.constexpr, G: tl.constexpr, RB: tl.constexpr,
+                    SPLIT: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr):
+    """One step of `_rows_dot_token_half`: the [RB, G, U] group sums (fp32, scaled) of code words w
+    [RB, G, U, 4] (E8M0 codes sc [RB, G, U]) against the activations of columns k0..k0 + 32 G."""
+    PLANE: tl.constexpr = L // 8
+    group_in_step = tl.arange(0, G)
+    word = k0 // 8 + group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :]                    # [G, 4]
+    x0 = tl.load(src_ptr + word)                                                               # [G, 4] fp16 pairs
+    x1 = tl.load(src_ptr + PLANE + word)
+    x2 = tl.load(src_ptr + 2 * PLANE + word)
+    x3 = tl.load(src_ptr + 3 * PLANE + word)
+    unscale = tl.load(src_unscale_ptr + k0 // 32 + group_in_step)[None, :, None]               # [1, G, 1]
+    if CHAIN == 1:
+        h = _word_into(w, x0[None, :, None, :], x1[None, :, None, :], x2[None, :, None, :], x3[None, :, None, :],
+                       tl.zeros(w.shape, dtype=tl.int32), ASM)                                # [RB, G, U, 4]
+        part = tl.sum(fp16_pair_sum(h, ASM), axis=3)                                          # [RB, G, U]
+    else:
+        w0, w1, w2, w3 = _split_words(w, (RB, G, SPLIT, 2, 2))                                # [RB, G, U] each
+        x00, x01, x02, x03 = _split_words(x0, (G, 2, 2))                                      # [G] each
+        x10, x11, x12, x13 = _split_words(x1, (G, 2, 2))
+        x20, x21, x22, x23 = _split_words(x2, (G, 2, 2))
+        x30, x31, x32, x33 = _split_words(x3, (G, 2, 2))
+        h = _word_into(w0, x00[None, :, None], x10[None, :, None], x20[None, :, None], x30[None, :, None],
+                       tl.zeros(w0.shape, dtype=tl.int32), ASM)
+        h = _word_into(w1, x01[None, :, None], x11[None, :, None], x21[None, :, None], x31[None, :, None], h, ASM)
+        h = _word_into(w2, x02[None, :, None], x12[None, :, None], x22[None, :, None], x32[None, :, None], h, ASM)
+        h = _word_into(w3, x03[None, :, None], x13[None, :, None], x23[None, :, None], x33[None, :, None], h, ASM)
+        part = fp16_pair_sum(h, ASM)                                                          # [RB, G, U]
+    return (part * unscale) * e8m0_multiplier(sc.to(tl.int32))                                # two exact steps
+
+
+@triton.jit
+def _rows_dot_token_half(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr, L: tl.constexpr,
+                         BLOCK_K: tl.constexpr, s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr):
+    """`_rows_dot_token` for fp16 activations in packed pairs, multiplied and summed as fp16x2 (two
+    products an instruction, no widening of the codes): src points at the token's int32 pair
+    planes [4, L / 8], plane c word j = columns (8j + c, 8j + c + 4) as fp16, each 32-column group
+    scaled by a power of two (`half_group_scales`) that src_unscale [L / 32] undoes. The products
+    are exact (code / 2^14 times a scaled activation: at most 10 significant bits, under 12 in
+    magnitude); the fp16 sums round once per add, then go to fp32: per word (CHAIN 1: three adds
+    in fp16 per half) or per 32-column group (CHAIN 4: fifteen), times the activation group's
+    unscale and the weight group's E8M0 scale."""
+    G: tl.constexpr = BLOCK_K // 32
+    RB: tl.constexpr = BLOCK_N // SPLIT
+    rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
+    mask_r = rows < N
+    group_in_step = tl.arange(0, G)
+    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
+    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
+    # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
+    # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
+    # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
+    # on the H200: 137 against 122 us at T = 1 (BENCHMARKS.md, ninth session)
+    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
+    mask_w = mask_r[:, None, :, None]
+    mask_s = mask_r[:, None, :]
+    acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
+    if PREFETCH:                       # each step's codes and scales load during the step before
+        w_next = tl.load(step_words, mask=mask_w, other=0)
+        sc_next = tl.load(step_scales, mask=mask_s, other=127)
+    for k0 in tl.range(0, L, BLOCK_K, num_stages=STAGES):
+        if PREFETCH:
+            w = w_next
+            sc = sc_next
+            following = tl.minimum(k0 + BLOCK_K, L - BLOCK_K)
+            w_next = tl.load(step_words + following // 8, mask=mask_w, other=0)
+            sc_next = tl.load(step_scales + following // 32, mask=mask_s, other=127)
+        else:
+            w = tl.load(step_words + k0 // 8, mask=mask_w, other=0)                          # [RB, G, U, 4]
+            sc = tl.load(step_scales + k0 // 32, mask=mask_s, other=127)
+        acc += _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L, G, RB, SPLIT, CHAIN, ASM)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _pair_plane_index(col, L: tl.constexpr):
+    """fp16 index of column col in [4, L / 8] pair planes read as [4, L / 8, 2] fp16: column
+    8j + 4h + c at (c, j, h)."""
+    return ((col % 4) * (L // 8) + col // 8) * 2 + (col // 4) % 2
+
+
+@triton.jit
+def _half_planes_kernel(x_ptr, out_ptr, unscale_ptr, s_x, s_out, s_un, L: tl.constexpr, GROUPS: tl.constexpr):
+    """Token row t (program_id(0)) of x as the gemv's fp16 pair planes and group unscales:
+    GROUPS 32-column groups a program (program_id(1))."""
+    t = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)                                  # [GROUPS]
+    col = group[:, None] * 32 + tl.arange(0, 32)[None, :]                                     # [GROUPS, 32]
+    mask = col < L
+    x = tl.load(x_ptr + t * s_x + col, mask=mask, other=0.0).to(tl.float32)
+    scale, unscale = half_group_scales(tl.max(tl.abs(x), axis=1))
+    tl.store(out_ptr + t * s_out + _pair_plane_index(col, L), (x * scale[:, None]).to(tl.float16), mask=mask)
+    tl.store(unscale_ptr + t * s_un + group, unscale, mask=group < L // 32)
 
 
 @triton.jit
@@ -135,42 +251,66 @@ def _block_rows(BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
 
 @triton.jit
 def gate_up_kernel(
-    x_ptr, p13_ptr, s13_ptr, ids_ptr, act_ptr,
-    s_x, s_pe, s_pr, s_se, s_sr, s_act,
+    x_ptr, x_unscale_ptr, p13_ptr, s13_ptr, ids_ptr, act_ptr, act_unscale_ptr,
+    s_x, s_xu, s_pe, s_pr, s_se, s_sr, s_act, s_au,
     TOPK, expert_start, E_LOCAL, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     if local:
         col0 = tl.program_id(1) * BLOCK_N
-        x_row = x_ptr + (n // TOPK) * s_x
-        g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES,
-                            SPLIT, BLOCK_N, PREFETCH)
-        u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
-                            STAGES, SPLIT, BLOCK_N, PREFETCH)
+        token = n // TOPK
+        if HALF:
+            x_row, x_unscale = x_ptr + token * s_x, x_unscale_ptr + token * s_xu
+            g = _rows_dot_token_half(p13_ptr, s13_ptr, e, col0, I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
+                                     s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
+            u = _rows_dot_token_half(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr,
+                                     s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
+        else:
+            x_row = x_ptr + token * s_x
+            g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES,
+                                SPLIT, BLOCK_N, PREFETCH)
+            u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
+                                STAGES, SPLIT, BLOCK_N, PREFETCH)
         out = gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA)
         if ACT_BF16:                                      # as the reference rounds them in a bf16 model
             out = out.to(tl.bfloat16).to(tl.float32)
         col = _block_rows(BLOCK_N, SPLIT)                                                     # [RB, U]
-        tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=col < I)  # planes, as x
+        if HALF:        # the down kernel's input: fp16 pair planes, a power-of-two scale per 32 columns
+            group = (col - col0) // 32
+            scale = tl.zeros(out.shape, dtype=tl.float32)
+            for gi in tl.static_range(BLOCK_N // 32):
+                in_group = group == gi
+                group_scale, unscale = half_group_scales(tl.max(tl.where(in_group, tl.abs(out), 0.0)))
+                scale = tl.where(in_group, group_scale, scale)
+                index = col0 // 32 + gi
+                tl.store(act_unscale_ptr + n * s_au + index, unscale, mask=index < I // 32)
+            tl.store(act_ptr + n * s_act + _pair_plane_index(col, I), (out * scale).to(tl.float16), mask=col < I)
+        else:
+            tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=col < I)  # planes, as x
 
 
 @triton.jit
 def down_kernel(
-    act_ptr, p2_ptr, s2_ptr, ids_ptr, weight_ptr, y_ptr,
-    s_act, s_pe, s_pr, s_se, s_sr, s_y,
+    act_ptr, act_unscale_ptr, p2_ptr, s2_ptr, ids_ptr, weight_ptr, y_ptr,
+    s_act, s_au, s_pe, s_pr, s_se, s_sr, s_y,
     expert_start, E_LOCAL,
     L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     row = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
     mask_n = row < L
     if local:
-        out = _rows_dot_token(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, L, act_ptr + n * s_act, I, BLOCK_K,
-                              s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH)
+        row0 = tl.program_id(1) * BLOCK_N
+        if HALF:
+            out = _rows_dot_token_half(p2_ptr, s2_ptr, e, row0, L, act_ptr + n * s_act, act_unscale_ptr + n * s_au, I,
+                                       BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
+        else:
+            out = _rows_dot_token(p2_ptr, s2_ptr, e, row0, L, act_ptr + n * s_act, I, BLOCK_K, s_pe, s_pr, s_se,
+                                  s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH)
         tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
     else:                                                 # another rank's expert: contributes nothing
         tl.store(y_ptr + n * s_y + row, tl.zeros(row.shape, dtype=tl.float32), mask=mask_n)
@@ -197,40 +337,59 @@ def word_aligned(w13, w2) -> bool:
 
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
-                    block_n, block_k, num_warps, stages=1, split=1, prefetch=False):
+                    block_n, block_k, num_warps, stages=1, split=1, prefetch=False, half=None, chain=4):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
-    launches and the sum over choices (one launch, cast included)."""
+    launches and the sum over choices (one launch, cast included).
+
+    half (None: bf16 activations): fp16x2 products on scaled fp16 pair planes
+    (`_rows_dot_token_half`; block_n a multiple of 32), chain its words per fp32 sum (1 or 4);
+    else fp32 products on activation planes in x's dtype (bf16 / fp16) or fp32."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
+    half = x.dtype == torch.bfloat16 if half is None else half
+    if half and (block_n % 32 or chain not in (1, 4)):
+        raise ValueError(f"gemv: the fp16x2 form needs block_n a multiple of 32 (got {block_n}) and chain 1 or 4 "
+                         f"(got {chain})")
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     ids = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1)
-    # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
-    # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
-    # Activation loads, not weight bytes, bound this kernel (L1, BENCHMARKS.md): half the bytes.
-    plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
-    x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()       # [T, 8, L/8]
-    act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
-    act = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)       # planes
+    if half:
+        # fp16 pair planes (int32 words, see _pair_plane_index) and one fp32 unscale per 32 columns
+        x_half = torch.empty(t, l, dtype=torch.float16, device=x.device)
+        x_unscale = torch.empty(t, l // 32, dtype=torch.float32, device=x.device)
+        _half_planes_kernel[(t, triton.cdiv(l // 32, 16))](x, x_half, x_unscale, x.stride(0), x_half.stride(0),
+                                                          x_unscale.stride(0), L=l, GROUPS=16, num_warps=4)
+        x_planes = x_half.view(torch.int32)                                               # [T, L / 2]
+        act = torch.empty(t * topk, inter, dtype=torch.float16, device=x.device)
+        act_unscale = torch.empty(t * topk, inter // 32, dtype=torch.float32, device=x.device)
+        act_words = act.view(torch.int32)
+    else:
+        # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
+        # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
+        plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
+        x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()   # [T, 8, L/8]
+        x_unscale = x_planes                                                            # (not read)
+        act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+        act = act_words = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)
+        act_unscale = act                                                               # (not read)
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
+    form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=half,
+                CHAIN=chain, ASM=not interpreted(), num_warps=num_warps)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
-        x_planes, w13.packed, w13.scales, ids, act,
-        x_planes.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
-        topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
+        x_planes, x_unscale, w13.packed, w13.scales, ids, act, act_unscale,
+        x_planes.stride(0), x_unscale.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
+        act_unscale.stride(0), topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
-        ACT_BF16=x.dtype == torch.bfloat16, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split,
-        PREFETCH=prefetch, num_warps=num_warps,
+        ACT_BF16=x.dtype == torch.bfloat16, **form,
     )
     down_kernel[(t * topk, triton.cdiv(l, block_n))](
-        act, w2.packed, w2.scales, ids, weights, y,
-        act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
-        expert_start, e_local,
-        L=l, I=inter, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch,
-        num_warps=num_warps,
+        act_words, act_unscale, w2.packed, w2.scales, ids, weights, y,
+        act_words.stride(0), act_unscale.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
+        expert_start, e_local, L=l, I=inter, **form,
     )
     out = torch.empty(t, l, dtype=x.dtype, device=x.device)
     _sum_choices_kernel[(t, triton.cdiv(l, 1024))](y, out, y.stride(0), out.stride(0), TOPK=topk, L=l, BLOCK=1024,

@@ -13,7 +13,18 @@ from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from kernel_tables import run_with, samples  # noqa: E402
+
+from k3.platforms.triton_kernels.moe_mxfp4_common import hfma2  # noqa: E402
+
+
+@triton.jit
+def _hfma2_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, hfma2(tl.load(a_ptr + i), tl.load(b_ptr + i), tl.load(c_ptr + i), False))
+
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -416,3 +427,63 @@ def test_prefill_batches_take_64_token_tiles_on_the_tensor_cores_only():
     assert kernel.launch_options(64, "dot_scaled")["block_t"] == 16
     x = torch.empty(kernel.DEQUANT_MIN_TOKENS, 8, dtype=torch.bfloat16)
     assert kernel.default_mode(x) == "decode"                 # on the CPU: no dot_scaled, no cuBLAS
+
+
+@pytest.mark.parametrize("chain", [1, 4])
+def test_gemv_fp16x2_form_holds_groups_of_any_magnitude(chain, monkeypatch):
+    """bf16 activations in the gemv mode are multiplied as fp16 pairs, each 32-column group
+    scaled by its own power of two: groups 2^-40 to 2^40 apart, an all-zero group and a token
+    of tiny values must all keep bf16-level accuracy (one fp16 scale per row would flush the
+    small groups or overflow the large ones). NaN-poisoned buffers: every pair plane, group
+    unscale and activation row is written (96 rows in blocks of 64 leave a part-empty block)."""
+    from k3.platforms.triton_kernels import moe_mxfp4_gemv as gemv
+
+    g = torch.Generator().manual_seed(12)
+    t, k, e, inter, l = 3, 2, 4, 96, 160
+    w13, w2 = _experts(e, inter, l, g)
+    weights, ids = _routing(t, k, e, g)
+    x = torch.randn(t, l, generator=g)
+    x[0] *= (2.0 ** torch.arange(-40, 41, 16).repeat_interleave(32)[:l]).float()    # groups 2^-40 .. 2^24
+    x[1, 32:64] = 0
+    x[2] *= 2.0 ** -30                                      # activations near 2^-60: act groups far below 1
+    x = x.bfloat16()
+    kw = {"activation": "silu"}
+    _nan_poisoned_empty(monkeypatch, gemv)
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="gemv", block_n=64, block_k=64, chain=chain, **kw)
+    monkeypatch.undo()
+    want = ref.experts_forward(x.double(), w13, w2, weights.double(), ids, **kw)
+    assert got.isfinite().all()
+    for row in range(t):                                    # each token against its own scale
+        err = (got[row].double() - want[row]).norm() / want[row].norm()
+        assert err < 1e-2, (row, err)
+
+
+def test_gemv_fp16x2_form_propagates_nan_and_checks_its_options():
+    g = torch.Generator().manual_seed(13)
+    w13, w2 = _experts(2, 32, 64, g)
+    x, ids, weights = torch.randn(2, 64, generator=g).bfloat16(), torch.tensor([[0], [1]]), torch.ones(2, 1)
+    x[1, 5] = float("nan")
+    got = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_k=64)
+    assert got[0].isfinite().all() and got[1].isnan().any()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_n=16, row_split=1)
+    with pytest.raises(ValueError, match="chain 1 or 4"):
+        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", chain=2)
+
+
+def test_hfma2_emulation_rounds_as_the_instruction():
+    """The interpreter's stand-in for fma.rn.f16x2: both halves of a * b + c rounded once to fp16
+    (nearest even), against numpy's fp16 on exact products."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 256
+    # a: E2M1 values / 2^14 (at most 2 significant bits), b: fp16 of at most 8 (exact products)
+    a = (rng.choice([0, .5, 1, 1.5, 2, 3, 4, 6], (n, 2)) * rng.choice([-1, 1], (n, 2)) / 2 ** 14).astype(np.float16)
+    b = (np.round(rng.normal(size=(n, 2)) * 128) * 2.0 ** rng.integers(0, 8, (n, 2))).astype(np.float16)
+    c = rng.normal(size=(n, 2)).astype(np.float16) * 8
+    as_words = lambda v: torch.from_numpy(v.view(np.int32).reshape(n).copy())  # noqa: E731
+    out = torch.empty(n, dtype=torch.int32)
+    _hfma2_kernel[(1,)](as_words(a), as_words(b), as_words(c), out, N=n)
+    want = (a.astype(np.float64) * b + c).astype(np.float16)              # exact product and sum, one rounding
+    assert np.array_equal(out.numpy().view(np.float16).reshape(n, 2), want)
