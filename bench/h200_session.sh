@@ -9,8 +9,8 @@
 #     where Triton is missing) and fla-core's (experimental; k3's pinned launch configurations);
 #   bash bench/h200_session.sh kernels
 #     per-kernel benchmarks: AttnRes, MXFP4 experts (decode batches), KDA decode launch variants,
-#     MLA (decode and prefill), the KDA verify recurrence and the DSA indexer decode / prefill
-#     scores and top-k;
+#     MLA (decode and prefill), the KDA verify recurrence, the DSA indexer decode / prefill
+#     scores and top-k, and the router (logits and selection);
 #   bash bench/h200_session.sh prefill
 #     the prefill kernels: KDA chunked prefill (k3's Triton phases and their launch variants,
 #     fla-core's wrapper and kernel, the reference) and the MXFP4 experts at 1K-8K tokens (tiles
@@ -77,11 +77,12 @@ conformance)
 kernels)
     step bench-attn-res 45 python3 bench/attn_res.py --out "$OUT/attn_res.json"
     # shellcheck disable=SC2086
-    step bench-moe 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" ${MOE_ARGS:-}
+    step bench-moe 170 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" ${MOE_ARGS:-}
     step bench-kda-decode 100 python3 bench/kda_decode.py --out "$OUT/kda_decode.json" --batch 1 64 256 --layouts hkv
     step bench-mla 120 python3 bench/mla.py --out "$OUT/mla.json"
     step bench-kda-verify 60 python3 bench/kda_verify.py --out "$OUT/kda_verify.json"
     step bench-indexer 60 python3 bench/indexer_decode.py --out "$OUT/indexer_decode.json"
+    step bench-router 40 python3 bench/router.py --out "$OUT/router.json"
     ;;
 prefill)
     step bench-kda-prefill 160 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"

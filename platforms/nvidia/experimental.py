@@ -38,9 +38,12 @@ PROMOTED = {
                           "MXFP4 routed experts, W4A16, SiTU-GLU fused"),
     "moe_router": Kernel("moe.select_experts", "triton_kernels.router:select_experts",
                          "expert selection (scores, bias, top-k, renormalisation) in one launch"),
+    "moe_router_logits": Kernel("moe.router_logits", "triton_kernels.router:router_logits",
+                                "fp32 router logits of decode batches up to 4 tokens in one launch (fp32 FMAs)"),
     "attn_res_step": Kernel("attn_res.step", "triton_kernels.attn_res:attn_res", "fused Block AttnRes step"),
-    "mla_decode": Kernel("mla.decode", "triton_kernels.mla_decode:mla_decode",
-                         "absorbed MLA decode over paged latents, split-K flash decoding"),
+    "mla_decode": Kernel("mla.decode", "triton_kernels.mla_decode:mla_decode_native",
+                         "absorbed MLA decode over paged latents, split-K flash decoding on bf16 tensor cores "
+                         "from bf16 / fp8 rows, the splits merged in one launch"),
     "mla_prefill": Kernel("mla.prefill", "torch_kernels.mla_prefill_sdpa:mla_prefill",
                           "MLA prefill on torch's fused attention (flash / memory-efficient kernels)", needs=()),
     "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
@@ -70,9 +73,6 @@ KERNELS = {
                           needs=("triton", "fla")),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
-    "mla_decode_triton_merge": Kernel("mla.decode", "triton_kernels.mla_decode:mla_decode_triton_merge",
-                                      "mla_decode with its splits merged in one Triton launch (about 13 fewer "
-                                      "launches a layer)"),
 }
 
 

@@ -9,7 +9,7 @@ computed on the device) BLOCK_N at a time through the block table (a loop of con
 count SPLIT_LEN, a power of two no smaller than any share, whose blocks past the share skip),
 loads each latent row once for all its heads (bf16 / fp16 / fp32, or fp8 times the cache's scale), scores the latent part and the RoPE
 part with two dots, and keeps an online softmax; the splits are merged by their log-sum-exp in
-torch (or, `merge="triton"`, in one more launch). Positions past the sequence or after the query (speculative verify) are masked. With
+one more launch (or, `merge="torch"`, by a dozen torch operations). Positions past the sequence or after the query (speculative verify) are masked. With
 DSA indices the programs walk the selection instead of the context (sparse: k rows read per
 query, not the whole context); duplicates and out-of-range entries are dropped on the device
 first (the reference selects a position once). A split whose share is empty returns at once.
@@ -166,17 +166,17 @@ def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: 
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
-               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="torch"):
+               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton"):
     """`k3.reference.mla_decode` with the attention in Triton (same signature and contract).
 
     operands (a launch option for benchmarks): "fp32" (the default: rows widened to fp32, tf32
     products; IEEE for fp32 models) or "native" (bf16 and fp8 caches: bf16 tensor-core products
     straight from the stored rows, the query and the softmax weights rounded to bf16, the fp8
     scale applied to the scores and the output; fp32 caches keep "fp32").
-    merge: "torch" (the served default: the splits merged by a dozen torch operations, the fp32
-    latent multiplied with w_uv as two 16-bit parts) or "triton" (one `_merge_splits_kernel`
-    launch writing both parts as one operand, then one product: about 13 fewer launches a layer;
-    `mla_decode_triton_merge`, experimental until a device run has timed it).
+    merge: "triton" (the default: one `_merge_splits_kernel` launch writing the merged fp32 latent
+    as hi + lo 16-bit parts of one operand, then one product with w_uv: about 13 fewer launches a
+    layer than "torch"; on the H200 107 vs 138 us at one sequence of 8K, BENCHMARKS.md) or "torch"
+    (the splits merged by a dozen torch operations, the latent's two parts multiplied apart).
     """
     if merge not in ("torch", "triton"):
         raise ValueError(f"mla_decode: merge must be 'torch' or 'triton', got {merge!r}")
@@ -262,9 +262,11 @@ def _merge_then_absorb(o_part: torch.Tensor, lse: torch.Tensor, w_uv: torch.Tens
     return (y[:t] + y[t:]).to(dtype)
 
 
-def mla_decode_triton_merge(*args, **kwargs):
-    """`mla_decode` with merge="triton" (the experimental kernel entry `mla_decode_triton_merge`)."""
-    return mla_decode(*args, merge="triton", **kwargs)
+def mla_decode_native(*args, **kwargs):
+    """`mla_decode` with operands="native", the nvidia platform's served `mla.decode`: bf16
+    tensor-core products straight from bf16 and fp8 cache rows (fp32 caches keep fp32; on the
+    H200 1.0-1.6x the fp32 operands, most on fp8 pages, BENCHMARKS.md)."""
+    return mla_decode(*args, operands="native", **kwargs)
 
 
 def _per_head_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,11 @@
-"""Expert selection in Triton: `MoEKernels.select_experts` (see k3.reference.select_experts).
+"""The router in Triton: `MoEKernels.router_logits` and `MoEKernels.select_experts` (see
+k3.reference.router_logits and k3.reference.select_experts).
+
+Router logits of small decode batches (up to LOGITS_MAX_TOKENS tokens): one program per (expert, block
+of tokens) multiplies the token rows, widened to fp32, by the expert's fp32 gate row with fp32
+FMAs and sums in fp32: one launch where the reference's upcast and cuBLAS's fp32 GEMV took three
+(a copy of h to fp32, a dot kernel and its reduction) in each MoE layer. Larger batches go to the
+reference (cuBLAS is faster there).
 
 One program per token does the whole selection in registers: scores (sigmoid, or softmax over
 the experts), the correction bias added for selection only, top_k by repeated arg-max (ids in
@@ -15,6 +22,51 @@ import triton
 import triton.language as tl
 
 from k3 import reference as ref
+
+
+LOGITS_MAX_TOKENS = 4       # the H200 (bench/router.py): 7.4 vs 13.6 us at T = 1, 10.6 vs 20.5 at 4; 24.0 vs 22.3 at 16
+
+
+@triton.jit
+def _logits_kernel(h_ptr, w_ptr, out_ptr, s_h, s_w, s_o, T, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """out[t, e] = sum_d h[t, d] w[e, d] in fp32 for expert e = program_id(0) and BLOCK_T tokens."""
+    e = tl.program_id(0).to(tl.int64)
+    tok = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask_t = tok < T
+    acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        mask_d = cols < D
+        w = tl.load(w_ptr + e * s_w + cols, mask=mask_d, other=0.0)                        # [BLOCK_D] fp32
+        h = tl.load(h_ptr + tok[:, None].to(tl.int64) * s_h + cols[None, :], mask=mask_t[:, None] & mask_d[None, :],
+                    other=0.0).to(tl.float32)                                           # [BLOCK_T, BLOCK_D]
+        acc += h * w[None, :]
+    tl.store(out_ptr + tok.to(tl.int64) * s_o + e, tl.sum(acc, 1), mask=mask_t)
+
+
+def logits_cover(h, weight) -> bool:
+    """The inputs `router_logits` computes in Triton; anything else goes to the reference op."""
+    return (h.dim() == 2 and weight.dim() == 2 and h.shape[1] == weight.shape[1] and weight.dtype == torch.float32
+            and h.dtype in (torch.float32, torch.bfloat16, torch.float16) and h.shape[0] <= LOGITS_MAX_TOKENS
+            and h.stride(-1) == 1 and weight.stride(-1) == 1)
+
+
+def router_logits(h, weight, *, block_t=None, block_d=None, num_warps=4):
+    """`k3.reference.router_logits` (h [T, D] x weight [E, D] -> fp32 [T, E]) as one Triton launch
+    for decode batches. block_t, block_d, num_warps: launch options for benchmarks (None: the
+    tokens in blocks of up to 16, 4096 / block_t columns a step)."""
+    if not logits_cover(h, weight):
+        return ref.router_logits(h, weight)
+    t, d = h.shape
+    e = weight.shape[0]
+    out = torch.empty(t, e, dtype=torch.float32, device=h.device)
+    if t:
+        block_t = block_t or min(16, triton.next_power_of_2(t))
+        block_d = block_d or min(triton.next_power_of_2(d), max(128, 4096 // block_t))
+        _logits_kernel[(e, triton.cdiv(t, block_t))](h, weight, out, h.stride(0), weight.stride(0), out.stride(0), t,
+                                                     D=d, BLOCK_T=block_t, BLOCK_D=block_d, num_warps=num_warps)
+    return out
 
 
 @triton.jit

@@ -69,20 +69,20 @@ def test_native_operands_match_the_reference(cache_dtype):
 @pytest.mark.parametrize("dtype, cache_dtype, tol", [
     (torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 2e-2),
     (torch.bfloat16, torch.float8_e4m3fn, 2e-2)], ids=["fp32", "bf16", "bf16_fp8_cache"])
-def test_triton_merge_matches_the_reference(dtype, cache_dtype, tol):
-    """merge="triton": the splits merged in one launch (a length-1 sequence leaves most of its
-    splits empty), verify queries and a DSA selection; 16-bit weights take the hi + lo operand."""
-    _check(*_case([7, 300, 33, 1], dtype, cache_dtype), tol, merge="triton")
-    _check(*_case([20, 290], dtype, cache_dtype, seed=1, q_lens=[3, 4]), tol, merge="triton")
+def test_torch_merge_matches_the_reference(dtype, cache_dtype, tol):
+    """merge="torch" (the default is "triton"): the splits merged by torch operations (a length-1
+    sequence leaves most of its splits empty), verify queries and a DSA selection."""
+    _check(*_case([7, 300, 33, 1], dtype, cache_dtype), tol, merge="torch")
+    _check(*_case([20, 290], dtype, cache_dtype, seed=1, q_lens=[3, 4]), tol, merge="torch")
     topk = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(2))
     topk[0, -2:] = -1
-    _check(*_case([40, 35], dtype, cache_dtype, seed=2, topk=topk), tol, merge="triton")
+    _check(*_case([40, 35], dtype, cache_dtype, seed=2, topk=topk), tol, merge="torch")
 
 
 def test_triton_merge_equals_the_torch_merge():
     """Both merges compute the same sums: fp32 results agree to rounding."""
     args, kw = _case([7, 300, 33, 1], torch.float32, torch.float32, seed=4)
-    torch.testing.assert_close(kernel.mla_decode(*args, **kw, merge="triton"), kernel.mla_decode(*args, **kw),
+    torch.testing.assert_close(kernel.mla_decode(*args, **kw), kernel.mla_decode(*args, **kw, merge="torch"),
                                rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="merge must be"):
         kernel.mla_decode(*args, **kw, merge="cuda")
@@ -114,8 +114,8 @@ def test_dsa_selection_longer_than_a_split():
 
 
 @pytest.mark.parametrize("item", samples("mla.decode") + samples("cache.mla_decode_fp8_pages"), ids=lambda i: i.id)
-def test_conformance_samples_with_the_triton_merge(item):
-    """The experimental `mla_decode_triton_merge` entry on every mla.decode conformance sample
-    (the suite runs the served merge)."""
-    outcome = run_with(item, "mla", decode=kernel.mla_decode_triton_merge)
+def test_conformance_samples_with_native_operands(item):
+    """The served `mla_decode_native` entry on every mla.decode conformance sample (the kernel
+    tier's default run takes the fp32 operands)."""
+    outcome = run_with(item, "mla", decode=kernel.mla_decode_native)
     assert outcome.passed, outcome.summary()

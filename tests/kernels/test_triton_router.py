@@ -43,3 +43,32 @@ def test_grouped_and_float64_fall_back():
     for x in (logits, logits.double()):
         got, want = kernel.select_experts(x, **kw), ref.select_experts(x, **kw)
         assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("t, e, d, dtype, block_t, block_d", [
+    (1, 128, 7168, torch.bfloat16, None, None),        # k3-slice's router at one token
+    (3, 8, 96, torch.float32, None, None),
+    (4, 12, 200, torch.bfloat16, 2, 64),                # two token blocks, columns past the last step
+    (2, 4, 64, torch.float16, None, None),
+], ids=["k3_slice_T1", "fp32_T3", "bf16_T4_two_blocks_ragged", "fp16_T2"])
+def test_router_logits_match_the_reference(t, e, d, dtype, block_t, block_d, monkeypatch):
+    """fp32 logits of bf16 / fp16 / fp32 token rows against the fp32 gate, in a NaN-filled output
+    (every logit written), against the reference's upcast product in float64."""
+    g = torch.Generator().manual_seed(t + e)
+    h = torch.randn(t, d, generator=g).to(dtype)
+    w = torch.randn(e, d, generator=g) * d ** -0.5
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    got = kernel.router_logits(h, w, block_t=block_t, block_d=block_d)
+    monkeypatch.undo()
+    want = ref.router_logits(h.double(), w.double())
+    assert got.dtype == torch.float32 and got.shape == (t, e)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_router_logits_of_prefill_batches_and_float64_go_to_the_reference():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(8, 32, generator=g)
+    for h in (torch.randn(kernel.LOGITS_MAX_TOKENS + 1, 32, generator=g), torch.randn(2, 32, generator=g).double()):
+        assert not kernel.logits_cover(h, w.to(h.dtype))
+        torch.testing.assert_close(kernel.router_logits(h, w.to(h.dtype)), ref.router_logits(h, w.to(h.dtype)))
