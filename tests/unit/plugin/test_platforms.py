@@ -224,14 +224,15 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
     nvidia = info("nvidia", "cuda")
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
-    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "select_experts"]
+    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "router_logits", "select_experts"]
+    assert plugin.k3_mla_kernels(platform=nvidia).decode.__name__ == "mla_decode_native"
     assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
     assert sorted(plugin.k3_mla_kernels(platform=nvidia).provided()) == ["decode", "prefill"]
     assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores", "topk"]
     assert sorted(plugin.k3_elementwise_kernels(platform=nvidia).provided()) == ["glu_activation", "rms_norm"]
     for hook in (plugin.k3_moe_kernels, plugin.k3_attn_res_kernels, plugin.k3_mla_kernels, plugin.k3_kda_kernels):
         assert hook(platform=info("reference")) is None
-    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, mla_prefill, rms_norm")
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, moe_router_logits, mla_prefill, rms_norm")
     assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
     assert plugin.k3_elementwise_kernels(platform=nvidia).provided() == ["glu_activation"]
     assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
@@ -240,7 +241,7 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
     assert plugin.k3_mla_kernels(platform=nvidia) is None and plugin.k3_kda_kernels(platform=nvidia) is None
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_router,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["experts"]
+        assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "router_logits"]
 
 
 def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
