@@ -24,31 +24,30 @@ from k3.quant.mxfp4 import MXFP4Tensor
 from measure import bench_ms, graph_replay_ms, matmul_tflops, ratio, run_header, save
 
 SITU_BETA = 4.0
+
+
+def _gemv(block_n, block_k, num_warps, row_split, prefetch, chain=0):
+    """A gemv launch: chain 0 for the fp32-product form, else the fp16x2 form with that chain."""
+    return dict(mode="gemv", block_n=block_n, block_k=block_k, num_warps=num_warps, row_split=row_split,
+                prefetch=prefetch, half=bool(chain), **({"chain": chain} if chain else {}))
+
+
 # launch options of experts_forward swept per batch size (each checked before it is timed)
 VARIANTS = {
     "ds_n64_k128_t16": dict(mode="dot_scaled", block_n=64, block_k=128, block_t=16),
     "ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8),
     # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),
     # weights loaded a step ahead (pf: prefetch)
-    "gemv_n32_k512_w4_u4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
-                                half=False),
-    "gemv_n32_k256_w2_u4_pf": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True,
-                                   half=False),
+    "gemv_n32_k512_w4_u4": _gemv(32, 512, 4, 4, False),
+    "gemv_n32_k256_w2_u4_pf": _gemv(32, 256, 2, 4, True),
     # fp16x2 products on scaled fp16 activations (h: words chained in fp16 per fp32 add, 4 or 1)
-    "gemv_n32_k512_w4_u4_h4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
-                                   half=True, chain=4),
-    "gemv_n32_k512_w4_u4_h1": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=False,
-                                   half=True, chain=1),
-    "gemv_n32_k256_w2_u4_pf_h4": dict(mode="gemv", block_n=32, block_k=256, num_warps=2, row_split=4, prefetch=True,
-                                      half=True, chain=4),
-    "gemv_n32_k512_w4_u4_pf_h4": dict(mode="gemv", block_n=32, block_k=512, num_warps=4, row_split=4, prefetch=True,
-                                      half=True, chain=4),
-    "gemv_n64_k256_w4_u4_h4": dict(mode="gemv", block_n=64, block_k=256, num_warps=4, row_split=4, prefetch=False,
-                                   half=True, chain=4),
-    "gemv_n64_k256_w4_u8_pf_h4": dict(mode="gemv", block_n=64, block_k=256, num_warps=4, row_split=8, prefetch=True,
-                                      half=True, chain=4),
-    "gemv_n64_k512_w8_u4_h4": dict(mode="gemv", block_n=64, block_k=512, num_warps=8, row_split=4, prefetch=False,
-                                   half=True, chain=4),
+    "gemv_n32_k512_w4_u4_h4": _gemv(32, 512, 4, 4, False, chain=4),
+    "gemv_n32_k512_w4_u4_h1": _gemv(32, 512, 4, 4, False, chain=1),
+    "gemv_n32_k256_w2_u4_pf_h4": _gemv(32, 256, 2, 4, True, chain=4),
+    "gemv_n32_k512_w4_u4_pf_h4": _gemv(32, 512, 4, 4, True, chain=4),
+    "gemv_n64_k256_w4_u4_h4": _gemv(64, 256, 4, 4, False, chain=4),
+    "gemv_n64_k256_w4_u8_pf_h4": _gemv(64, 256, 4, 8, True, chain=4),
+    "gemv_n64_k512_w8_u4_h4": _gemv(64, 512, 8, 4, False, chain=4),
 }
 # prefill batches (PREFILL_T tokens and up, ~T*k/E >= 64 per expert): larger token tiles and the
 # dequantise-then-cuBLAS mode, timed

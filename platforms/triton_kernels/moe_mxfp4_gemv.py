@@ -18,7 +18,7 @@ so its activation loads serve all of them. Two forms of the products:
     pair products are summed in fp16 (exact products, rounded adds), then once in fp32 with
     both scales. About 3.3 instructions a weight in the SASS loop (two of them the decode);
     122 us at T = 1 on the H200, 55% of the weight-bytes roofline (BENCHMARKS.md, ninth session);
-  - fp32 (fp32 / fp16 activations; `_rows_dot_token`): each fp16 code widened to fp32 and
+  - fp32 (fp32 / fp16 activations; `_fp32_step_sums`): each fp16 code widened to fp32 and
     multiplied with fp32 FMAs by activations in planes of x's dtype (plane c holds column 8j + c
     of every word j): about five instructions a weight, 147 us at T = 1.
 The group scale multiplies a group's sum once, and the partial sums are reduced across the row
@@ -44,17 +44,49 @@ import triton.language as tl
 
 from . import interpreted
 from .moe_mxfp4_common import e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, gated_activation, half_group_scales
-from .moe_mxfp4_gemv_half import _half_planes_kernel, _pair_plane_index, _rows_dot_token_half
+from .moe_mxfp4_gemv_half import _half_planes_kernel, _half_step_sums, _pair_plane_index
 
 
 @triton.jit
-def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, L: tl.constexpr, BLOCK_K: tl.constexpr,
-                    s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                    PREFETCH: tl.constexpr):
+def _fp32_step_sums(w, sc, k0, src_ptr, L: tl.constexpr, G: tl.constexpr):
+    """One step of `_rows_dot_token` without HALF: the [RB, G, U] group sums (fp32, scaled) of code
+    words w [RB, G, U, 4] (E8M0 codes sc [RB, G, U]) against activation planes src, each fp16 code
+    widened to fp32 and multiplied with fp32 FMAs."""
+    PLANE: tl.constexpr = L // 8
+    word = k0 // 8 + tl.arange(0, G)[:, None] * 4 + tl.arange(0, 4)[None, :]                 # [G, 4]
+    x0 = tl.load(src_ptr + word)[None, :, None, :].to(tl.float32)                             # [1, G, 1, 4]: 8j + c
+    x1 = tl.load(src_ptr + PLANE + word)[None, :, None, :].to(tl.float32)
+    x2 = tl.load(src_ptr + 2 * PLANE + word)[None, :, None, :].to(tl.float32)
+    x3 = tl.load(src_ptr + 3 * PLANE + word)[None, :, None, :].to(tl.float32)
+    x4 = tl.load(src_ptr + 4 * PLANE + word)[None, :, None, :].to(tl.float32)
+    x5 = tl.load(src_ptr + 5 * PLANE + word)[None, :, None, :].to(tl.float32)
+    x6 = tl.load(src_ptr + 6 * PLANE + word)[None, :, None, :].to(tl.float32)
+    x7 = tl.load(src_ptr + 7 * PLANE + word)[None, :, None, :].to(tl.float32)
+    p04, p15, p26, p37 = e2m1_pairs(w)                                                       # fp16 pairs (c, c + 4)
+    part = fp16_bits_to_f32(p04) * x0                                                        # one fma chain
+    part += fp16_bits_to_f32(p04 >> 16) * x4
+    part += fp16_bits_to_f32(p15) * x1
+    part += fp16_bits_to_f32(p15 >> 16) * x5
+    part += fp16_bits_to_f32(p26) * x2
+    part += fp16_bits_to_f32(p26 >> 16) * x6
+    part += fp16_bits_to_f32(p37) * x3
+    part += fp16_bits_to_f32(p37 >> 16) * x7
+    # two exact steps: 2^14 folded into the scale would overflow fp32 for scale codes above 241
+    return (tl.sum(part, axis=3) * 16384.0) * e8m0_multiplier(sc.to(tl.int32))
+
+
+@triton.jit
+def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr, L: tl.constexpr,
+                    BLOCK_K: tl.constexpr, s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr,
+                    ASM: tl.constexpr):
     """sum_k W_e[r, k] * src[k] over k < L in fp32 for the BLOCK_N rows r = row0 + i (rows past N
     read as zero): [BLOCK_N / SPLIT, SPLIT], row row0 + u * BLOCK_N / SPLIT + i at [i, u]. src
-    points at the token's row in planes: [8, L / 8], src[c, j] = column 8j + c (so each thread's
-    activations for its words are one contiguous vector load, in the layout of the words themselves).
+    points at the token's activations: with HALF, fp16 pair planes and src_unscale its group
+    unscales (moe_mxfp4_gemv_half.py); else planes [8, L / 8] of fp32 / bf16 / fp16, src[c, j] =
+    column 8j + c, so each thread's activations for its words are one contiguous vector load in
+    the layout of the words themselves (src_unscale unread). Each step's sums come from
+    `_half_step_sums` or `_fp32_step_sums`.
 
     The codes are read as uint32 words: word j of a 32-column group holds columns 8j..8j+7, one
     nibble each (column 8j + c in nibble c). Nibbles c and c + 4 are 16 bits apart, so one
@@ -68,51 +100,39 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, L: tl.constexpr
     PREFETCH: each step's codes and scales are loaded one step ahead, into registers, so a warp
     has loads in flight while it decodes (without it, a warp waits out DRAM latency each step)."""
     G: tl.constexpr = BLOCK_K // 32
-    PLANE: tl.constexpr = L // 8
     RB: tl.constexpr = BLOCK_N // SPLIT
     rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
     mask_r = rows < N
     group_in_step = tl.arange(0, G)
     words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
-    row_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr                              # [RB, 1, U]
-    acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
     step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
-    step_scales = row_scales + group_in_step[None, :, None]
+    # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
+    # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
+    # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
+    # on the H200: 137 against 122 us at T = 1 for the HALF form (BENCHMARKS.md, ninth session)
+    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
+    mask_w = mask_r[:, None, :, None]
+    mask_s = mask_r[:, None, :]
+    acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
     if PREFETCH:
-        w_next = tl.load(step_words, mask=mask_r[:, None, :, None], other=0)
-        sc_next = tl.load(step_scales, mask=mask_r[:, None, :], other=127)
+        w_next = tl.load(step_words, mask=mask_w, other=0)
+        sc_next = tl.load(step_scales, mask=mask_s, other=127)
     for k0 in tl.range(0, L, BLOCK_K, num_stages=STAGES):
-        word = k0 // 8 + group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :]                # [G, 4]
         if PREFETCH:
             # this step's codes and scales were loaded during the previous step; the next
             # step's (the last step again at the end: a cache hit, no mask) load during this one
             w = w_next
             sc = sc_next
             following = tl.minimum(k0 + BLOCK_K, L - BLOCK_K)
-            w_next = tl.load(step_words + following // 8, mask=mask_r[:, None, :, None], other=0)
-            sc_next = tl.load(step_scales + following // 32, mask=mask_r[:, None, :], other=127)
+            w_next = tl.load(step_words + following // 8, mask=mask_w, other=0)
+            sc_next = tl.load(step_scales + following // 32, mask=mask_s, other=127)
         else:
-            w = tl.load(words_ptr + word[None, :, None, :], mask=mask_r[:, None, :, None], other=0)  # [RB, G, U, 4]
-            sc = tl.load(row_scales + (k0 // 32 + group_in_step)[None, :, None], mask=mask_r[:, None, :], other=127)
-        x0 = tl.load(src_ptr + word)[None, :, None, :].to(tl.float32)                         # [1, G, 1, 4]: 8j + c
-        x1 = tl.load(src_ptr + PLANE + word)[None, :, None, :].to(tl.float32)
-        x2 = tl.load(src_ptr + 2 * PLANE + word)[None, :, None, :].to(tl.float32)
-        x3 = tl.load(src_ptr + 3 * PLANE + word)[None, :, None, :].to(tl.float32)
-        x4 = tl.load(src_ptr + 4 * PLANE + word)[None, :, None, :].to(tl.float32)
-        x5 = tl.load(src_ptr + 5 * PLANE + word)[None, :, None, :].to(tl.float32)
-        x6 = tl.load(src_ptr + 6 * PLANE + word)[None, :, None, :].to(tl.float32)
-        x7 = tl.load(src_ptr + 7 * PLANE + word)[None, :, None, :].to(tl.float32)
-        p04, p15, p26, p37 = e2m1_pairs(w)                                                   # fp16 pairs (c, c + 4)
-        part = fp16_bits_to_f32(p04) * x0                                                    # one fma chain
-        part += fp16_bits_to_f32(p04 >> 16) * x4
-        part += fp16_bits_to_f32(p15) * x1
-        part += fp16_bits_to_f32(p15 >> 16) * x5
-        part += fp16_bits_to_f32(p26) * x2
-        part += fp16_bits_to_f32(p26 >> 16) * x6
-        part += fp16_bits_to_f32(p37) * x3
-        part += fp16_bits_to_f32(p37 >> 16) * x7
-        # two exact steps: 2^14 folded into the scale would overflow fp32 for scale codes above 241
-        acc += (tl.sum(part, axis=3) * 16384.0) * e8m0_multiplier(sc.to(tl.int32))           # [RB, G, U]
+            w = tl.load(step_words + k0 // 8, mask=mask_w, other=0)                          # [RB, G, U, 4]
+            sc = tl.load(step_scales + k0 // 32, mask=mask_s, other=127)
+        if HALF:
+            acc += _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L, G, RB, SPLIT, CHAIN, ASM)
+        else:
+            acc += _fp32_step_sums(w, sc, k0, src_ptr, L, G)
     return tl.sum(acc, axis=1)
 
 
@@ -144,19 +164,11 @@ def gate_up_kernel(
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     if local:
         col0 = tl.program_id(1) * BLOCK_N
-        token = n // TOPK
-        if HALF:
-            x_row, x_unscale = x_ptr + token * s_x, x_unscale_ptr + token * s_xu
-            g = _rows_dot_token_half(p13_ptr, s13_ptr, e, col0, I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
-                                     s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
-            u = _rows_dot_token_half(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr,
-                                     s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
-        else:
-            x_row = x_ptr + token * s_x
-            g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES,
-                                SPLIT, BLOCK_N, PREFETCH)
-            u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
-                                STAGES, SPLIT, BLOCK_N, PREFETCH)
+        x_row, x_unscale = x_ptr + (n // TOPK) * s_x, x_unscale_ptr + (n // TOPK) * s_xu
+        g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
+                            STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
+        u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
+                            s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
         out = gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA)
         if ACT_BF16:                                      # as the reference rounds them in a bf16 model
             out = out.to(tl.bfloat16).to(tl.float32)
@@ -187,13 +199,9 @@ def down_kernel(
     row = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
     mask_n = row < L
     if local:
-        row0 = tl.program_id(1) * BLOCK_N
-        if HALF:
-            out = _rows_dot_token_half(p2_ptr, s2_ptr, e, row0, L, act_ptr + n * s_act, act_unscale_ptr + n * s_au, I,
-                                       BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, CHAIN, ASM)
-        else:
-            out = _rows_dot_token(p2_ptr, s2_ptr, e, row0, L, act_ptr + n * s_act, I, BLOCK_K, s_pe, s_pr, s_se,
-                                  s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH)
+        out = _rows_dot_token(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, L, act_ptr + n * s_act,
+                              act_unscale_ptr + n * s_au, I, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N,
+                              PREFETCH, HALF, CHAIN, ASM)
         tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
     else:                                                 # another rank's expert: contributes nothing
         tl.store(y_ptr + n * s_y + row, tl.zeros(row.shape, dtype=tl.float32), mask=mask_n)
@@ -227,7 +235,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     launches and the sum over choices (one launch, cast included).
 
     half (None: bf16 activations): fp16x2 products on scaled fp16 pair planes
-    (`_rows_dot_token_half`; block_n a multiple of 32), chain its words per fp32 sum (1 or 4);
+    (`_half_step_sums`; block_n a multiple of 32), chain its words per fp32 sum (1 or 4);
     else fp32 products on activation planes in x's dtype (bf16 / fp16) or fp32."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")

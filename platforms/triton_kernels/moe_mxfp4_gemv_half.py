@@ -1,5 +1,5 @@
-"""The gemv mode's fp16x2 form (moe_mxfp4_gemv.py): the dot products of a program's weight rows
-with one token's activations as packed fp16 pairs (`_rows_dot_token_half`), and the layout the
+"""The gemv mode's fp16x2 form (moe_mxfp4_gemv.py, HALF): a step of the dot products of a program's
+weight rows with one token's activations as packed fp16 pairs (`_half_step_sums`), and the layout the
 activations come in: fp16 pair planes, [4, width / 8] int32 words, word j of plane c holding
 columns (8j + c, 8j + c + 4) as the code words' nibbles pair them, each 32-column group scaled
 by a power of two with an fp32 "unscale" per group (`_half_planes_kernel` builds them from x; the
@@ -34,8 +34,16 @@ def _split_words(t, SHAPE: tl.constexpr):
 @triton.jit
 def _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L: tl.constexpr, G: tl.constexpr, RB: tl.constexpr,
                     SPLIT: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr):
-    """One step of `_rows_dot_token_half`: the [RB, G, U] group sums (fp32, scaled) of code words w
-    [RB, G, U, 4] (E8M0 codes sc [RB, G, U]) against the activations of columns k0..k0 + 32 G."""
+    """One step of moe_mxfp4_gemv's `_rows_dot_token` with HALF: the [RB, G, U] group sums (fp32,
+    scaled) of code words w [RB, G, U, 4] (E8M0 codes sc [RB, G, U]) against the activations of
+    columns k0..k0 + 32 G, multiplied and summed as fp16x2 (two products an instruction, no
+    widening of the codes). src points at the token's int32 pair planes [4, L / 8], plane c word j
+    = columns (8j + c, 8j + c + 4) as fp16, each 32-column group scaled by a power of two
+    (`half_group_scales`) that src_unscale [L / 32] undoes. The products are exact (code / 2^14
+    times a scaled activation: at most 10 significant bits, under 12 in magnitude); the fp16 sums
+    round once per add, then go to fp32: per word (CHAIN 1: three adds in fp16 per half) or per
+    32-column group (CHAIN 4: fifteen), times the activation group's unscale and the weight
+    group's E8M0 scale."""
     PLANE: tl.constexpr = L // 8
     group_in_step = tl.arange(0, G)
     word = k0 // 8 + group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :]                    # [G, 4]
@@ -61,50 +69,6 @@ def _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L: tl.constexpr, G: tl.
         h = _word_into(w3, x03[None, :, None], x13[None, :, None], x23[None, :, None], x33[None, :, None], h, ASM)
         part = fp16_pair_sum(h, ASM)                                                          # [RB, G, U]
     return (part * unscale) * e8m0_multiplier(sc.to(tl.int32))                                # two exact steps
-
-
-@triton.jit
-def _rows_dot_token_half(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr, L: tl.constexpr,
-                         BLOCK_K: tl.constexpr, s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr):
-    """`_rows_dot_token` for fp16 activations in packed pairs, multiplied and summed as fp16x2 (two
-    products an instruction, no widening of the codes): src points at the token's int32 pair
-    planes [4, L / 8], plane c word j = columns (8j + c, 8j + c + 4) as fp16, each 32-column group
-    scaled by a power of two (`half_group_scales`) that src_unscale [L / 32] undoes. The products
-    are exact (code / 2^14 times a scaled activation: at most 10 significant bits, under 12 in
-    magnitude); the fp16 sums round once per add, then go to fp32: per word (CHAIN 1: three adds
-    in fp16 per half) or per 32-column group (CHAIN 4: fifteen), times the activation group's
-    unscale and the weight group's E8M0 scale."""
-    G: tl.constexpr = BLOCK_K // 32
-    RB: tl.constexpr = BLOCK_N // SPLIT
-    rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
-    mask_r = rows < N
-    group_in_step = tl.arange(0, G)
-    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
-    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
-    # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
-    # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
-    # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
-    # on the H200: 137 against 122 us at T = 1 (BENCHMARKS.md, ninth session)
-    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
-    mask_w = mask_r[:, None, :, None]
-    mask_s = mask_r[:, None, :]
-    acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
-    if PREFETCH:                       # each step's codes and scales load during the step before
-        w_next = tl.load(step_words, mask=mask_w, other=0)
-        sc_next = tl.load(step_scales, mask=mask_s, other=127)
-    for k0 in tl.range(0, L, BLOCK_K, num_stages=STAGES):
-        if PREFETCH:
-            w = w_next
-            sc = sc_next
-            following = tl.minimum(k0 + BLOCK_K, L - BLOCK_K)
-            w_next = tl.load(step_words + following // 8, mask=mask_w, other=0)
-            sc_next = tl.load(step_scales + following // 32, mask=mask_s, other=127)
-        else:
-            w = tl.load(step_words + k0 // 8, mask=mask_w, other=0)                          # [RB, G, U, 4]
-            sc = tl.load(step_scales + k0 // 32, mask=mask_s, other=127)
-        acc += _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L, G, RB, SPLIT, CHAIN, ASM)
-    return tl.sum(acc, axis=1)
 
 
 @triton.jit
