@@ -20,8 +20,6 @@ from .kda_verify import commit_records, is_verify, verify
 from .module import K3Module
 from .parallel import ParallelContext
 
-GATE_RANK = 128  # rank of the decay projection f_a / f_b (and Kimi-Linear's g_a / g_b)
-
 
 def checkpoint_offsets(meta: ForwardMetadata):
     """(offsets [N, C] into this call's tokens, valid [N, C], destination rows [N, C]) of the
@@ -55,22 +53,25 @@ class KDAMixer(K3Module):
             self.add_weight(name, (local_rows, in_dim), dtype, device,
                             full_shape=(full_rows, in_dim), shard=(0, start, local_rows))
 
-        # Every projection of x fused into one weight (one launch a step), rows in this order:
-        # q, k, v [P each], the output gate g [P] (Kimi-Linear: its low-rank g_a [GATE_RANK]),
-        # the decay's f_a [GATE_RANK], beta's b [H]; `_project` splits the product.
+        # The low-rank projections (the decay's f_a / f_b, Kimi-Linear's output gate g_a / g_b)
+        # have rank head_dim, as vLLM and transformers build them (128 in every published
+        # checkpoint). Every projection of x is fused into one weight (one launch a step), rows in
+        # this order: q, k, v [P each], the output gate g [P] (Kimi-Linear: its low-rank g_a
+        # [rank]), the decay's f_a [rank], beta's b [H]; `_project` splits the product.
+        rank = hd
         full_gate = la.use_full_rank_gate
         parts = [(f"{name}.weight", (p_full, d), rows) for name in ("q_proj", "k_proj", "v_proj")]
-        parts.append(("g_proj.weight", (p_full, d), rows) if full_gate else ("g_a_proj.weight", (GATE_RANK, d), None))
-        parts += [("f_a_proj.weight", (GATE_RANK, d), None), ("b_proj.weight", (la.num_heads, d), (0, h0, hl))]
+        parts.append(("g_proj.weight", (p_full, d), rows) if full_gate else ("g_a_proj.weight", (rank, d), None))
+        parts += [("f_a_proj.weight", (rank, d), None), ("b_proj.weight", (la.num_heads, d), (0, h0, hl))]
         q, kk, v, *rest = self.add_fused_weight("in_proj", parts, dtype, device)
         self.in_proj_split = (q + kk + v, *rest)                               # qkv, g (or g_a), f_a, b
         # the short-conv weights of q, k and v likewise: the [3P, W] view the kernels take
         w = la.short_conv_kernel_size
         self.add_fused_weight("qkv_conv1d", [(f"{part}_conv1d.weight", (p_full, 1, w), rows) for part in "qkv"],
                               dtype, device, alt_shapes=((p_full, w),))
-        proj("f_b_proj", p_full, p_local, c0, GATE_RANK)
+        proj("f_b_proj", p_full, p_local, c0, rank)
         if not full_gate:
-            proj("g_b_proj", p_full, p_local, c0, GATE_RANK)
+            proj("g_b_proj", p_full, p_local, c0, rank)
         self.add_weight("A_log", (hl,), state_dtype, device, checkpoint="A_log", full_shape=(la.num_heads,),
                         shard=(0, h0, hl), alt_shapes=((1, 1, la.num_heads, 1),))
         self.add_weight("dt_bias", (p_local,), state_dtype, device, checkpoint="dt_bias",
