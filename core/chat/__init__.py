@@ -10,9 +10,10 @@ Parsing K3 output (streaming: ``feed(delta) -> events``, ``finish() -> events``;
     K3ToolParser         content + tool calls of output without reasoning
 Errors
     ChatTemplateError (a ValueError): invalid chat input; the server answers 400.
+    ChatFormatUnavailable (a ChatTemplateError): the tokenizer has no chat format's markers.
 """
 
-from k3.chat.errors import ChatTemplateError
+from k3.chat.errors import ChatFormatUnavailable, ChatTemplateError
 from k3.chat.events import ContentDelta, Event, ParsedOutput, ReasoningDelta, ToolCall
 from k3.chat.parse_k3 import K3OutputParser, K3ReasoningParser, K3ToolParser, is_reasoning_end, parse_k3_output
 from k3.chat.render_k2 import render_k2_chat, render_k2_segments
@@ -20,6 +21,7 @@ from k3.chat.render_k3 import render_k3_chat, render_k3_segments
 from k3.chat.segments import Segment, encode_segments
 
 __all__ = [
+    "ChatFormatUnavailable",
     "ChatTemplateError",
     "ContentDelta",
     "Event",

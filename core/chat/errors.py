@@ -1,4 +1,4 @@
-"""The one error type of k3.chat."""
+"""The error types of k3.chat: ChatTemplateError and its ChatFormatUnavailable."""
 
 from __future__ import annotations
 
@@ -9,3 +9,13 @@ class ChatTemplateError(ValueError):
 
     The message is one sentence meant for the API client; the server answers it with HTTP 400.
     """
+
+
+class ChatFormatUnavailable(ChatTemplateError):
+    """The tokenizer lacks the marker tokens of every chat format k3 renders (or of the one its
+    end-of-message token names). The message names the formats looked for and the absent
+    markers; `missing` maps format ("k3" / "k2") -> the absent marker names."""
+
+    def __init__(self, message: str, missing: dict[str, tuple[str, ...]]):
+        super().__init__(message)
+        self.missing = missing

@@ -68,13 +68,18 @@ def _engine(args: argparse.Namespace):
 
 
 def _chat_prompt_ids(args, tokenizer) -> list[int]:
-    """The chat turn in the model's format (marker text inside the message stays text)."""
+    """The chat turn in the model's format (marker text inside the message stays text); a
+    CliError naming the absent markers when the tokenizer has no chat format."""
+    from k3.chat import ChatFormatUnavailable
     from k3.chat.template import chat_prompt_ids
 
     kwargs = {"thinking": not args.no_thinking}
     if args.thinking_effort:
         kwargs["thinking_effort"] = args.thinking_effort
-    return chat_prompt_ids(tokenizer, [{"role": "user", "content": args.chat}], **kwargs)
+    try:
+        return chat_prompt_ids(tokenizer, [{"role": "user", "content": args.chat}], **kwargs)
+    except ChatFormatUnavailable as e:
+        raise CliError(f"--chat: {e}; use --prompt for this model") from None
 
 
 class _ChatPrinter:

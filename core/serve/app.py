@@ -53,8 +53,10 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
         raise ValueError("enable_auto_tool_choice needs a tool call parser (kimi_k3)")
     flavor = engine.tokenizer.flavor
     if (tool_call_parser or reasoning_parser) and flavor != "k3":
-        raise ValueError(f"the kimi_k3 parsers read K3 XTML output, but this model uses the {flavor.upper()} chat "
-                         "format (its parsers are not implemented yet): leave the parser options out")
+        used = (f"uses the {flavor.upper()} chat format (its parsers are not implemented yet)" if flavor
+                else "has no chat format (its tokenizer has no K3 or K2 chat markers)")
+        raise ValueError(f"the kimi_k3 parsers read K3 XTML output, but this model {used}: leave the parser "
+                         "options out")
     state = ServerState(engine=engine, model_names=names, api_key=api_key,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
                         parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}))

@@ -1,7 +1,9 @@
 """POST /v1/chat/completions.
 
 The conversation is rendered with the model's chat format (K3 XTML; the K2 format for
-Kimi-Linear checkpoints). K3 output is generated with its special tokens kept
+Kimi-Linear checkpoints). A model whose tokenizer has neither format's marker tokens serves
+completions only: chat answers 400 (code `chat_format_unavailable`) naming the formats
+looked for and the absent markers. K3 output is generated with its special tokens kept
 (skip_special_tokens=False) so the K3 parser sees the markers: with `--reasoning-parser
 kimi_k3` the think channel becomes `reasoning_content` (the parser starts inside reasoning
 when the prompt ended with the think opener, i.e. in thinking mode); with
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from k3.chat import ChatTemplateError, ContentDelta, K3OutputParser, ReasoningDelta, ToolCall
-from k3.chat.template import chat_prompt_ids, thinking_from_kwargs
+from k3.chat import ChatFormatUnavailable, ChatTemplateError, ContentDelta, K3OutputParser, ReasoningDelta, ToolCall
+from k3.chat.template import chat_format, chat_prompt_ids, thinking_from_kwargs
 from k3.chat.xtml import THINK_OPEN
 from k3.engine.params import SamplingParams
 
@@ -66,10 +68,14 @@ def _template_param(message: str) -> str:
 def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     """Render the prompt and build the sampling parameters; every problem is a 400."""
     tok = state.tokenizer
+    try:
+        k3 = chat_format(tok) == "k3"
+    except ChatFormatUnavailable as e:
+        raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
+                          code="chat_format_unavailable") from None
     kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
     if req.reasoning_effort is not None:
         kwargs.setdefault("thinking_effort", req.reasoning_effort)
-    k3 = tok.flavor == "k3"
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)

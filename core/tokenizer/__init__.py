@@ -1,9 +1,10 @@
 """Tokenizers for Kimi K3-architecture checkpoints.
 
 - `Tokenizer`: the interface (encode / decode, the special-token table, bos / eos / pad ids,
-  flavor "k3" or "k2").
+  each possibly absent; flavor "k3", "k2" or None when the vocabulary has no chat markers).
 - `load_tokenizer(model_dir)`: a checkpoint's tokenizer, from `tiktoken.model` +
-  `tokenizer_config.json`, else `tokenizer.json`, else the built-in compact vocabulary.
+  `tokenizer_config.json`, else `tokenizer.json` (byte-level BPE natively, any other kind
+  wrapped whole: `WrappedHFTokenizer`), else the built-in compact vocabulary.
 - `compact_tokenizer(flavor)` / `write_compact_tokenizer(model_dir, flavor=...)`: the tiny
   checkpoints' 512-token vocabulary, built in code or written as files.
 - `IncrementalDetokenizer`: streaming, UTF-8-safe detokenisation for one request.

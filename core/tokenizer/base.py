@@ -1,68 +1,85 @@
 """The `Tokenizer` interface every k3 vocabulary source implements.
 
-A tokenizer is a dense id space `0 .. vocab_size-1`. Every id decodes to a fixed byte string:
-regular tokens to their BPE bytes, special tokens to the UTF-8 of their name. Decoding is the
-concatenation of those bytes read as UTF-8 (invalid bytes become U+FFFD), so nothing is ever
-inserted between tokens, special or not. Sources differ only in how plain text (text with no
-special tokens recognised in it) becomes regular ids: `_encode_ordinary`.
+A tokenizer is an id space `0 .. vocab_size-1` with a special-token table (name -> id). Two
+families implement it:
+
+- byte-level BPE (`ByteLevelTokenizer`: tiktoken files, byte-level `tokenizer.json`, the
+  compact vocabulary): every id decodes to a fixed byte string and a decode is their
+  concatenation (`byte_level = True`, `decode_bytes` exists);
+- any other `tokenizer.json` (Metaspace / sentencepiece-style, WordPiece, byte-level BPE
+  without all 256 byte tokens): the HF `tokenizers` object encodes and decodes
+  (`WrappedHFTokenizer`, `byte_level = False`); a decode may join tokens with spaces.
+
+This module holds what both share: the special-token table and the roles in it (BOS, EOS,
+PAD, the chat format's end-of-message marker), looked up by name so code outside
+`k3.tokenizer.specials` never spells an id.
 """
 
 from __future__ import annotations
 
-import re
 from types import MappingProxyType
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping
 
-from k3.tokenizer import bytelevel, specials
-from k3.tokenizer.pretokenize import split_for_encoding
+from k3.tokenizer import specials
 
 
 class Tokenizer:
-    """Text <-> token ids for one vocabulary.
+    """Text <-> token ids for one vocabulary (see the module docstring).
 
-    Subclasses pass the byte string of every id and the special-token table (name -> id) to
-    `__init__` and implement `_encode_ordinary`. Special-token ids are looked up by name in the
-    table (`token_id`, `bos_id`, `eos_ids`, `pad_id`); code outside `k3.tokenizer.specials`
-    never spells an id.
+    special_tokens: name -> id of every special token. roles: "bos" / "eos" / "pad" -> the
+    name of the special token that plays it (a checkpoint's tokenizer_config.json), else
+    Kimi's `[BOS]` / `[EOS]` / `[PAD]` when the table has them. eos_fallback: ids that end a
+    generation when no special token is named EOS (the checkpoint config's `eos_token_id`);
+    ids outside this vocabulary are left out.
     """
 
-    def __init__(self, *, token_bytes: Sequence[bytes], special_tokens: Mapping[str, int], source: str):
+    byte_level: bool = True
+    """Whether every id decodes to fixed bytes and a decode is their concatenation."""
+    byte_fallback_ids: frozenset[int] = frozenset()
+    """Ids of byte-fallback tokens (`<0xNN>`) a non-byte-level decoder joins run by run."""
+
+    def __init__(self, *, special_tokens: Mapping[str, int], vocab_size: int, source: str,
+                 roles: Mapping[str, str] | None = None, eos_fallback: Iterable[int] = ()):
         self.source = source
-        self._bytes: tuple[bytes, ...] = tuple(token_bytes)
-        n = len(self._bytes)
+        self._vocab_size = int(vocab_size)
         for name, i in special_tokens.items():
-            if not 0 <= i < n:
-                raise ValueError(f"{source}: special token {name!r} has id {i}, outside 0..{n - 1}")
-            if self._bytes[i] != name.encode("utf-8"):
-                raise ValueError(f"{source}: special token {name!r} (id {i}) does not decode to its name")
+            if not 0 <= i < self._vocab_size:
+                raise ValueError(f"{source}: special token {name!r} has id {i}, outside 0..{self._vocab_size - 1}")
         self._special: Mapping[str, int] = MappingProxyType(dict(special_tokens))
         self._special_names = {i: name for name, i in self._special.items()}
         if len(self._special_names) != len(self._special):
             raise ValueError(f"{source}: two special-token names share one id")
         self._special_ids = frozenset(self._special_names)
-        singles = {b for i, b in enumerate(self._bytes) if len(b) == 1 and i not in self._special_ids}
-        if len(singles) < 256:
-            missing = next(bytes([v]) for v in range(256) if bytes([v]) not in singles)
-            raise ValueError(f"{source}: byte-level BPE needs a regular token for each of the 256 bytes; "
-                             f"{256 - len(singles)} are missing, e.g. {missing!r}")
-        # Longest names first, so a name that is a prefix of another never wins.
-        names = sorted(self._special, key=lambda s: (-len(s), s))
-        self._special_re = re.compile("|".join(map(re.escape, names))) if names else None
-        self._regular_ids: dict[str, int] | None = None   # byte-level spelling -> id, built on demand
+        self.flavor: str | None = specials.flavor_of(dict(self._special))
+        """The chat format the special tokens name: "k3" (XTML, <|end_of_msg|>), "k2"
+        (<|im_*|>, <|im_end|>), or None (neither end-of-message marker: no chat format)."""
+        self._roles = {role: self._role(role, (roles or {}).get(role), source) for role in specials.ROLES}
+        fallback = [int(i) for i in eos_fallback]
+        self._eos_fallback = tuple(dict.fromkeys(i for i in fallback if 0 <= i < self._vocab_size))
+
+    def _role(self, role: str, name: str | None, source: str) -> int | None:
+        if name is not None:
+            i = self._special.get(name)
+            if i is None:
+                i = self._regular_id(name)
+            if i is None:
+                raise ValueError(f"{source}: the tokenizer config names {name!r} as its {role}_token, "
+                                 "but the vocabulary has no such token")
+            return i
+        return self._special.get(specials.KIMI_ROLE_NAMES[role])
+
+    def _regular_id(self, name: str) -> int | None:
+        """Id of a regular token spelt `name`, or None (for roles named outside the special table)."""
         try:
-            self.flavor: str = specials.flavor_of(dict(self._special))
-            """"k3" (XTML tokens) or "k2" (<|im_*|> tokens)."""
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
-        missing = [s for s in (specials.BOS, specials.EOS, specials.PAD) if s not in self._special]
-        if missing:
-            raise ValueError(f"{source}: the special tokens lack {', '.join(missing)}")
+            return self.token_id(name)
+        except KeyError:
+            return None
 
     # --- the vocabulary ------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         """Number of ids (regular + special); ids are 0 .. vocab_size-1."""
-        return len(self._bytes)
+        return self._vocab_size
 
     @property
     def special_tokens(self) -> Mapping[str, int]:
@@ -74,115 +91,63 @@ class Tokenizer:
         return self._special_ids
 
     @property
-    def bos_id(self) -> int:
-        return self._special[specials.BOS]
+    def bos_id(self) -> int | None:
+        """The BOS token's id, or None when the vocabulary has none."""
+        return self._roles["bos"]
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
-        """Ids that end a generation: the end-of-message token (<|end_of_msg|> for "k3",
-        <|im_end|> for "k2") first, then [EOS]."""
-        return (self._special[specials.END_OF_MESSAGE[self.flavor]], self._special[specials.EOS])
+        """Ids that end a generation: the chat format's end-of-message token (<|end_of_msg|>
+        for "k3", <|im_end|> for "k2") first, then the EOS token; without a named EOS, the
+        config's eos_token_id(s). May be empty."""
+        ids = [self._special[specials.END_OF_MESSAGE[self.flavor]]] if self.flavor else []
+        eos = self._roles["eos"]
+        ids += [eos] if eos is not None else list(self._eos_fallback)
+        return tuple(dict.fromkeys(ids))
 
     @property
-    def pad_id(self) -> int:
-        return self._special[specials.PAD]
+    def pad_id(self) -> int | None:
+        """The PAD token's id, or None when the vocabulary has none."""
+        return self._roles["pad"]
 
     def is_special(self, token_id: int) -> bool:
         return int(token_id) in self._special_ids
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one id decodes to (a special token: the UTF-8 of its name)."""
-        self._check_id(token_id)
-        return self._bytes[token_id]
+    def missing_chat_markers(self) -> dict[str, tuple[str, ...]]:
+        """Chat format -> the marker tokens it needs that this vocabulary lacks: only the
+        format `flavor` names (empty when complete), or every format when flavor is None."""
+        formats = (self.flavor,) if self.flavor else specials.FLAVORS
+        return {f: tuple(m for m in specials.CHAT_MARKERS[f] if m not in self._special) for f in formats}
 
-    def token_id(self, name: str) -> int:
-        """Id of a special token by name, or of a regular token by its byte-level spelling
-        (the string `id_to_token` returns). KeyError if there is none."""
-        i = self._special.get(name)
-        if i is not None:
-            return i
-        if self._regular_ids is None:
-            self._regular_ids = {bytelevel.to_chars(b): i for i, b in enumerate(self._bytes)
-                                 if i not in self._special_ids}
-        try:
-            return self._regular_ids[name]
-        except KeyError:
-            raise KeyError(f"{name!r} is neither a special token nor a regular token of {self.source}") from None
-
-    def id_to_token(self, token_id: int) -> str:
-        """A special token's name, or a regular token's bytes spelt in the byte-level alphabet
-        (e.g. " the" -> "Ġthe")."""
-        token_id = int(token_id)
-        self._check_id(token_id)
-        name = self._special_names.get(token_id)
-        return name if name is not None else bytelevel.to_chars(self._bytes[token_id])
-
-    # --- encode / decode -----------------------------------------------------------------------
+    # --- what a source implements --------------------------------------------------------------
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         """Token ids of `text`. With `allow_special`, every special-token name in the text
         becomes its id; without, the text is encoded as plain text, names included. No BOS or
         other token is added."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode takes a str, not {type(text).__name__}")
-        text = _valid_unicode(text)
-        if not (allow_special and self._special_re):
-            return self._encode_plain(text)
-        ids: list[int] = []
-        start = 0
-        for m in self._special_re.finditer(text):
-            if m.start() > start:
-                ids += self._encode_plain(text[start:m.start()])
-            ids.append(self._special[m.group()])
-            start = m.end()
-        if start < len(text):
-            ids += self._encode_plain(text[start:])
-        return ids
-
-    def decode_bytes(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> bytes:
-        """The concatenated bytes of `ids` (special tokens as their names unless skipped).
-        `ids` may hold any integers (numpy, 0-d tensors)."""
-        ids = list(map(int, ids))
-        if ids and (min(ids) < 0 or max(ids) >= len(self._bytes)):
-            bad = next(i for i in ids if not 0 <= i < len(self._bytes))
-            self._check_id(bad)
-        table = self._bytes
-        if skip_special_tokens:
-            skip = self._special_ids
-            return b"".join([table[i] for i in ids if i not in skip])
-        return b"".join([table[i] for i in ids])
-
-    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
-        """Text of `ids`: their bytes as UTF-8, invalid bytes as U+FFFD. Special tokens appear
-        as their names (or not at all with `skip_special_tokens`); no spaces are inserted."""
-        return self.decode_bytes(ids, skip_special_tokens=skip_special_tokens).decode("utf-8", "replace")
-
-    # --- for subclasses ------------------------------------------------------------------------
-    def _encode_ordinary(self, text: str) -> list[int]:
-        """Regular ids of plain text (special-token names in it are plain text)."""
         raise NotImplementedError
 
-    def _encode_plain(self, text: str) -> list[int]:
-        pieces = split_for_encoding(text)
-        if len(pieces) == 1:
-            return self._encode_ordinary(text)
-        return [i for piece in pieces for i in self._encode_ordinary(piece)]
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; special tokens appear as their names (or not at all with
+        `skip_special_tokens`)."""
+        raise NotImplementedError
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one id stands for (a special token: the UTF-8 of its name)."""
+        raise NotImplementedError
+
+    def token_id(self, name: str) -> int:
+        """Id of a special token by name, or of a regular token by its spelling (the string
+        `id_to_token` returns). KeyError if there is none."""
+        raise NotImplementedError
+
+    def id_to_token(self, token_id: int) -> str:
+        """A special token's name, or a regular token's spelling in the vocabulary."""
+        raise NotImplementedError
 
     def _check_id(self, token_id: int) -> None:
-        if not 0 <= token_id < len(self._bytes):
+        if not 0 <= token_id < self._vocab_size:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.source} "
-                             f"(0..{len(self._bytes) - 1})")
+                             f"(0..{self._vocab_size - 1})")
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.flavor} vocab={self.vocab_size} from {self.source}>"
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _valid_unicode(text: str) -> str:
-    """`text` with lone surrogates (which UTF-8 cannot carry) replaced by U+FFFD."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", text)
+        return f"<{type(self).__name__} {self.flavor or 'no chat format'} vocab={self.vocab_size} from {self.source}>"

@@ -1,65 +1,75 @@
-"""Source (b): a byte-level BPE `tokenizer.json` (HF `tokenizers`), Kimi-Linear style.
+"""Source (b): a `tokenizer.json` (HF `tokenizers`), Kimi-Linear style.
 
-The file's model, normaliser and pre-tokeniser encode plain text through the `tokenizers`
-package. Its `added_tokens` become the special-token table (every added token counts as
-special); k3 splits them out itself (`Tokenizer.encode`), so they are removed from the
-`tokenizers` object, as are its post-processor (no BOS is added), truncation and padding.
-Regular tokens decode through the byte-level alphabet (`bytelevel.py`).
+A byte-level BPE file (ByteLevel decoder, a regular token for each of the 256 bytes) loads as
+`HFTokenizer`: the file's model, normaliser and pre-tokeniser encode plain text through the
+`tokenizers` package; its `added_tokens` become the special-token table (every added token
+counts as special); k3 splits them out itself (`ByteLevelTokenizer.encode`), so they are removed
+from the `tokenizers` object, as are its post-processor (no BOS is added), truncation and
+padding. Regular tokens decode through the byte-level alphabet (`bytelevel.py`). Any other file
+raises `NotByteLevel` here and is wrapped whole instead (`hf_wrapped.py`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer as HFTokenizerCore
 
 from k3.tokenizer import bytelevel, specials
-from k3.tokenizer.base import Tokenizer
+from k3.tokenizer.byte_bpe import ByteLevelTokenizer, NotByteLevel
 from k3.tokenizer.tiktoken_vocab import read_json
 
 TOKENIZER_JSON = "tokenizer.json"
 
 
-class HFTokenizer(Tokenizer):
-    """A `tokenizer.json` byte-level BPE vocabulary."""
+def added_tokens(data: dict, path: Path) -> dict[str, int]:
+    """The special-token table of a parsed `tokenizer.json`: every `added_tokens` entry."""
+    added: dict[str, int] = {}
+    for entry in data.get("added_tokens") or []:
+        try:
+            name, i = entry["content"], int(entry["id"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: malformed added_tokens entry {json.dumps(entry)[:80]}") from None
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{path}: added_tokens entry {json.dumps(entry)[:80]} has no content")
+        if name in added:
+            raise ValueError(f"{path}: added token {name!r} is listed twice")
+        added[name] = i
+    return added
 
-    def __init__(self, path: Path):
-        data = read_json(path)
+
+class HFTokenizer(ByteLevelTokenizer):
+    """A byte-level BPE `tokenizer.json` (NotByteLevel for any other kind of file). data: the
+    parsed file when the caller has read it; roles and eos_fallback as `Tokenizer` takes them."""
+
+    def __init__(self, path: Path, *, data: dict | None = None, roles: Mapping[str, str] | None = None,
+                 eos_fallback: Iterable[int] = ()):
+        data = read_json(path) if data is None else data
         model = data.get("model")
         if not isinstance(model, dict) or model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-            raise ValueError(f"{path}: expected a BPE model with a 'vocab' mapping")
+            raise NotByteLevel(f"{path}: not a BPE model with a 'vocab' mapping")
         if not _is_byte_level(data.get("decoder")):
-            raise ValueError(f"{path}: only byte-level BPE files are supported "
-                             f"(decoder is {json.dumps(data.get('decoder'))[:80]})")
+            raise NotByteLevel(f"{path}: not byte-level BPE (decoder is {json.dumps(data.get('decoder'))[:80]})")
         by_id: dict[int, bytes] = {}
         for token, i in model["vocab"].items():
             try:
                 by_id[int(i)] = bytelevel.from_chars(token)
             except ValueError as e:
-                raise ValueError(f"{path}: model.vocab: {e}") from None
-        added: dict[str, int] = {}
-        for entry in data.get("added_tokens") or []:
-            try:
-                name, i = entry["content"], int(entry["id"])
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"{path}: malformed added_tokens entry {json.dumps(entry)[:80]}") from None
-            if name in added:
-                raise ValueError(f"{path}: added token {name!r} is listed twice")
-            added[name] = i
+                raise NotByteLevel(f"{path}: model.vocab: {e}") from None
+        added = added_tokens(data, path)
+        for name, i in added.items():
             by_id[i] = name.encode("utf-8")
-        if not added:
-            raise ValueError(f"{path}: no added_tokens (the special tokens)")
-        first_special = min(added.values())
-        for i in range(max(by_id) + 1):   # unnamed special slots, as in Kimi's tiktoken files
+        first_special = min(added.values(), default=max(by_id, default=-1) + 1)
+        for i in range(max(by_id, default=-1) + 1):   # unnamed special slots, as in Kimi's tiktoken files
             if i not in by_id:
                 if i < first_special:
-                    raise ValueError(f"{path}: id {i} is missing from model.vocab")
+                    raise NotByteLevel(f"{path}: id {i} is missing from model.vocab")
                 added[specials.reserved_name(i)] = i
                 by_id[i] = specials.reserved_name(i).encode("utf-8")
         super().__init__(token_bytes=[by_id[i] for i in range(len(by_id))], special_tokens=added,
-                         source=str(path))
+                         source=str(path), roles=roles, eos_fallback=eos_fallback)
         plain = dict(data, added_tokens=[], post_processor=None, truncation=None, padding=None)
         try:
             self._hf = HFTokenizerCore.from_str(json.dumps(plain))

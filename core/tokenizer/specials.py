@@ -26,6 +26,19 @@ PAD = "[PAD]"
 UNK = "[UNK]"
 END_OF_MESSAGE = {"k3": "<|end_of_msg|>", "k2": "<|im_end|>"}
 
+# Roles a tokenizer may name a special token for (tokenizer_config.json's `<role>_token`), and
+# the Kimi names that play them when the config names none.
+ROLES = ("bos", "eos", "pad")
+KIMI_ROLE_NAMES = {"bos": BOS, "eos": EOS, "pad": PAD}
+
+# The marker tokens each chat format's renderer emits for a conversation (k3.chat.render_k3 /
+# render_k2; tool-call markers are only needed when tools are used).
+CHAT_MARKERS = {
+    "k3": ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
+    "k2": ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"),
+}
+CHAT_FORMAT_NAMES = {"k3": "K3 XTML", "k2": "K2 (<|im_*|>)"}
+
 # Kimi K3 (docs/k3-architecture.md section 5). The names of 163602-163604 are not in the K3
 # sources we have; K2's media names are used for them.
 K3_SPECIALS: dict[int, str] = {
@@ -82,10 +95,10 @@ def reserved_name(token_id: int) -> str:
     return f"<|reserved_token_{token_id}|>"
 
 
-def flavor_of(special_tokens: dict[str, int]) -> str:
-    """"k3" if a special-token table holds <|end_of_msg|>, else "k2" if it holds <|im_end|>."""
+def flavor_of(special_tokens: dict[str, int]) -> str | None:
+    """"k3" if a special-token table holds <|end_of_msg|>, else "k2" if it holds <|im_end|>,
+    else None (no Kimi chat format)."""
     for flavor in FLAVORS:
         if END_OF_MESSAGE[flavor] in special_tokens:
             return flavor
-    want = " nor ".join(END_OF_MESSAGE[f] for f in FLAVORS)
-    raise ValueError(f"cannot tell the tokenizer's flavor: its special tokens hold neither {want}")
+    return None

@@ -16,31 +16,33 @@ import base64
 import binascii
 import json
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import tiktoken
 
 from k3.tokenizer import specials
-from k3.tokenizer.base import Tokenizer
+from k3.tokenizer.byte_bpe import ByteLevelTokenizer
 from k3.tokenizer.pretokenize import PATTERN
 
 TIKTOKEN_FILE = "tiktoken.model"
 CONFIG_FILE = "tokenizer_config.json"
 
 
-class TiktokenTokenizer(Tokenizer):
+class TiktokenTokenizer(ByteLevelTokenizer):
     """BPE over `regular` (the bytes of ids 0..N-1, in rank order) through `tiktoken`, with the
-    special tokens `special_tokens` (ids N and above, dense up to the last one)."""
+    special tokens `special_tokens` (ids N and above, dense up to the last one); roles and
+    eos_fallback as `Tokenizer` takes them."""
 
     def __init__(self, regular: Sequence[bytes], special_tokens: Mapping[str, int], *, source: str,
-                 pattern: str = PATTERN):
+                 pattern: str = PATTERN, roles: Mapping[str, str] | None = None, eos_fallback: Iterable[int] = ()):
         n = len(regular)
         by_id = {i: name for name, i in special_tokens.items()}
         if by_id and (min(by_id) != n or max(by_id) != n + len(by_id) - 1):
             raise ValueError(f"{source}: special ids must run densely from {n}, "
                              f"got {min(by_id)}..{max(by_id)} for {len(by_id)} tokens")
         table = list(regular) + [by_id[i].encode("utf-8") for i in range(n, n + len(by_id))]
-        super().__init__(token_bytes=table, special_tokens=special_tokens, source=source)
+        super().__init__(token_bytes=table, special_tokens=special_tokens, source=source, roles=roles,
+                         eos_fallback=eos_fallback)
         self._enc = tiktoken.Encoding(f"k3:{source}", pat_str=pattern,
                                       mergeable_ranks={b: i for i, b in enumerate(regular)},
                                       special_tokens={})
@@ -90,11 +92,14 @@ def read_tiktoken_model(path: Path) -> list[bytes]:
 
 def read_added_tokens(path: Path, first_special: int) -> dict[str, int]:
     """Special-token table from a `tokenizer_config.json`: its `added_tokens_decoder`, with
-    unnamed slots between `first_special` and the highest listed id filled as reserved."""
+    unnamed slots between `first_special` and the highest listed id filled as reserved. A
+    config without one (or with an empty one) gives no special tokens."""
     config = read_json(path)
     added = config.get("added_tokens_decoder")
-    if not isinstance(added, dict) or not added:
-        raise ValueError(f"{path}: no 'added_tokens_decoder' mapping (the special tokens)")
+    if added is None or added == {}:
+        return {}
+    if not isinstance(added, dict):
+        raise ValueError(f"{path}: 'added_tokens_decoder' must map ids to tokens, got {type(added).__name__}")
     names: dict[int, str] = {}
     for key, entry in added.items():
         content = entry.get("content") if isinstance(entry, dict) else None
@@ -129,7 +134,8 @@ def read_json(path: Path) -> dict:
     return data
 
 
-def load_tiktoken_dir(model_dir: Path) -> TiktokenTokenizer:
+def load_tiktoken_dir(model_dir: Path, *, roles: Mapping[str, str] | None = None,
+                      eos_fallback: Iterable[int] = ()) -> TiktokenTokenizer:
     """Load `tiktoken.model` + `tokenizer_config.json` from a checkpoint directory."""
     model_path, config_path = model_dir / TIKTOKEN_FILE, model_dir / CONFIG_FILE
     if not config_path.is_file():
@@ -137,7 +143,7 @@ def load_tiktoken_dir(model_dir: Path) -> TiktokenTokenizer:
                                 f"(its added_tokens_decoder names the special tokens)")
     regular = read_tiktoken_model(model_path)
     table = read_added_tokens(config_path, len(regular))
-    return TiktokenTokenizer(regular, table, source=str(model_path))
+    return TiktokenTokenizer(regular, table, source=str(model_path), roles=roles, eos_fallback=eos_fallback)
 
 
 def write_tiktoken_dir(model_dir: Path, regular: Sequence[bytes], special_tokens: Mapping[str, int],

@@ -156,3 +156,27 @@ def test_chat_printer_labels_tool_calls():
     text = out.getvalue()
     assert text.startswith("[reasoning]\nLet me look\n[content]\nChecking.")
     assert '\n[tool call] get_weather {"city": "Paris"}\n' in text
+
+
+def test_chat_without_chat_markers_is_a_clear_error(tiny_dir, tmp_path, capsys):
+    """A byte-level tokenizer.json with no K3 / K2 markers: --prompt works, --chat names the
+    absent markers instead of failing at load or with a traceback."""
+    import shutil
+
+    from k3.tokenizer.compact import compact_merges, compact_regular_tokens
+    from k3.tokenizer.hf_vocab import write_tokenizer_json
+    from k3.tokenizer.pretokenize import PATTERN
+
+    for f in tiny_dir.iterdir():
+        if f.name not in ("tiktoken.model", "tokenizer_config.json"):
+            shutil.copy(f, tmp_path / f.name)
+    regular = compact_regular_tokens()
+    foreign = {"<|endoftext|>": len(regular), **{f"<|extra_{i}|>": i for i in range(len(regular) + 1, 512)}}
+    write_tokenizer_json(tmp_path / "tokenizer.json", regular, compact_merges(), foreign, pattern=PATTERN)
+    out, _ = _generate(capsys, "--model", str(tmp_path), "--prompt", "The quick", "--max-tokens", "4",
+                       "--temperature", "0")
+    assert len(out) > 1
+    assert main(["generate", "--model", str(tmp_path), "--chat", "hi", "--max-tokens", "4"]) != 0
+    err = capsys.readouterr().err
+    assert "--chat: this model's tokenizer has no chat format" in err and "use --prompt" in err
+    assert "<|end_of_msg|>" in err and "<|im_end|>" in err and "Traceback" not in err

@@ -116,10 +116,11 @@ def test_malformed_tokenizer_config_names_file_and_line(tmp_path):
         load_tokenizer(tmp_path)
 
 
-def test_tokenizer_without_kimi_specials_is_refused(tmp_path):
+def test_tokenizer_without_kimi_specials_loads_without_a_chat_format(tmp_path):
     _write_tiktoken(tmp_path, SMALL, {len(SMALL): "<|endoftext|>"})
-    with pytest.raises(ValueError, match="flavor"):
-        load_tokenizer(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    assert tok.flavor is None and tok.bos_id is None and tok.pad_id is None and tok.eos_ids == ()
+    assert tok.missing_chat_markers()["k3"] == ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
 
 
 def test_write_compact_refuses_a_conflicting_file(tmp_path):
