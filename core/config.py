@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _config_hf as hf
 from ._config_fields import (
     ConfigError,
     FieldReader,
@@ -106,6 +107,9 @@ class K3Config:
     extra_text: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     extra_top: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # {field path: the key the source config.json spells it with}, where that is another key
+    # (transformers' flat `linear_head_dim` for linear_attn_config.head_dim, an alias, ...)
+    spellings: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -157,6 +161,12 @@ class K3Config:
     def replace(self, **changes: Any) -> "K3Config":
         """A copy with fields changed, validated again through `from_dict(to_dict())`."""
         return K3Config.from_dict(dataclasses.replace(self, **changes).to_dict())
+
+    def field_name(self, path: str) -> str:
+        """The key of field `path` ("hidden_size", "linear_attn_config.head_dim") as this
+        config's source file names it (nested configs: under "text_config.")."""
+        prefix = "text_config." if self.model_type == "kimi_k3" else ""
+        return prefix + self.spellings.get(path, path)
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -288,11 +298,14 @@ class K3Config:
 # Dataclass fields that are not written as plain text_config keys.
 _NOT_TEXT_FIELDS = frozenset({
     "model_type", "dtype", "linear_attn", "quantization", "bos_token_id", "eos_token_ids",
-    "pad_token_id", "media_placeholder_token_id", "extra_text", "extra_top", "notes",
+    "pad_token_id", "media_placeholder_token_id", "extra_text", "extra_top", "notes", "spellings",
 })
 
 
 def _parse(text: dict[str, Any], *, top: dict[str, Any], prefix: str, model_type: str) -> K3Config:
+    source = text
+    text, spellings = hf.resolve_aliases(text, prefix)
+    hf.check_supported(text, prefix)
     r = FieldReader(text, prefix)
     notes: list[str] = []
 
@@ -317,7 +330,12 @@ def _parse(text: dict[str, Any], *, top: dict[str, Any], prefix: str, model_type
         notes.append("hidden_act is situ but activation_situ_beta is absent: beta_1 = 1.0 "
                      "(the official default; K3 itself uses 4.0)")
 
-    linear_attn = parse_linear_attn_config(text.get("linear_attn_config"), prefix, num_layers)
+    linear_raw, linear_spellings = hf.linear_attn_raw(text, prefix, num_layers)
+    spellings.update(linear_spellings)
+    linear_attn = parse_linear_attn_config(linear_raw, prefix, num_layers)
+    moe_layer_freq = r.int("moe_layer_freq", 1, minimum=1)
+    first_dense = hf.first_k_dense(text, prefix, num_layers, moe_layer_freq=moe_layer_freq,
+                                   has_experts=text.get("num_experts") is not None)
     quant_raw = text.get("quantization_config", top.get("quantization_config"))
     qprefix = prefix if "quantization_config" in text else ""
     quantization = parse_quantization_config(quant_raw, qprefix)
@@ -376,8 +394,8 @@ def _parse(text: dict[str, Any], *, top: dict[str, Any], prefix: str, model_type
         num_expert_group=r.int("num_expert_group", 1, minimum=1),
         topk_group=r.int("topk_group", 1, minimum=1),
         topk_method=r.str("topk_method", "noaux_tc"),
-        first_k_dense_replace=r.int("first_k_dense_replace", 0, minimum=0),
-        moe_layer_freq=r.int("moe_layer_freq", 1, minimum=1),
+        first_k_dense_replace=r.int("first_k_dense_replace", 0 if first_dense is None else first_dense, minimum=0),
+        moe_layer_freq=moe_layer_freq,
         min_moe_intermediate_per_partition=r.int("min_moe_intermediate_per_partition", 256, minimum=1),
         attn_res_block_size=r.optional_int("attn_res_block_size", None, minimum=1),
         num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
@@ -387,11 +405,13 @@ def _parse(text: dict[str, Any], *, top: dict[str, Any], prefix: str, model_type
         eos_token_ids=eos_ids,
         pad_token_id=token("pad_token_id"),
         media_placeholder_token_id=token("media_placeholder_token_id"),
-        extra_text={k: copy.deepcopy(v) for k, v in text.items() if k not in r.read and k not in _HANDLED_TEXT_KEYS},
-        extra_top={} if top is text else {k: copy.deepcopy(v) for k, v in top.items() if k not in _TOP_FIELDS},
+        extra_text={k: copy.deepcopy(v) for k, v in text.items()
+                    if k not in r.read and k not in _HANDLED_TEXT_KEYS and k not in hf.CONSUMED},
+        extra_top={} if top is source else {k: copy.deepcopy(v) for k, v in top.items() if k not in _TOP_FIELDS},
         notes=tuple(notes),
+        spellings=spellings,
     )
-    _check_consistency(cfg, prefix)
+    _check_consistency(cfg)
     return cfg
 
 
@@ -407,49 +427,51 @@ def _check_token_id(name: str, value: Any) -> None:
         raise ConfigError(name, f"expected a non-negative integer token id, got {value!r}")
 
 
-def _check_consistency(cfg: K3Config, p: str) -> None:
-    """Cross-field rules: each failure names the field to fix."""
+def _check_consistency(cfg: K3Config) -> None:
+    """Cross-field rules: each failure names the field to fix (as the config file spells it)."""
+    f = cfg.field_name
     if cfg.mla_layer_ids:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(cfg, name) is None:
-                raise ConfigError(p + name, f"required: layers {_short(cfg.mla_layer_ids)} are MLA layers")
+                raise ConfigError(f(name), f"required: layers {_short(cfg.mla_layer_ids)} are MLA layers")
     dsa = {n: getattr(cfg, n) for n in ("index_n_heads", "index_head_dim", "index_topk")}
     if any(v is not None for v in dsa.values()):
         missing = [n for n, v in dsa.items() if v is None]
         if missing:
-            raise ConfigError(p + missing[0], "the DSA indexer needs index_n_heads, index_head_dim and index_topk together")
+            raise ConfigError(f(missing[0]), "the DSA indexer needs index_n_heads, index_head_dim and index_topk together")
         if not cfg.mla_layer_ids:
-            raise ConfigError(p + "index_topk", "a DSA indexer needs full-attention (MLA) layers")
+            raise ConfigError(f("index_topk"), "a DSA indexer needs full-attention (MLA) layers")
         if cfg.q_lora_rank is None:
-            raise ConfigError(p + "q_lora_rank", "the DSA indexer reads the MLA query latent: set q_lora_rank")
+            raise ConfigError(f("q_lora_rank"), "the DSA indexer reads the MLA query latent: set q_lora_rank")
         d = cfg.index_head_dim
         if d & (d - 1) or d % 32:
-            raise ConfigError(p + "index_head_dim", f"must be a power of two and a multiple of 32 (Hadamard, MXFP4 keys), got {d}")
+            raise ConfigError(f("index_head_dim"), f"must be a power of two and a multiple of 32 (Hadamard, MXFP4 keys), got {d}")
     if cfg.num_experts is not None:
         for name in ("num_experts_per_token", "moe_intermediate_size"):
             if getattr(cfg, name) is None:
-                raise ConfigError(p + name, "required when num_experts is set")
+                raise ConfigError(f(name), "required when num_experts is set")
         e, k = cfg.num_experts, cfg.num_experts_per_token
         if k > e:
-            raise ConfigError(p + "num_experts_per_token", f"{k} exceeds num_experts = {e}")
+            raise ConfigError(f("num_experts_per_token"), f"{k} exceeds num_experts = {e}")
         if e % cfg.num_expert_group:
-            raise ConfigError(p + "num_expert_group", f"{cfg.num_expert_group} does not divide num_experts = {e}")
+            raise ConfigError(f("num_expert_group"), f"{cfg.num_expert_group} does not divide num_experts = {e}")
         if cfg.topk_group > cfg.num_expert_group:
-            raise ConfigError(p + "topk_group", f"{cfg.topk_group} exceeds num_expert_group = {cfg.num_expert_group}")
+            raise ConfigError(f("topk_group"), f"{cfg.topk_group} exceeds "
+                              f"{f('num_expert_group')} = {cfg.num_expert_group}")
         if k > cfg.topk_group * (e // cfg.num_expert_group):
-            raise ConfigError(p + "num_experts_per_token", f"{k} experts cannot be chosen from {cfg.topk_group} group(s)")
+            raise ConfigError(f("num_experts_per_token"), f"{k} experts cannot be chosen from {cfg.topk_group} group(s)")
     elif cfg.quantization is not None:
-        raise ConfigError(p + "quantization_config", "MXFP4 quantises routed experts, but num_experts is not set")
+        raise ConfigError(f("quantization_config"), "MXFP4 quantises routed experts, but num_experts is not set")
     if cfg.latent_moe_use_norm and cfg.routed_expert_hidden_size is None:
-        raise ConfigError(p + "latent_moe_use_norm", "true needs routed_expert_hidden_size (the LatentMoE latent)")
+        raise ConfigError(f("latent_moe_use_norm"), "true needs routed_expert_hidden_size (the LatentMoE latent)")
     if cfg.first_k_dense_replace > cfg.num_hidden_layers:
-        raise ConfigError(p + "first_k_dense_replace", f"{cfg.first_k_dense_replace} exceeds num_hidden_layers")
+        raise ConfigError(f("first_k_dense_replace"), f"{cfg.first_k_dense_replace} exceeds num_hidden_layers")
     if cfg.experts_mxfp4:
         group = cfg.quantization.group_size
         for name, width in (("moe_intermediate_size", cfg.moe_intermediate_size),
                             ("routed_expert_hidden_size" if cfg.uses_latent_moe else "hidden_size", cfg.expert_hidden_size)):
             if width % group:
-                raise ConfigError(p + name, f"{width} is not a multiple of the MXFP4 group size {group}")
+                raise ConfigError(f(name), f"{width} is not a multiple of the MXFP4 group size {group}")
     for name, value in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id),
                         ("media_placeholder_token_id", cfg.media_placeholder_token_id)):
         if value is not None and value >= cfg.vocab_size:

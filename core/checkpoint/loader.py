@@ -4,12 +4,15 @@ The loader walks the shards one at a time and reads, for each tensor, only the s
 rank holds (safetensors slices straight from the memory-mapped file), copying it into the
 model's stacked or fused parameter. A bad checkpoint is a `CheckpointError` that names the
 tensor: missing (with the expected shape and dtype), unexpected, mis-shaped or of the wrong
-dtype kind.
+dtype kind; a shape error also names the config fields that set the expected shape. A fused
+tensor (`k3.checkpoint.families`, e.g. transformers' stacked experts) is checked against its
+parts and split into them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -61,11 +64,29 @@ _SAFETENSORS_NAMES = {torch.uint8: "U8", torch.bfloat16: "BF16", torch.float16: 
                       torch.float64: "F64"}
 
 
-def _describe(spec, dtype: torch.dtype) -> str:
-    """The expected shape and dtype of a checkpoint tensor, as an error states them."""
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z_0-9.]*")
+
+
+def explain_dims(dims: tuple[str, ...], cfg: K3Config | None) -> str:
+    """" (rows = linear_head_dim, columns = hidden_size)": the config fields behind each
+    dimension of an expected shape, named as the config file spells them; "" when unknown."""
+    if not dims or cfg is None:
+        return ""
+    labels = ("rows", "columns") if len(dims) == 2 else ("size",) if len(dims) == 1 else \
+        tuple(f"dim {i}" for i in range(len(dims)))
+    said = [f"{label} = {_FIELD.sub(lambda m: cfg.field_name(m.group()), expr)}"
+            for label, expr in zip(labels, dims) if not expr.isdigit()]
+    return f" ({', '.join(said)})" if said else ""
+
+
+def _describe(spec, dtype: torch.dtype, cfg: K3Config | None = None, *, shape=None, dims=None) -> str:
+    """The expected shape and dtype of a checkpoint tensor, as an error states them (with the
+    config fields behind the shape when `cfg` is given)."""
+    shape = list(spec.full_shape if shape is None else shape)
+    fields = explain_dims(spec.dims if dims is None else dims, cfg)
     if dtype == torch.uint8:
-        return f"shape {list(spec.full_shape)}, dtype U8"
-    return f"shape {list(spec.full_shape)}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
+        return f"shape {shape}{fields}, dtype U8"
+    return f"shape {shape}{fields}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
 
 
 def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> LoadReport:
@@ -87,11 +108,19 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
                 if name.skip_reason:
                     report.skipped[name.skip_reason] += 1
                     continue
+                if name.fused is not None:
+                    parts = [targets.get(t) for t in name.fused.templates]
+                    if any(p is None for p in parts):
+                        unexpected.append(key)
+                        continue
+                    _load_fused(f, key, name.fused, parts, cfg, seen)
+                    report.tensors_read += 1
+                    continue
                 target = targets.get(name.template)
                 if target is None or (name.expert is None) != (target[1].stack is None):
                     unexpected.append(key)
                     continue
-                _load_one(f, key, name, *target, seen)
+                _load_one(f, key, name, *target, seen, cfg)
                 report.tensors_read += 1
         bar.update(1)
     bar.close()
@@ -141,27 +170,48 @@ def load_plain(module, model_dir: str | Path) -> LoadReport:
     return report
 
 
-def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set) -> None:
-    seen_key = (name.template, name.expert)
-    if seen_key in seen:
-        raise CheckpointError(f"tensor {key} appears twice in the checkpoint")
-    seen.add(seen_key)
-    view = f.get_slice(key)
-    shape, dtype = tuple(view.get_shape()), view.get_dtype()
-    if shape != spec.full_shape and shape not in spec.alt_shapes:
-        raise CheckpointError(f"tensor {key} has shape {list(shape)} ({dtype}), expected {_describe(spec, param.dtype)}")
+def _mark_seen(seen: set, key: str, template: str, expert: int | None) -> None:
+    if (template, expert) in seen:
+        raise CheckpointError(f"tensor {key} appears twice in the checkpoint"
+                              + ("" if template in key else f" (as {template}, expert {expert})"))
+    seen.add((template, expert))
+
+
+def _check_dtype(key: str, dtype: str, param: torch.Tensor) -> None:
     if param.dtype == torch.uint8 and dtype != "U8":
         raise CheckpointError(f"tensor {key} has dtype {dtype}, expected U8 (packed MXFP4 data or E8M0 scales)")
     if param.dtype != torch.uint8 and dtype not in _FLOAT_DTYPES:
         raise CheckpointError(f"tensor {key} has dtype {dtype}, expected a float dtype (BF16, F16, F32 or F64)")
-    dest = spec.dest
-    if spec.stack:
-        total, start, count = spec.stack
-        if name.expert >= total:
-            raise CheckpointError(f"tensor {key}: expert {name.expert} does not exist (num_experts = {total})")
-        if not start <= name.expert < start + count:
-            return                      # another rank's expert
-        dest = (name.expert - start, *dest)
+
+
+def _destination(key: str, spec, expert: int | None):
+    """Index into the parameter for this tensor, or None for another rank's expert."""
+    if not spec.stack:
+        return spec.dest
+    total, start, count = spec.stack
+    if expert >= total:
+        raise CheckpointError(f"tensor {key}: expert {expert} does not exist (num_experts = {total})")
+    if not start <= expert < start + count:
+        return None
+    return (expert - start, *spec.dest)
+
+
+def _store(param: torch.Tensor, dest, tensor: torch.Tensor) -> None:
+    target = param[dest] if dest else param
+    target.copy_(tensor.to(param.dtype))
+
+
+def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set, cfg: K3Config | None = None) -> None:
+    _mark_seen(seen, key, name.template, name.expert)
+    view = f.get_slice(key)
+    shape, dtype = tuple(view.get_shape()), view.get_dtype()
+    if shape != spec.full_shape and shape not in spec.alt_shapes:
+        raise CheckpointError(f"tensor {key} has shape {list(shape)} ({dtype}), expected "
+                              f"{_describe(spec, param.dtype, cfg)}")
+    _check_dtype(key, dtype, param)
+    dest = _destination(key, spec, name.expert)
+    if dest is None:
+        return                          # another rank's expert
     if shape == spec.full_shape and spec.shard is not None:
         dim, begin, size = spec.shard
         index = tuple(slice(begin, begin + size) if i == dim else slice(None) for i in range(len(shape)))
@@ -170,8 +220,54 @@ def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set) -> None:
         tensor = f.get_tensor(key).reshape(spec.full_shape)
         if spec.shard is not None:
             tensor = tensor.narrow(spec.shard[0], spec.shard[1], spec.shard[2])
-    target = param[dest] if dest else param
-    target.copy_(tensor.to(param.dtype))
+    _store(param, dest, tensor)
+
+
+def _fused_shapes(fused, specs) -> tuple[tuple[int, ...], list[tuple[int, ...]], tuple[str, ...]]:
+    """(expected shape, accepted alternatives, dims) of a fused tensor from its parts' specs."""
+    rows = sum(s.full_shape[0] for s in specs)
+    expected = (rows, *specs[0].full_shape[1:])
+    alts = [(rows, *alt[1:]) for alt in specs[0].alt_shapes]
+    firsts = [s.dims[0] if s.dims else "?" for s in specs]
+    wrap = [f"({d})" if "+" in d else d for d in firsts]
+    first = f"{len(specs)} * {wrap[0]}" if len(set(firsts)) == 1 and len(specs) > 1 else " + ".join(wrap)
+    dims = (first, *specs[0].dims[1:]) if specs[0].dims else ()
+    if fused.rule.experts:
+        total = specs[0].stack[0]
+        expected, alts = (total, *expected), [(total, *a) for a in alts]
+        dims = ("num_experts", *dims) if dims else ()
+    return expected, alts, dims
+
+
+def _load_fused(f, key: str, fused, parts, cfg: K3Config, seen: set) -> None:
+    """A tensor holding several canonical ones (`k3.checkpoint.families.FusedTensor`): check its
+    shape against theirs and copy each part (each local expert's parts) into its parameter."""
+    specs = [spec for _, spec in parts]
+    expected, alts, dims = _fused_shapes(fused, specs)
+    view = f.get_slice(key)
+    shape, dtype = tuple(view.get_shape()), view.get_dtype()
+    if shape != expected and shape not in alts:
+        names = ", ".join(part.split(".")[-2] for part in fused.rule.parts)     # q_conv1d, ...; w1, w3
+        raise CheckpointError(
+            f"tensor {key} has shape {list(shape)} ({dtype}), expected "
+            f"{_describe(specs[0], parts[0][0].dtype, cfg, shape=expected, dims=dims)}: {fused.rule.family} "
+            f"stacks {names} along dim {1 if fused.rule.experts else 0}"
+            + (" for each expert" if fused.rule.experts else ""))
+    _check_dtype(key, dtype, parts[0][0])
+    for expert in range(expected[0]) if fused.rule.experts else (None,):
+        offset = 0
+        for (param, spec), template in zip(parts, fused.templates):
+            rows = spec.full_shape[0]
+            index = ((slice(expert, expert + 1),) if expert is not None else ()) + (slice(offset, offset + rows),)
+            offset += rows
+            _mark_seen(seen, key, template, expert)
+            dest = _destination(key, spec, expert)
+            if dest is None:
+                continue                # another rank's expert
+            tensor = view[index].reshape(spec.full_shape)
+            if spec.shard is not None:
+                tensor = tensor.narrow(spec.shard[0], spec.shard[1], spec.shard[2])
+            _store(param, dest, tensor)
 
 
 def load_model(model_dir: str | Path, *, dtype: torch.dtype | None = None, parallel=None, device=None,

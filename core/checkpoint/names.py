@@ -4,8 +4,9 @@ Canonical names are the model's own (`model.layers.L.self_attn.q_proj.weight`,
 `lm_head.weight`, experts as `...experts.{expert}.w1.weight_packed`). Published K3
 checkpoints prefix the text model with `language_model.` (and some tools write
 `language_model.layers.` without `model.`); transformers' `save_pretrained` of Kimi-Linear
-writes a dense layer's MLP under `block_sparse_moe.{gate,up,down}_proj`. Vision weights, rotary
-caches and MTP layers (index >= num_hidden_layers) are skipped.
+writes a dense layer's MLP under `block_sparse_moe.{gate,up,down}_proj`, and its runtime names
+are renamed or unfused as `k3.checkpoint.families` tabulates. Vision weights, rotary caches and
+MTP layers (index >= num_hidden_layers) are skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from dataclasses import dataclass
 
 from k3.config import K3Config
+
+from .families import Unfused, apply_renames, match_fused
 
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -24,11 +27,13 @@ K3_PREFIX = "language_model."
 @dataclass(frozen=True)
 class CanonicalName:
     """A checkpoint tensor name mapped onto the model: template (experts as "{expert}"),
-    the expert number when it is one of a stack, or `skip_reason` for tensors k3 ignores."""
+    the expert number when it is one of a stack, or `skip_reason` for tensors k3 ignores;
+    `fused` when the tensor holds several canonical tensors (template is then its renamed name)."""
 
     template: str
     expert: int | None = None
     skip_reason: str | None = None
+    fused: Unfused | None = None
 
 
 def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
@@ -41,6 +46,7 @@ def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
             name = "model." + name
     if "rotary_emb." in name:
         return CanonicalName(name, skip_reason="rotary cache")
+    name = apply_renames(name)
     layer = _LAYER.match(name)
     if layer:
         index = int(layer.group(1))
@@ -48,6 +54,9 @@ def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
             return CanonicalName(name, skip_reason="MTP layer")
         if not cfg.is_moe_layer(index):   # transformers' save_pretrained of a dense Kimi-Linear layer
             name = re.sub(r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj.", name)
+    fused = match_fused(name)
+    if fused:
+        return CanonicalName(name, fused=fused)
     expert = _EXPERT.search(name)
     if expert:
         return CanonicalName(_EXPERT.sub(".experts.{expert}.", name, count=1), int(expert.group(1)))

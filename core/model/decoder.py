@@ -22,11 +22,11 @@ class DecoderLayer(K3Module):
         self.layer, self.is_kda, self.is_moe = layer, kda_index is not None, cfg.is_moe_layer(layer)
         d = cfg.hidden_size
         for name in ("input_layernorm", "post_attention_layernorm"):
-            self.add_weight(name, (d,), dtype, device)
+            self.add_weight(name, (d,), dtype, device, dims=("hidden_size",))
         if cfg.uses_attn_res:
             for prefix in ("self_attention_res", "mlp_res"):
-                self.add_weight(f"{prefix}_norm", (d,), dtype, device)
-                self.add_weight(f"{prefix}_proj", (1, d), dtype, device)
+                self.add_weight(f"{prefix}_norm", (d,), dtype, device, dims=("hidden_size",))
+                self.add_weight(f"{prefix}_proj", (1, d), dtype, device, dims=("1", "hidden_size"))
         if self.is_kda:
             self.self_attn = KDAMixer(cfg, kda_index=kda_index, kernels=kernels, parallel=parallel, dtype=dtype,
                                       device=device)

@@ -29,14 +29,16 @@ class GLUMLP(K3Module):
     """down(act(gate_up(x))) with gate_proj / up_proj fused into one [2 I_local, d] weight."""
 
     def __init__(self, cfg: K3Config, *, intermediate: int, kernels: KernelSet, parallel: ParallelContext,
-                 dtype, device=None):
+                 dtype, device=None, intermediate_field: str = "intermediate_size"):
         super().__init__()
         self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
         d = cfg.hidden_size
         i0, il = parallel.shard(intermediate, "FFN intermediate size")
-        self.add_fused_weight("gate_up_proj", [(f"{part}.weight", (intermediate, d), (0, i0, il))
+        self.add_fused_weight("gate_up_proj", [(f"{part}.weight", (intermediate, d), (0, i0, il),
+                                                (intermediate_field, "hidden_size"))
                                                for part in ("gate_proj", "up_proj")], dtype, device)
-        self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il))
+        self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il),
+                        dims=("hidden_size", intermediate_field))
 
     def forward(self, x: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
         """x [T, d] -> [T, d], reduced over ranks."""
@@ -57,20 +59,22 @@ class MoE(K3Module):
         # the router runs in fp32 (k3.reference.router_logits upcasts both operands): the gate is
         # held in fp32 from load (an exact upcast of the checkpoint's bf16), so a step does not
         # cast the whole [E, d] weight in every MoE layer (twice its bf16 bytes in memory)
-        self.add_weight("gate", (e, d), router_dtype, device)
+        self.add_weight("gate", (e, d), router_dtype, device, dims=("num_experts", "hidden_size"))
         self.add_weight("e_score_correction_bias", (e,), router_dtype, device,
-                        checkpoint="gate.e_score_correction_bias")
+                        checkpoint="gate.e_score_correction_bias", dims=("num_experts",))
+        LAT = "routed_expert_hidden_size" if cfg.uses_latent_moe else "hidden_size"
         if cfg.uses_latent_moe:
-            self.add_weight("routed_expert_down_proj", (lat, d), dtype, device)
-            self.add_weight("routed_expert_up_proj", (d, lat), dtype, device)
+            self.add_weight("routed_expert_down_proj", (lat, d), dtype, device, dims=(LAT, "hidden_size"))
+            self.add_weight("routed_expert_up_proj", (d, lat), dtype, device, dims=("hidden_size", LAT))
             if cfg.latent_moe_use_norm:
-                self.add_weight("routed_expert_norm", (lat,), dtype, device)
+                self.add_weight("routed_expert_norm", (lat,), dtype, device, dims=(LAT,))
         # Experts are stacked [E_local, ...]; w13 holds w1 (gate) rows then w3 (up) rows.
         # MXFP4: compressed-tensors planes per expert, weight_packed [out, in/2] (two logical
         # parameters per byte) and weight_scale [out, in/32] (not parameters).
         stack = (e, self.expert_start, el)
         planes = (("packed", 2, 2), ("scale", 32, 0)) if cfg.experts_mxfp4 else (("", 1, 1),)
-        for param, parts, out_rows, in_dim in (("w13", ("w1", "w3"), inter, lat), ("w2", ("w2",), lat, inter)):
+        for param, parts, out_rows, in_dim, dims in (("w13", ("w1", "w3"), inter, lat, ("moe_intermediate_size", LAT)),
+                                                     ("w2", ("w2",), lat, inter, (LAT, "moe_intermediate_size"))):
             for plane, in_per_col, per_element in planes:
                 name = f"{param}_{plane}" if plane else param
                 width = in_dim // in_per_col
@@ -80,10 +84,12 @@ class MoE(K3Module):
                     buffer=bool(plane), sources=[
                         WeightSpec(f"experts.{{expert}}.{part}.{suffix}", name, (out_rows, width),
                                    dest=(slice(j * out_rows, (j + 1) * out_rows),), stack=stack,
-                                   logical_per_element=per_element)
+                                   logical_per_element=per_element,
+                                   dims=dims if in_per_col == 1 else (dims[0], f"{dims[1]} / {in_per_col}"))
                         for j, part in enumerate(parts)])
         self.shared_experts = (GLUMLP(cfg, intermediate=cfg.shared_expert_intermediate_size, kernels=kernels,
-                                      parallel=parallel, dtype=dtype, device=device)
+                                      parallel=parallel, dtype=dtype, device=device,
+                                      intermediate_field="num_shared_experts * moe_intermediate_size")
                                if cfg.num_shared_experts else None)
 
     def expert_weights(self):

@@ -49,9 +49,13 @@ class KDAMixer(K3Module):
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         rows = (0, c0, p_local)
 
-        def proj(name, full_rows, local_rows, start, in_dim):
+        # the config fields behind each weight's dimensions (named in shape errors)
+        H, HD, D = "linear_attn_config.num_heads", "linear_attn_config.head_dim", "hidden_size"
+        P = f"{H} * {HD}"
+
+        def proj(name, full_rows, local_rows, start, in_dim, dims):
             self.add_weight(name, (local_rows, in_dim), dtype, device,
-                            full_shape=(full_rows, in_dim), shard=(0, start, local_rows))
+                            full_shape=(full_rows, in_dim), shard=(0, start, local_rows), dims=dims)
 
         # The low-rank projections (the decay's f_a / f_b, Kimi-Linear's output gate g_a / g_b)
         # have rank head_dim, as vLLM and transformers build them (128 in every published
@@ -60,24 +64,28 @@ class KDAMixer(K3Module):
         # [rank]), the decay's f_a [rank], beta's b [H]; `_project` splits the product.
         rank = hd
         full_gate = la.use_full_rank_gate
-        parts = [(f"{name}.weight", (p_full, d), rows) for name in ("q_proj", "k_proj", "v_proj")]
-        parts.append(("g_proj.weight", (p_full, d), rows) if full_gate else ("g_a_proj.weight", (rank, d), None))
-        parts += [("f_a_proj.weight", (rank, d), None), ("b_proj.weight", (la.num_heads, d), (0, h0, hl))]
+        parts = [(f"{name}.weight", (p_full, d), rows, (P, D)) for name in ("q_proj", "k_proj", "v_proj")]
+        parts.append(("g_proj.weight", (p_full, d), rows, (P, D)) if full_gate
+                     else ("g_a_proj.weight", (rank, d), None, (HD, D)))
+        parts += [("f_a_proj.weight", (rank, d), None, (HD, D)),
+                  ("b_proj.weight", (la.num_heads, d), (0, h0, hl), (H, D))]
         q, kk, v, *rest = self.add_fused_weight("in_proj", parts, dtype, device)
         self.in_proj_split = (q + kk + v, *rest)                               # qkv, g (or g_a), f_a, b
         # the short-conv weights of q, k and v likewise: the [3P, W] view the kernels take
         w = la.short_conv_kernel_size
-        self.add_fused_weight("qkv_conv1d", [(f"{part}_conv1d.weight", (p_full, 1, w), rows) for part in "qkv"],
-                              dtype, device, alt_shapes=((p_full, w),))
-        proj("f_b_proj", p_full, p_local, c0, rank)
+        conv_dims = (P, "1", "linear_attn_config.short_conv_kernel_size")
+        self.add_fused_weight("qkv_conv1d", [(f"{part}_conv1d.weight", (p_full, 1, w), rows, conv_dims)
+                                             for part in "qkv"], dtype, device, alt_shapes=((p_full, w),))
+        proj("f_b_proj", p_full, p_local, c0, rank, (P, HD))
         if not full_gate:
-            proj("g_b_proj", p_full, p_local, c0, rank)
+            proj("g_b_proj", p_full, p_local, c0, rank, (P, HD))
         self.add_weight("A_log", (hl,), state_dtype, device, checkpoint="A_log", full_shape=(la.num_heads,),
-                        shard=(0, h0, hl), alt_shapes=((1, 1, la.num_heads, 1),))
+                        shard=(0, h0, hl), alt_shapes=((1, 1, la.num_heads, 1),), dims=(H,))
         self.add_weight("dt_bias", (p_local,), state_dtype, device, checkpoint="dt_bias",
-                        full_shape=(p_full,), shard=rows)
-        self.add_weight("o_norm", (hd,), dtype, device)
-        self.add_weight("o_proj", (d, p_local), dtype, device, full_shape=(d, p_full), shard=(1, c0, p_local))
+                        full_shape=(p_full,), shard=rows, dims=(P,))
+        self.add_weight("o_norm", (hd,), dtype, device, dims=(HD,))
+        self.add_weight("o_proj", (d, p_local), dtype, device, full_shape=(d, p_full), shard=(1, c0, p_local),
+                        dims=(D, P))
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [T, d] through the fused `in_proj`: (qkv [T, 3P], output gate [T, H, K], f [T, H, K]

@@ -36,9 +36,12 @@ class MLAMixer(K3Module):
         dn, dr, dv, r = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
         dqk = dn + dr
 
-        def by_head(name, per_head, in_dim):
+        QK, KV, V = ("num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)",
+                     "num_attention_heads * (qk_nope_head_dim + v_head_dim)", "num_attention_heads * v_head_dim")
+
+        def by_head(name, per_head, in_dim, dims):
             self.add_weight(name, (hl * per_head, in_dim), dtype, device, full_shape=(heads * per_head, in_dim),
-                            shard=(0, h0 * per_head, hl * per_head))
+                            shard=(0, h0 * per_head, hl * per_head), dims=dims)
 
         # Every projection of x fused into one weight (one launch a step), rows in this order: the
         # query's (q_a_proj, or q_proj without a query LoRA), kv_a_proj_with_mqa, the output gate's
@@ -46,18 +49,19 @@ class MLAMixer(K3Module):
         def head_rows(per_head):
             return (0, h0 * per_head, hl * per_head)
 
-        parts = [("q_a_proj.weight", (cfg.q_lora_rank, d), None) if cfg.q_lora_rank is not None
-                 else ("q_proj.weight", (heads * dqk, d), head_rows(dqk)),
-                 ("kv_a_proj_with_mqa.weight", (r + dr, d), None)]
+        parts = [("q_a_proj.weight", (cfg.q_lora_rank, d), None, ("q_lora_rank", "hidden_size"))
+                 if cfg.q_lora_rank is not None
+                 else ("q_proj.weight", (heads * dqk, d), head_rows(dqk), (QK, "hidden_size")),
+                 ("kv_a_proj_with_mqa.weight", (r + dr, d), None, ("kv_lora_rank + qk_rope_head_dim", "hidden_size"))]
         if cfg.mla_use_output_gate:
-            parts.append(("g_proj.weight", (heads * dv, d), head_rows(dv)))
+            parts.append(("g_proj.weight", (heads * dv, d), head_rows(dv), (V, "hidden_size")))
         self.in_proj_split = self.add_fused_weight("in_proj", parts, dtype, device)
         if cfg.q_lora_rank is not None:
-            self.add_weight("q_a_layernorm", (cfg.q_lora_rank,), dtype, device)
-            by_head("q_b_proj", dqk, cfg.q_lora_rank)
-        self.add_weight("kv_a_layernorm", (r,), dtype, device)
-        by_head("kv_b_proj", dn + dv, r)
-        self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv),
+            self.add_weight("q_a_layernorm", (cfg.q_lora_rank,), dtype, device, dims=("q_lora_rank",))
+            by_head("q_b_proj", dqk, cfg.q_lora_rank, (QK, "q_lora_rank"))
+        self.add_weight("kv_a_layernorm", (r,), dtype, device, dims=("kv_lora_rank",))
+        by_head("kv_b_proj", dn + dv, r, (KV, "kv_lora_rank"))
+        self.add_weight("o_proj", (d, hl * dv), dtype, device, full_shape=(d, heads * dv), dims=("hidden_size", V),
                         shard=(1, h0 * dv, hl * dv))
         self.indexer = DSAIndexer(cfg, kernels=kernels, dtype=dtype, device=device) if cfg.uses_dsa else None
         self._absorbed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None   # (kv_b_proj, w_uk, w_uv)

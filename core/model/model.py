@@ -49,17 +49,17 @@ class K3Model(K3Module):
         d = cfg.hidden_size
         self.vocab_start, vocab_local = parallel.shard(cfg.vocab_size, "vocab_size")
         self.add_weight("embed_tokens", (vocab_local, d), dtype, device, full_shape=(cfg.vocab_size, d),
-                        shard=(0, self.vocab_start, vocab_local))
+                        shard=(0, self.vocab_start, vocab_local), dims=("vocab_size", "hidden_size"))
         kda_ids, mla_ids = cfg.kda_layer_ids, cfg.mla_layer_ids
         self.layers = torch.nn.ModuleList(
             DecoderLayer(cfg, i, kda_index=kda_ids.index(i) if i in kda_ids else None,
                          mla_index=mla_ids.index(i) if i in mla_ids else None,
                          kernels=kernels, parallel=parallel, dtype=dtype, device=device)
             for i in range(cfg.num_hidden_layers))
-        self.add_weight("norm", (d,), dtype, device)
+        self.add_weight("norm", (d,), dtype, device, dims=("hidden_size",))
         if cfg.uses_attn_res:
-            self.add_weight("output_attn_res_norm", (d,), dtype, device)
-            self.add_weight("output_attn_res_proj", (1, d), dtype, device)
+            self.add_weight("output_attn_res_norm", (d,), dtype, device, dims=("hidden_size",))
+            self.add_weight("output_attn_res_proj", (1, d), dtype, device, dims=("1", "hidden_size"))
         self._folded_queries: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def fold_weights(self) -> None:
@@ -179,7 +179,8 @@ class K3ForCausalLM(K3Module):
         if not cfg.tie_word_embeddings:
             v0, vl = self.model.vocab_start, self.model.embed_tokens.shape[0]
             self.add_weight("lm_head", (vl, cfg.hidden_size), dtype, device,
-                            full_shape=(cfg.vocab_size, cfg.hidden_size), shard=(0, v0, vl))
+                            full_shape=(cfg.vocab_size, cfg.hidden_size), shard=(0, v0, vl),
+                            dims=("vocab_size", "hidden_size"))
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

@@ -33,6 +33,9 @@ class WeightSpec:
         `total` tensors named with "{expert}" in checkpoint_name, each of full_shape; this rank
         stores global experts [local_start, local_start + local_count) along the parameter's
         axis 0, expert e at dest (e - local_start, *dest).
+    dims: per dimension of full_shape, the config fields that set it, as an expression
+        ("linear_attn_config.num_heads * linear_attn_config.head_dim"); () when not stated.
+        A shape error names them (`k3.checkpoint.loader`).
     """
 
     checkpoint_name: str
@@ -43,6 +46,7 @@ class WeightSpec:
     alt_shapes: tuple[tuple[int, ...], ...] = ()
     logical_per_element: int = 1
     stack: tuple[int, int, int] | None = None
+    dims: tuple[str, ...] = ()
 
     @property
     def logical_numel(self) -> int:
@@ -81,13 +85,14 @@ class K3Module(nn.Module):
         alt_shapes: tuple[tuple[int, ...], ...] = (),
         buffer: bool = False,
         sources: list[WeightSpec] | None = None,
+        dims: tuple[str, ...] = (),
     ) -> torch.Tensor:
         """Register an uninitialised parameter (or buffer) `name` of local `shape`.
 
         By default one checkpoint tensor fills it: `checkpoint` (default `name` + ".weight"),
         of `full_shape` (default `shape`: replicated), of which this rank reads `shard`.
         A fused or stacked parameter passes its `sources` (WeightSpecs whose `param` is
-        `name`) instead.
+        `name`) instead. dims: the config fields behind each dimension (`WeightSpec.dims`).
         """
         t = torch.empty(shape, dtype=dtype, device=device)
         if buffer:
@@ -97,26 +102,26 @@ class K3Module(nn.Module):
         if sources is None:
             sources = [WeightSpec(checkpoint_name=checkpoint if checkpoint is not None else f"{name}.weight",
                                   param=name, full_shape=tuple(full_shape or shape), shard=shard,
-                                  alt_shapes=alt_shapes)]
+                                  alt_shapes=alt_shapes, dims=dims)]
         self._weight_specs.extend(sources)
         return getattr(self, name)
 
-    def add_fused_weight(self, name: str, parts: list[tuple[str, tuple[int, ...], tuple[int, int, int] | None]],
-                         dtype: torch.dtype, device, *,
+    def add_fused_weight(self, name: str, parts: list[tuple], dtype: torch.dtype, device, *,
                          alt_shapes: tuple[tuple[int, ...], ...] = ()) -> tuple[int, ...]:
         """Register `name`: the concatenation along axis 0 of the checkpoint tensors `parts`, each
         (checkpoint name, full shape [rows, ...], this rank's shard (0, start, rows) or None for
-        all of it), so one matrix product computes all of their outputs; every part has the same
-        trailing shape and accepts `alt_shapes`. Returns the local row count of each part, in
-        order (for `torch.split` of the product's last dimension)."""
-        rows = [shard[2] if shard else full_shape[0] for _, full_shape, shard in parts]
+        all of it[, dims: the config fields behind each dimension]), so one matrix product
+        computes all of their outputs; every part has the same trailing shape and accepts
+        `alt_shapes`. Returns the local row count of each part, in order (for `torch.split` of
+        the product's last dimension)."""
+        rows = [part[2][2] if part[2] else part[1][0] for part in parts]
         bounds = [0]
         for count in rows:
             bounds.append(bounds[-1] + count)
         self.add_weight(name, (bounds[-1], *parts[0][1][1:]), dtype, device, sources=[
-            WeightSpec(checkpoint_name, name, full_shape, shard=shard, dest=(slice(start, end),),
-                       alt_shapes=alt_shapes)
-            for (checkpoint_name, full_shape, shard), start, end in zip(parts, bounds, bounds[1:])])
+            WeightSpec(part[0], name, part[1], shard=part[2], dest=(slice(start, end),),
+                       alt_shapes=alt_shapes, dims=part[3] if len(part) > 3 else ())
+            for part, start, end in zip(parts, bounds, bounds[1:])])
         return tuple(rows)
 
     def weight_specs(self, prefix: str = "") -> Iterator[tuple[str, str, WeightSpec]]:

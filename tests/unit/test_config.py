@@ -193,3 +193,100 @@ def test_not_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         K3Config.from_pretrained(tmp_path)
+
+
+# ---------------------------------------------------------------- transformers' config.json
+@pytest.fixture
+def hf_raw():
+    """What transformers 5.19's KimiLinearConfig.save_pretrained wrote for a 6-layer shape (MLA at
+    1-based 4 and 6): flat KDA fields and per-layer lists, no linear_attn_config."""
+    return json.loads((FIXTURES / "transformers-kimi-linear-config.json").read_text())
+
+
+def test_transformers_config_reads_its_flat_fields(hf_raw):
+    assert "linear_attn_config" not in hf_raw
+    cfg = K3Config.from_dict(hf_raw)
+    assert cfg.layer_types == ("kda", "kda", "kda", "mla", "kda", "mla")
+    la = cfg.linear_attn
+    assert (la.num_heads, la.head_dim, la.short_conv_kernel_size) == (4, 16, 4)
+    assert la.gate_lower_bound is None and not la.use_full_rank_gate and la.full_attn_layers == (4, 6)
+    assert cfg.first_k_dense_replace == 1 and not cfg.is_moe_layer(0) and cfg.is_moe_layer(5)
+    assert cfg.max_position_embeddings == 1048576 and cfg.num_experts == 8 and cfg.num_experts_per_token == 2
+    assert cfg.field_name("linear_attn_config.head_dim") == "linear_head_dim"
+    assert cfg.field_name("hidden_size") == "hidden_size"
+    out = cfg.to_dict()                      # written back in the canonical form, which transformers reads
+    assert out["linear_attn_config"]["kda_layers"] == [1, 2, 3, 5]
+    assert not {"layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads"} & out.keys()
+    assert K3Config.from_dict(out) == cfg
+
+
+def test_flat_fields_and_linear_attn_config_together_must_agree(hf_raw):
+    hf_raw["linear_attn_config"] = {"num_heads": 4, "head_dim": 16, "short_conv_kernel_size": 4,
+                                    "full_attn_layers": [4, 6]}
+    assert K3Config.from_dict(hf_raw) == K3Config.from_dict({k: v for k, v in hf_raw.items()
+                                                             if k != "linear_attn_config"})
+    hf_raw["linear_head_dim"] = 32
+    with pytest.raises(ConfigError, match=r"'linear_head_dim': 32 contradicts linear_attn_config.head_dim = 16"):
+        K3Config.from_dict(hf_raw)
+    hf_raw["linear_head_dim"] = 16
+    hf_raw["layer_types"][0] = "full_attention"
+    with pytest.raises(ConfigError, match=r"'layer_types': makes full_attn_layers \[1, 4, 6\]"):
+        K3Config.from_dict(hf_raw)
+
+
+def test_linear_attn_config_takes_missing_keys_from_the_flat_fields(hf_raw):
+    hf_raw["linear_attn_config"] = {"num_heads": 4}
+    cfg = K3Config.from_dict(hf_raw)
+    assert cfg.linear_attn.head_dim == 16 and cfg.linear_attn.kda_layers == (1, 2, 3, 5)
+
+
+def test_transformers_attribute_map_aliases(hf_raw):
+    for alias, name in (("n_group", "num_expert_group"), ("num_local_experts", "num_experts"),
+                        ("num_experts_per_tok", "num_experts_per_token"), ("n_shared_experts", "num_shared_experts"),
+                        ("norm_topk_prob", "moe_renormalize")):
+        hf_raw[alias] = hf_raw.pop(name)
+    hf_raw.update(n_group=2, topk_group=1)
+    cfg = K3Config.from_dict(hf_raw)
+    assert (cfg.num_expert_group, cfg.topk_group, cfg.num_experts, cfg.num_experts_per_token) == (2, 1, 8, 2)
+    assert cfg.num_shared_experts == 1 and cfg.moe_renormalize
+    assert "n_group" not in cfg.to_dict() and cfg.to_dict()["num_expert_group"] == 2
+    with pytest.raises(ConfigError, match=r"'topk_group': 3 exceeds n_group = 2"):
+        K3Config.from_dict({**hf_raw, "topk_group": 3})
+    with pytest.raises(ConfigError, match=r"'num_experts_per_tok': 9 exceeds num_experts = 8"):
+        K3Config.from_dict({**hf_raw, "num_experts_per_tok": 9})
+    with pytest.raises(ConfigError, match=r"'n_group': 2 contradicts num_expert_group = 4"):
+        K3Config.from_dict({**hf_raw, "num_expert_group": 4})
+
+
+def test_mlp_layer_types_set_the_dense_layers(hf_raw):
+    del hf_raw["first_k_dense_replace"]
+    hf_raw["mlp_layer_types"] = ["dense", "dense"] + ["sparse"] * 4
+    assert K3Config.from_dict(hf_raw).first_k_dense_replace == 2
+    hf_raw["mlp_layer_types"] = ["sparse"] * 6
+    assert K3Config.from_dict(hf_raw).first_k_dense_replace == 0
+
+
+HF_BAD = [
+    ("mlp_layer_types", lambda r: r["mlp_layer_types"].__setitem__(3, "dense"), "layer 3 is 'dense'"),
+    ("mlp_layer_types", lambda r: r.update(num_experts=None), "num_experts is not set"),
+    ("mlp_layer_types", lambda r: r["mlp_layer_types"].pop(), "has 5 entries, expected num_hidden_layers = 6"),
+    ("layer_types", lambda r: r["layer_types"].__setitem__(0, "mamba"), "expected a list of 'linear_attention'"),
+    ("layer_types", lambda r: r.pop("layer_types"), "neither layer_types nor linear_attn_config"),
+    ("linear_head_dim", lambda r: r.pop("linear_head_dim"), "required: layer_types names linear_attention"),
+    ("linear_num_heads", lambda r: r.update(linear_num_heads=0), "an integer >= 1"),
+    ("attention_bias", lambda r: r.update(attention_bias=True), "no biases"),
+]
+
+
+@pytest.mark.parametrize("field,mutate,problem", HF_BAD, ids=[f"{i}-{b[0]}" for i, b in enumerate(HF_BAD)])
+def test_bad_transformers_configs_name_the_key(hf_raw, field, mutate, problem):
+    mutate(hf_raw)
+    with pytest.raises(ConfigError, match=problem) as err:
+        K3Config.from_dict(hf_raw)
+    assert err.value.field == field, str(err.value)
+
+
+def test_layer_types_without_kda_layers_mean_no_kda(hf_raw):
+    hf_raw["layer_types"] = ["full_attention"] * 6
+    cfg = K3Config.from_dict(hf_raw)
+    assert cfg.linear_attn is None and cfg.layer_types == ("mla",) * 6
