@@ -30,6 +30,7 @@ from k3.tokenizer.detokenize import NoDetokenizer
 from .lookahead import Launched, lookahead_decodes
 from .output import build_output
 from .params import SamplingParams
+from .prompt_logprobs import append_prompt_logprobs
 from .request import Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -225,6 +226,8 @@ class LLMEngine:
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
             request = Request(child, ids, params, seed)
+            if params.prompt_logprobs is not None:
+                request.prompt_logprobs.append(None)        # the first prompt token has none
             self.scheduler.add(request)
             self.requests[child] = request
             self.parent_of[child] = request_id
@@ -279,7 +282,8 @@ class LLMEngine:
             return []
         if self.speculation is not None:
             self.speculation.prepare(out)
-        rows, samples, spec_logits = self.runner.run(out, self._not_yet(out), broadcast=self.broadcast)
+        rows, samples, spec_logits, prompt = self.runner.run(out, self._not_yet(out), broadcast=self.broadcast)
+        self._append_prompt_logprobs(out, prompt)
         starts = [s.request.num_computed_tokens for s in out.scheduled]
         verified = self.speculation.accept(out, spec_logits) if self.speculation is not None else {}
         self.scheduler.commit(out, self.speculation.kept if verified else None)
@@ -300,6 +304,14 @@ class LLMEngine:
         if samples is not None:
             self._append_samples(out, rows, samples, now, touched)
         return self._outputs(touched)
+
+    def _append_prompt_logprobs(self, out: SchedulerOutput, prompt) -> None:
+        """Read a step's scored prompt positions (waiting for the device) into its requests."""
+        if prompt is None:
+            return
+        tok = self.tokenizer
+        decode = (lambda t: None) if tok is None else (lambda t: tok.decode([t]))
+        append_prompt_logprobs(prompt, [s.request for s in out.scheduled], decode)
 
     def _not_yet(self, out: SchedulerOutput) -> list[set[int]]:
         """Per scheduled request, the token ids it must not sample yet (min_tokens)."""
@@ -350,11 +362,12 @@ class LLMEngine:
 
     def _launch(self, out: SchedulerOutput, previous_tokens=None) -> Launched:
         """Run a scheduled step on the device without waiting for it."""
-        rows, samples, _ = self.runner.run(out, self._not_yet(out), previous_tokens=previous_tokens)
-        return Launched(out, rows, samples)
+        rows, samples, _, prompt = self.runner.run(out, self._not_yet(out), previous_tokens=previous_tokens)
+        return Launched(out, rows, samples, prompt)
 
     def _collect(self, launched: Launched) -> list[RequestOutput]:
         """Read a launched step's tokens and append them (`_append_samples`)."""
+        self._append_prompt_logprobs(launched.out, launched.prompt_logprobs)
         if launched.samples is None:
             return []
         touched: set[str] = set()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .prompt_logprobs import PromptScores
 from .sampler import SamplerOutput
 from .scheduler import ScheduledRequest, SchedulerOutput
 
@@ -29,11 +30,12 @@ from .scheduler import ScheduledRequest, SchedulerOutput
 @dataclass
 class Launched:
     """A step running on the device: what was scheduled, the rows of `out.scheduled` that
-    sample, and their samples (device tensors, not read yet)."""
+    sample, their samples and the scored prompt positions (device tensors, not read yet)."""
 
     out: SchedulerOutput
     rows: list[int]
     samples: SamplerOutput | None
+    prompt_logprobs: PromptScores | None = None
 
 
 def _continues(engine, s: ScheduledRequest) -> bool:

@@ -24,5 +24,7 @@ def build_output(request_id: str, prompt: str | None, children: list[Request],
     first = children[0]
     metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
                "num_preemptions": sum(r.num_preemptions for r in children)}
+    prompt_logprobs = None if first.params.prompt_logprobs is None else list(first.prompt_logprobs)
     return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=list(first.prompt_token_ids),
-                         outputs=outputs, finished=all(r.finished for r in children), metrics=metrics)
+                         outputs=outputs, finished=all(r.finished for r in children), metrics=metrics,
+                         prompt_logprobs=prompt_logprobs)

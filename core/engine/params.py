@@ -37,6 +37,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None          # top logprobs per generated token (0: only the sampled one's)
+    # log-probabilities of the prompt tokens after the first, each with the top-n tokens at its
+    # position (0: only the prompt token's), as vLLM's RequestOutput.prompt_logprobs; a request
+    # that asks for them does not start from the prefix cache (every position is computed)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     allowed_tokens: AllowedTokensFn | None = field(default=None, repr=False)
 
@@ -71,6 +75,9 @@ class SamplingParams:
         need(-2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty!r}")
         need(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= self.MAX_LOGPROBS),
              "logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs!r}")
+        need(self.prompt_logprobs is None
+             or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS),
+             "prompt_logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
         # Seeds go to int64 tensors; sample i of n uses seed + i.

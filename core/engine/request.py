@@ -16,6 +16,17 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass
+class Logprob:
+    """A token's log-probability at a position (vLLM's `Logprob`): rank 1 is the most likely
+    token (the number of tokens whose log-probability is at least this one's); decoded_token is
+    its text (None without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class Request:
     """One sequence being generated. Its cache: `rows` (attention rows in position order) and
     `state_row` (its running KDA state), both from the BlockPool."""
@@ -28,6 +39,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # params.prompt_logprobs: entry j for prompt token j (None for token 0), filled as the
+    # prefill reaches each position
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     rows: list[int] = field(default_factory=list)
@@ -78,3 +92,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict = field(default_factory=dict)
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then per prompt token
+    # {token id: Logprob} holding that token and the top-n at its position; None when not asked
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -14,6 +14,7 @@ import torch
 
 from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
 
+from .prompt_logprobs import PromptSpan, score_prompt_rows
 from .sampler import SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
 from .upload import HostBatch
@@ -36,17 +37,22 @@ class StepBatch:
     spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
     token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
     token_sources: torch.Tensor | None = None   # [N] lookahead decodes: rows of the previous samples
+    prompt_spans: dict[int, PromptSpan] | None = None   # prompt_logprobs: logits rows of prompt positions
+    prompt_targets: torch.Tensor | None = None  # [M] the prompt tokens those rows predict, in span order
 
 
 def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: bool = False,
                    token_sources: list[int] | None = None) -> StepBatch:
     """ForwardMetadata of a scheduled step (logits only for requests that complete; every
-    position of a verifying request). pinned: upload without blocking (HostBatch.upload).
+    position of a verifying request; every prompt position of a request that asks for prompt
+    logprobs). pinned: upload without blocking (HostBatch.upload).
     token_sources: for a step of lookahead decodes, the row of the previous step's samples
     that holds each sequence's input token (uploaded as `StepBatch.token_sources`)."""
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
     sample_logits: list[int] = []
     spec_rows: dict[int, slice] = {}
+    prompt_spans: dict[int, PromptSpan] = {}
+    prompt_targets: list[int] = []
     spec_lens, spec_states, record_slots, spec_positions = [], [], [], []
     max_spec = max(len(s.spec_tokens) for s in out.scheduled)
     max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
@@ -72,6 +78,14 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
         pad = max_ckpt - len(s.checkpoints)
         ckpt_pos.append([p for p, _ in s.checkpoints] + [-1] * pad)
         ckpt_rows.append([row for _, row in s.checkpoints] + [r.state_row] * pad)
+        if r.params.prompt_logprobs is not None and not spec:
+            # positions start .. P - 2 score prompt tokens start + 1 .. P - 1 (P - 1 samples)
+            end = min(start + len(tokens), len(r.prompt_token_ids) - 1)
+            if end > start:
+                prompt_spans[i] = PromptSpan(len(logits_at), start, end - start)
+                prompt_targets += r.prompt_token_ids[start + 1: end + 1]
+                first = len(ids) - len(tokens)
+                logits_at += range(first, first + end - start)
         if spec:
             spec_rows[i] = slice(len(logits_at), len(logits_at) + len(tokens))
             logits_at += range(len(ids) - len(tokens), len(ids))
@@ -103,14 +117,18 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
         host.add("sample_index", sample_logits, torch.long)
     if token_sources is not None:
         host.add("token_sources", token_sources, torch.long)
+    if prompt_targets:
+        host.add("prompt_targets", prompt_targets, torch.long)
     uploaded = host.upload(device, pinned=pinned)
     sample_index = uploaded.pop("sample_index", None)
     sources = uploaded.pop("token_sources", None)
+    targets = uploaded.pop("prompt_targets", None)
     num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
     meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
-                     spec_rows=spec_rows, token_starts=token_starts, token_sources=sources)
+                     spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,
+                     prompt_spans=prompt_spans or None, prompt_targets=targets)
 
 
 def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device,
@@ -184,8 +202,9 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None, *,
             previous_tokens: tuple[torch.Tensor, list[int]] | None = None):
         """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples,
-        {row: logits [1 + k, V]} of the verifying requests). Nothing here waits for the device:
-        the samples are device tensors.
+        {row: logits [1 + k, V]} of the verifying requests, the scored prompt positions of the
+        requests that ask for prompt logprobs or None). Nothing here waits for the device: the
+        samples and scores are device tensors.
 
         stop_ids: per scheduled request, the token ids it must not emit yet (min_tokens).
         broadcast: called with the metadata before the forward (tensor parallel ranks follow).
@@ -212,13 +231,17 @@ class ModelRunner:
         self.token_starts = step.token_starts
         self.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1) if self.tap_layers else None
         spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
+        prompt = None
+        if step.prompt_spans:
+            top_n = max(out.scheduled[i].request.params.prompt_logprobs for i in step.prompt_spans)
+            prompt = score_prompt_rows(logits, step.prompt_spans, step.prompt_targets, top_n)
         if sampling is None:
-            return [], None, spec_logits
+            return [], None, spec_logits, prompt
         if logits.shape[1] != self.vocab_size:
             raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
                                f"size {self.vocab_size}")
         logits = logits[step.sample_index] if step.sample_index is not None else logits[: len(step.sample_logits)]
-        return step.sample_rows, sample_batch(logits, sampling), spec_logits
+        return step.sample_rows, sample_batch(logits, sampling), spec_logits, prompt
 
     def _block_stop_ids(self, sampling: SamplingBatch, blocked: list[set[int]]) -> None:
         """Mask the token ids each row must not emit yet (min_tokens) into `sampling.allowed`."""

@@ -198,10 +198,13 @@ class Scheduler:
     # ----------------------------------------------------------------- prefix caching
     def _reuse_prefix(self, request: Request, out: SchedulerOutput) -> None:
         """Start a request from its longest cached prefix: share the full rows read-only, copy
-        the partly used last row and the KDA checkpoint into rows of its own."""
+        the partly used last row and the KDA checkpoint into rows of its own. A request that
+        asks for prompt logprobs starts from nothing (it still registers its prefix)."""
         cache = self.prefix_cache
         tokens = request.all_token_ids
         request.checkpoint_targets = self._checkpoint_targets(len(tokens))
+        if request.params.prompt_logprobs is not None:
+            return              # as vLLM: every prompt position is computed (and scored), none reused
         hit = cache.lookup(tokens)
         if hit.tokens == 0:
             return

@@ -13,7 +13,7 @@ from .errors import CLIENT_CLOSED, as_api_error, bad_request, sse_error
 from .metrics import RequestTimer
 from .protocol import CompletionRequest
 from .responses import STREAMING_RESPONSES, CompletionResponse
-from .sampling import build_params, check_context, completion_logprobs, new_tokens, usage
+from .sampling import build_params, check_context, completion_logprobs, new_tokens, prompt_logprobs_json, usage
 from .state import ServerState, get_state, require_api_key
 from .streaming import DONE, EventStream, collect, merge, sse
 
@@ -47,6 +47,8 @@ def _check(req: CompletionRequest) -> None:
         raise bad_request("best_of is not supported: leave it out or set it equal to n", param="best_of")
     if req.logprobs is not None and not 0 <= req.logprobs <= 20:
         raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs are not available with stream=true", param="prompt_logprobs")
 
 
 class _Choice:
@@ -102,6 +104,7 @@ def _response(state: ServerState, req: CompletionRequest, request_id: str, model
                 logprobs = completion_logprobs(state.tokenizer, c.token_ids, c.logprobs, req.logprobs or 0, 0,
                                                req.skip_special_tokens)
             choices.append({"index": p * req.n + c.index, "text": c.text, "logprobs": logprobs,
+                            "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(finals)}
@@ -116,7 +119,8 @@ async def create_completion(req: CompletionRequest, request: Request):
     _check(req)
     prompts = _prompts(state, req.prompt)
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                          skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults)
+                          skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
+                          prompt_logprobs=req.prompt_logprobs)
     for ids in prompts:
         check_context(len(ids), req.max_tokens, state.max_model_len, prompt_param="prompt",
                       max_tokens_param="max_tokens")

@@ -172,4 +172,6 @@ class CompletionRequest(_Sampling):
     echo: bool = Field(False, description="not implemented: must be false")
     suffix: str | None = Field(None, description="not implemented: must be absent")
     best_of: integer(ge=1, le=16) | None = Field(None, description="only best_of == n is accepted")
+    prompt_logprobs: integer(ge=0, le=20) | None = Field(
+        None, description="vLLM extra: log-probabilities of the prompt tokens, each with the top n (not with stream)")
     skip_special_tokens: bool = True

@@ -87,10 +87,18 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = Field(
+        None, description="vLLM extra (request prompt_logprobs): None, then one entry per later prompt token")
     finish_reason: Literal["stop", "length", "abort"] | None
     stop_reason: str | int | None = None
 

@@ -19,7 +19,8 @@ LOGPROB_FLOOR = -9999.0   # -inf is not JSON; vLLM clamps the same way
 
 
 def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None, skip_special_tokens: bool,
-                 defaults: dict[str, Any], renamed: dict[str, str] | None = None) -> SamplingParams:
+                 defaults: dict[str, Any], renamed: dict[str, str] | None = None,
+                 prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams for `req`; an out-of-range value is a 400 naming the request field
     (`renamed` maps engine field names to the names this request used)."""
     if req.logit_bias:
@@ -38,10 +39,21 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
             repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=req.presence_penalty if req.presence_penalty is not None else 0.0,
             frequency_penalty=req.frequency_penalty if req.frequency_penalty is not None else 0.0,
-            logprobs=logprobs, skip_special_tokens=skip_special_tokens)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=skip_special_tokens)
     except SamplingParamsError as e:
         name = (renamed or {}).get(e.field, e.field)
         raise bad_request(f"{name}: {str(e).split(': ', 1)[1]}", param=name) from None
+
+
+def prompt_logprobs_json(entries: list | None) -> list | None:
+    """RequestOutput.prompt_logprobs as vLLM's completions answer them: None for the first
+    prompt token, then {token id: {logprob, rank, decoded_token}} (logprobs floored, -inf is
+    not JSON)."""
+    if entries is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": max(lp.logprob, LOGPROB_FLOOR), "rank": lp.rank,
+                                             "decoded_token": lp.decoded_token} for t, lp in e.items()}
+            for e in entries]
 
 
 def check_context(prompt_len: int, max_tokens: int | None, max_model_len: int, *, prompt_param: str,
