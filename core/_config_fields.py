@@ -153,7 +153,9 @@ def parse_linear_attn_config(raw: Any, prefix: str, num_layers: int) -> LinearAt
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    """`quantization_config`: compressed-tensors MXFP4 for the routed experts (K3)."""
+    """`quantization_config`: compressed-tensors weights of the routed experts (only they are
+    quantised; the rest of the model is dense): MXFP4 (`mxfp4-pack-quantized`, E2M1 codes with
+    an E8M0 scale per 32) or W4A16 (`pack-quantized`: symmetric int4, one scale per group)."""
 
     quant_method: str
     format: str
@@ -161,12 +163,17 @@ class QuantizationConfig:
     group_size: int
     ignore: tuple[str, ...]
     raw: dict[str, Any]
+    type: str = "float"           # the weights' element type: "float" (E2M1) or "int"
 
 
-SUPPORTED_QUANT_FORMATS = ("mxfp4-pack-quantized",)
+SUPPORTED_QUANT_FORMATS = ("mxfp4-pack-quantized", "pack-quantized")
+_SUPPORTED = ("mxfp4-pack-quantized (MXFP4: 4-bit float, group_size 32) and pack-quantized (W4A16: 4-bit int, "
+              "symmetric, strategy group)")
 
 
 def parse_quantization_config(raw: Any, prefix: str) -> QuantizationConfig | None:
+    """The routed experts' quantisation, or None. ConfigError naming the field (and the
+    formats k3 reads) for anything k3 does not support."""
     if raw is None:
         return None
     p = prefix + "quantization_config."
@@ -174,29 +181,66 @@ def parse_quantization_config(raw: Any, prefix: str) -> QuantizationConfig | Non
         raise ConfigError(p[:-1], f"expected an object, got {raw!r}")
     method = raw.get("quant_method")
     if method != "compressed-tensors":
-        raise ConfigError(p + "quant_method",
-                          f"k3 reads 'compressed-tensors' (MXFP4 routed experts); got {method!r}")
+        raise ConfigError(p + "quant_method", f"k3 reads 'compressed-tensors' routed experts ({_SUPPORTED}); "
+                                              f"got {method!r}")
     groups = raw.get("config_groups") or {}
     if not isinstance(groups, dict):
         raise ConfigError(p + "config_groups", f"expected an object, got {groups!r}")
     if len(groups) > 1:
         raise ConfigError(p + "config_groups", f"one quantisation group is supported, got {len(groups)}")
     group_name, group = next(iter(groups.items()), ("group_0", {}))
+    if not isinstance(group, dict):
+        raise ConfigError(f"{p}config_groups.{group_name}", f"expected an object, got {group!r}")
     gp = f"{p}config_groups.{group_name}."
     fmt = raw.get("format") or group.get("format")
     if fmt not in SUPPORTED_QUANT_FORMATS:
-        raise ConfigError(p + "format", f"supported: {', '.join(SUPPORTED_QUANT_FORMATS)}; got {fmt!r}")
+        where = p + "format" if raw.get("format") or not group.get("format") else gp + "format"
+        raise ConfigError(where, f"k3 reads {_SUPPORTED}; got {fmt!r}")
+    if group.get("format") not in (None, fmt):
+        raise ConfigError(gp + "format", f"{group['format']!r} contradicts {p}format {fmt!r}")
     weights = group.get("weights") or {}
+    if not isinstance(weights, dict):
+        raise ConfigError(gp + "weights", f"expected an object, got {weights!r}")
+    wp = gp + "weights."
     num_bits = weights.get("num_bits", 4)
     if num_bits != 4:
-        raise ConfigError(gp + "weights.num_bits", f"{fmt} has 4-bit weights, got {num_bits!r}")
-    group_size = weights.get("group_size", 32)   # mxfp4-pack-quantized implies 32
-    if group_size != 32:
-        raise ConfigError(gp + "weights.group_size", f"{fmt} has one E8M0 scale per 32 weights, got {group_size!r}")
+        raise ConfigError(wp + "num_bits", f"{fmt}: k3 reads 4-bit weights, got {num_bits!r}")
+    kind = weights.get("type", "float" if fmt == "mxfp4-pack-quantized" else "int")
+    want = "float" if fmt == "mxfp4-pack-quantized" else "int"
+    if kind != want:
+        raise ConfigError(wp + "type", f"{fmt} holds {want} weights (k3 reads {_SUPPORTED}), got {kind!r}")
+    if fmt == "mxfp4-pack-quantized":
+        group_size = weights.get("group_size", 32)   # mxfp4-pack-quantized implies 32
+        if group_size != 32:
+            raise ConfigError(wp + "group_size", f"{fmt} has one E8M0 scale per 32 weights, got {group_size!r}")
+    else:
+        _check_int4_weights(weights, wp)
+        group_size = weights["group_size"]
     if group.get("input_activations"):
         raise ConfigError(gp + "input_activations", "activation quantisation is not supported (weights only)")
     ignore = raw.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
         raise ConfigError(p + "ignore", f"expected a list of module names or 're:' patterns, got {ignore!r}")
-    return QuantizationConfig(quant_method=method, format=fmt, num_bits=4, group_size=32,
-                              ignore=tuple(ignore), raw=copy.deepcopy(raw))
+    return QuantizationConfig(quant_method=method, format=fmt, num_bits=4, group_size=group_size,
+                              ignore=tuple(ignore), raw=copy.deepcopy(raw), type=want)
+
+
+def _check_int4_weights(weights: dict[str, Any], wp: str) -> None:
+    """pack-quantized weights k3 reads: symmetric int4 in groups along the input (no zero
+    points, no activation ordering)."""
+    strategy = weights.get("strategy", "group")
+    if strategy != "group":
+        raise ConfigError(wp + "strategy", f"pack-quantized: k3 reads strategy 'group' (one scale per group_size "
+                                           f"input columns), got {strategy!r}")
+    group_size = weights.get("group_size")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(wp + "group_size", f"pack-quantized with strategy group needs a positive integer, "
+                                             f"got {group_size!r}")
+    if weights.get("symmetric", True) is not True:
+        raise ConfigError(wp + "symmetric", "pack-quantized: k3 reads symmetric int4 only (no weight_zero_point), "
+                                            f"got {weights.get('symmetric')!r}")
+    if weights.get("actorder") not in (None, False):
+        raise ConfigError(wp + "actorder", f"activation ordering (weight_g_idx) is not supported, "
+                                           f"got {weights.get('actorder')!r}")
+    if weights.get("dynamic") not in (None, False):
+        raise ConfigError(wp + "dynamic", f"weights must be static, got {weights.get('dynamic')!r}")

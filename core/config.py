@@ -265,6 +265,12 @@ class K3Config:
         return self.quantization is not None and self.quantization.format == "mxfp4-pack-quantized"
 
     @property
+    def experts_int4(self) -> bool:
+        """Routed experts are stored as compressed-tensors W4A16 (`pack-quantized` int4); the
+        model dequantises them to its dtype at load and holds them dense."""
+        return self.quantization is not None and self.quantization.format == "pack-quantized"
+
+    @property
     def situ_beta(self) -> float:
         """beta_1 used by SiTU: the config's value, else 1.0 as the official code does."""
         return 1.0 if self.activation_situ_beta is None else self.activation_situ_beta
@@ -461,17 +467,20 @@ def _check_consistency(cfg: K3Config) -> None:
         if k > cfg.topk_group * (e // cfg.num_expert_group):
             raise ConfigError(f("num_experts_per_token"), f"{k} experts cannot be chosen from {cfg.topk_group} group(s)")
     elif cfg.quantization is not None:
-        raise ConfigError(f("quantization_config"), "MXFP4 quantises routed experts, but num_experts is not set")
+        raise ConfigError(f("quantization_config"), "k3 quantises routed experts only (MXFP4 or W4A16), but "
+                                                    "num_experts is not set")
     if cfg.latent_moe_use_norm and cfg.routed_expert_hidden_size is None:
         raise ConfigError(f("latent_moe_use_norm"), "true needs routed_expert_hidden_size (the LatentMoE latent)")
     if cfg.first_k_dense_replace > cfg.num_hidden_layers:
         raise ConfigError(f("first_k_dense_replace"), f"{cfg.first_k_dense_replace} exceeds num_hidden_layers")
-    if cfg.experts_mxfp4:
+    if cfg.quantization is not None and cfg.num_experts is not None:
         group = cfg.quantization.group_size
+        what = f"MXFP4 group size {group}" if cfg.experts_mxfp4 else \
+            f"W4A16 group size {group} and of 8 (int4 values a word)"
         for name, width in (("moe_intermediate_size", cfg.moe_intermediate_size),
                             ("routed_expert_hidden_size" if cfg.uses_latent_moe else "hidden_size", cfg.expert_hidden_size)):
-            if width % group:
-                raise ConfigError(f(name), f"{width} is not a multiple of the MXFP4 group size {group}")
+            if width % group or (cfg.experts_int4 and width % 8):
+                raise ConfigError(f(name), f"{width} is not a multiple of the {what}")
     for name, value in (("bos_token_id", cfg.bos_token_id), ("pad_token_id", cfg.pad_token_id),
                         ("media_placeholder_token_id", cfg.media_placeholder_token_id)):
         if value is not None and value >= cfg.vocab_size:

@@ -18,7 +18,10 @@ from .random_init import random_tensor
 
 
 def load_dummy_weights(model, *, seed: int = 0, progress: bool = True) -> int:
-    """Fill every parameter region a checkpoint would fill; returns the number of elements drawn."""
+    """Fill every parameter region a checkpoint would fill (W4A16 experts: their packed planes,
+    then dequantised as a loaded checkpoint's are); returns the number of elements drawn."""
+    from .loader import dequantize_int4_experts
+
     specs = list(model.weight_specs())
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
@@ -34,4 +37,5 @@ def load_dummy_weights(model, *, seed: int = 0, progress: bool = True) -> int:
                                          device=param.device)
             target.copy_(drawn_tensor.reshape(target.shape))
             drawn += target.numel()
+    dequantize_int4_experts(model)
     return drawn

@@ -62,6 +62,10 @@ def shard_files(model_dir: Path) -> list[Path]:
 
 _SAFETENSORS_NAMES = {torch.uint8: "U8", torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
                       torch.float64: "F64"}
+# packed planes are read as stored: the safetensors dtype each needs, and what it holds
+_PACKED_DTYPES = {torch.uint8: ("U8", "packed MXFP4 data or E8M0 scales"),
+                  torch.int32: ("I32", "packed int4 data, eight values a word")}
+_SHAPE_SUFFIX, _PACKED_SUFFIX = ".weight_shape", ".weight_packed"
 
 
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z_0-9.]*")
@@ -84,13 +88,15 @@ def _describe(spec, dtype: torch.dtype, cfg: K3Config | None = None, *, shape=No
     config fields behind the shape when `cfg` is given)."""
     shape = list(spec.full_shape if shape is None else shape)
     fields = explain_dims(spec.dims if dims is None else dims, cfg)
-    if dtype == torch.uint8:
-        return f"shape {shape}{fields}, dtype U8"
+    if dtype in _PACKED_DTYPES:
+        return f"shape {shape}{fields}, dtype {_PACKED_DTYPES[dtype][0]}"
     return f"shape {shape}{fields}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
 
 
 def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> LoadReport:
-    """Fill `model` (a K3ForCausalLM built for this rank) from a checkpoint directory."""
+    """Fill `model` (a K3ForCausalLM built for this rank) from a checkpoint directory; W4A16
+    routed experts are dequantised to the model's dtype once every tensor is read (a packed
+    weight's `weight_shape` record, when present, is checked against it)."""
     model_dir = Path(model_dir)
     cfg: K3Config = model.cfg
     tensors = dict(model.named_parameters())
@@ -116,6 +122,11 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
                     _load_fused(f, key, name.fused, parts, cfg, seen)
                     report.tensors_read += 1
                     continue
+                packed = targets.get(name.template[:-len(_SHAPE_SUFFIX)] + _PACKED_SUFFIX) \
+                    if name.template.endswith(_SHAPE_SUFFIX) else None
+                if packed is not None:                  # compressed-tensors' record of [out, in]
+                    _check_recorded_shape(f, key, packed[1], cfg)
+                    continue
                 target = targets.get(name.template)
                 if target is None or (name.expert is None) != (target[1].stack is None):
                     unexpected.append(key)
@@ -140,7 +151,31 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
         raise CheckpointError(f"checkpoint {model_dir} does not match the config: " + " | ".join(problems))
     if report.skipped.get("vision"):
         print(f"k3: skipped {report.skipped['vision']} vision tensors (no vision tower yet)", file=sys.stderr)
+    dequantize_int4_experts(model)
     return report
+
+
+def dequantize_int4_experts(model) -> None:
+    """Turn every MoE's loaded W4A16 planes into its dense expert stacks (`MoE.dequantize_int4_experts`)."""
+    from k3.model.ffn import MoE
+
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.dequantize_int4_experts()
+
+
+def _check_recorded_shape(f, key: str, spec, cfg: K3Config) -> None:
+    """A packed weight's `weight_shape` (int [2]) must be the logical [out, in] its
+    weight_packed [out, in / values a word] holds."""
+    expected = [spec.full_shape[0], spec.full_shape[1] * spec.logical_per_element]
+    view = f.get_slice(key)
+    dtype = view.get_dtype()
+    values = f.get_tensor(key).tolist() if dtype in ("I64", "I32", "I16", "I8", "U8") else None
+    if values != expected:
+        dims = (spec.dims[0], spec.dims[1].rsplit(" / ", 1)[0]) if spec.dims else ()
+        raise CheckpointError(f"tensor {key} records shape {values if values is not None else dtype}, expected "
+                              f"{expected}{explain_dims(dims, cfg)} (the logical shape of its weight_packed "
+                              f"{list(spec.full_shape)})")
 
 
 def load_plain(module, model_dir: str | Path) -> LoadReport:
@@ -178,9 +213,12 @@ def _mark_seen(seen: set, key: str, template: str, expert: int | None) -> None:
 
 
 def _check_dtype(key: str, dtype: str, param: torch.Tensor) -> None:
-    if param.dtype == torch.uint8 and dtype != "U8":
-        raise CheckpointError(f"tensor {key} has dtype {dtype}, expected U8 (packed MXFP4 data or E8M0 scales)")
-    if param.dtype != torch.uint8 and dtype not in _FLOAT_DTYPES:
+    if param.dtype in _PACKED_DTYPES:
+        want, what = _PACKED_DTYPES[param.dtype]
+        if dtype != want:
+            raise CheckpointError(f"tensor {key} has dtype {dtype}, expected {want} ({what})")
+        return
+    if dtype not in _FLOAT_DTYPES:
         raise CheckpointError(f"tensor {key} has dtype {dtype}, expected a float dtype (BF16, F16, F32 or F64)")
 
 

@@ -5,7 +5,8 @@ same on every machine and any single tensor can be regenerated alone. Scales kee
 forward well conditioned (projections ~ 1/sqrt(fan_in), norms ~ 1, KDA gates in range), and
 lm_head is drawn large (std 1, so logit std ~ sqrt(hidden)) to give wide top-1 / top-2 logit
 margins for token-equality tests (DESIGN.md "Testing equality"). MXFP4 experts are drawn as
-codes and E8M0 scales directly, so the bf16 weights they dequantise to are exact.
+codes and E8M0 scales directly, so the bf16 weights they dequantise to are exact; W4A16
+experts as random int4 words and positive scales of the same weight rms.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
            "float64": torch.float64}
 _FP32_TENSORS = ("A_log", "dt_bias", "e_score_correction_bias")
 E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # rms of a uniform code
+INT4_RMS = math.sqrt(sum(q * q for q in range(-8, 8)) / 16)                  # rms of a uniform int4
 
 
 def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], torch.dtype, int | None]]:
@@ -36,8 +38,8 @@ def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], t
     out = []
     for template, param, spec in model.weight_specs():
         stored = weights[param].dtype
-        if stored == torch.uint8:
-            dtype = torch.uint8
+        if stored in (torch.uint8, torch.int32):   # packed planes: MXFP4 bytes and scales, int4 words
+            dtype = stored
         elif template.rsplit(".", 1)[-1] in _FP32_TENSORS:
             dtype = torch.float32
         else:
@@ -61,6 +63,12 @@ def random_tensor(template: str, shape: tuple[int, ...], dtype: torch.dtype, *, 
     leaf = template.rsplit(".", 2)
     kind = leaf[-2] if leaf[-1] in ("weight", "bias", "weight_packed", "weight_scale") else leaf[-1]
     fan_in = shape[-1] if len(shape) > 1 else 1
+    if dtype == torch.int32:                                 # W4A16 words: eight uniform int4 values
+        return torch.randint(-2 ** 31, 2 ** 31, shape, **kw, dtype=torch.int64).to(torch.int32)
+    if template.endswith("weight_scale") and dtype.is_floating_point:   # W4A16 scales: weights of rms ~ 1/sqrt(fan_in)
+        in_features = shape[-1] * cfg.quantization.group_size
+        rms = in_features ** -0.5 / INT4_RMS
+        return (rms * torch.exp(0.25 * torch.randn(shape, **kw))).to(dtype)
     if dtype == torch.uint8:
         if template.endswith("weight_packed"):
             return torch.randint(0, 256, shape, **kw, dtype=torch.uint8)

@@ -75,6 +75,9 @@ def model_tensors(model) -> list[tuple[str, torch.Tensor]]:
 
     if model.parallel.world_size != 1:
         raise ValueError("model_tensors saves a whole model: gather a tensor-parallel model first")
+    if model.cfg.experts_int4:
+        raise ValueError("model_tensors cannot save W4A16 experts: the model holds them dequantised (the packed "
+                         "planes are freed at load); save the checkpoint's own tensors instead")
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
     model_dtype = model.model.norm.dtype

@@ -68,7 +68,7 @@ def summarize(cfg: K3Config) -> dict[str, Any]:
             "latent_norm": cfg.latent_moe_use_norm,
             "shared_intermediate_size": cfg.shared_expert_intermediate_size,
             "router": cfg.moe_router_activation_func, "routed_scaling_factor": cfg.routed_scaling_factor,
-            "expert_format": "mxfp4" if cfg.experts_mxfp4 else cfg.dtype,
+            "expert_format": _expert_format(cfg),
         },
         "cache": {
             "attention_bytes_per_token": {dt: attention_bytes_per_token(cfg, kv_cache_dtype=dt)
@@ -83,6 +83,15 @@ def summarize(cfg: K3Config) -> dict[str, Any]:
         "notes": list(cfg.notes),
     }
     return out
+
+
+def _expert_format(cfg) -> str:
+    """How the checkpoint stores the routed experts (and how k3 holds them)."""
+    if cfg.experts_mxfp4:
+        return "mxfp4"
+    if cfg.experts_int4:
+        return f"w4a16 (int4, group {cfg.quantization.group_size}; dequantised to the model dtype at load)"
+    return cfg.dtype
 
 
 def _ranges(ids: list[int]) -> str:

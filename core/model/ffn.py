@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.plugin.types import KernelSet
+from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from .module import K3Module, WeightSpec
@@ -47,7 +48,11 @@ class GLUMLP(K3Module):
 
 
 class MoE(K3Module):
-    """Routed experts (MXFP4 or dense, stacked [E_local, ...]) plus shared experts."""
+    """Routed experts (MXFP4 or dense, stacked [E_local, ...]) plus shared experts.
+
+    W4A16 experts (compressed-tensors `pack-quantized`) load into packed int32 planes and fp32
+    scales; `dequantize_int4_experts` turns them into the dense stacks (the model's dtype)
+    once every tensor is read, and frees the planes: the kernels see dense experts."""
 
     def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype, device=None):
         super().__init__()
@@ -70,17 +75,28 @@ class MoE(K3Module):
                 self.add_weight("routed_expert_norm", (lat,), dtype, device, dims=(LAT,))
         # Experts are stacked [E_local, ...]; w13 holds w1 (gate) rows then w3 (up) rows.
         # MXFP4: compressed-tensors planes per expert, weight_packed [out, in/2] (two logical
-        # parameters per byte) and weight_scale [out, in/32] (not parameters).
+        # parameters per byte) and weight_scale [out, in/32] (not parameters). W4A16:
+        # weight_packed int32 [out, in/8] and weight_scale [out, in/group], read into fp32.
         stack = (e, self.expert_start, el)
-        planes = (("packed", 2, 2), ("scale", 32, 0)) if cfg.experts_mxfp4 else (("", 1, 1),)
+        scale_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if cfg.experts_mxfp4:
+            planes = (("packed", 2, 2, torch.uint8), ("scale", 32, 0, torch.uint8))
+        elif cfg.experts_int4:
+            planes = (("packed", INT4_PER_WORD, INT4_PER_WORD, torch.int32),
+                      ("scale", cfg.quantization.group_size, 0, scale_dtype))
+            for param, rows, cols in (("w13", 2 * inter, lat), ("w2", lat, inter)):  # filled at load's end
+                setattr(self, param, torch.nn.Parameter(torch.empty((el, rows, cols), dtype=dtype, device=device),
+                                                        requires_grad=False))
+        else:
+            planes = (("", 1, 1, dtype),)
         for param, parts, out_rows, in_dim, dims in (("w13", ("w1", "w3"), inter, lat, ("moe_intermediate_size", LAT)),
                                                      ("w2", ("w2",), lat, inter, (LAT, "moe_intermediate_size"))):
-            for plane, in_per_col, per_element in planes:
+            for plane, in_per_col, per_element, plane_dtype in planes:
                 name = f"{param}_{plane}" if plane else param
                 width = in_dim // in_per_col
                 suffix = f"weight_{plane}" if plane else "weight"
                 self.add_weight(
-                    name, (el, out_rows * len(parts), width), torch.uint8 if plane else dtype, device,
+                    name, (el, out_rows * len(parts), width), plane_dtype, device,
                     buffer=bool(plane), sources=[
                         WeightSpec(f"experts.{{expert}}.{part}.{suffix}", name, (out_rows, width),
                                    dest=(slice(j * out_rows, (j + 1) * out_rows),), stack=stack,
@@ -93,10 +109,23 @@ class MoE(K3Module):
                                if cfg.num_shared_experts else None)
 
     def expert_weights(self):
-        """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks."""
+        """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks (W4A16
+        experts are dense once loaded)."""
         if self.cfg.experts_mxfp4:
             return MXFP4Tensor(self.w13_packed, self.w13_scale), MXFP4Tensor(self.w2_packed, self.w2_scale)
         return self.w13, self.w2
+
+    @torch.no_grad()
+    def dequantize_int4_experts(self) -> None:
+        """W4A16 experts: w13 / w2 = q * scale of the loaded planes (computed in fp32, one
+        rounding to the model's dtype, `k3.quant.int4_pack.int4_dequantize`), then the planes
+        are freed. Called by the loaders after the last tensor; a no-op otherwise or twice."""
+        if not self.cfg.experts_int4 or "w13_packed" not in self._buffers:
+            return
+        for param in ("w13", "w2"):
+            dense = getattr(self, param)
+            dense.copy_(int4_dequantize(self._buffers.pop(f"{param}_packed"), self._buffers.pop(f"{param}_scale"),
+                                        dtype=dense.dtype))     # [E_local, out, in]
 
     def forward(self, h: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
         """h [T, d] -> [T, d]: router and shared experts on h, routed experts in the latent,
