@@ -13,7 +13,7 @@ Per Linear `[out, in]` (symmetric int4, `num_bits: 4`, `type: int`, `strategy: g
 The library's quantiser (`calculate_qparams` + `quantize`): scale = amax / 7.5 of each group
 (amax = max |w|, at least 0; a zero scale becomes the scale dtype's eps), q = clamp(round(w /
 scale), -8, 7), rounding half to even, so the group's largest magnitude lands on +-7.5 and
-rounds to -8 or saturates at 7. `int4_quantize` follows that rule (computed in fp32).
+rounds to -8 or saturates at 7. `int4_quantize` follows that rule, in the weight's dtype.
 """
 
 from __future__ import annotations
@@ -66,18 +66,16 @@ def int4_dequantize(packed: torch.Tensor, scales: torch.Tensor, *, dtype: torch.
     return (q * scales.to(cd).unsqueeze(-1)).reshape(*packed.shape[:-1], n).to(dtype)
 
 
-def int4_quantize(w: torch.Tensor, group_size: int, *, scale_dtype: torch.dtype | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def int4_quantize(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise w [..., N] (N divisible by group_size and by 8) with the library's symmetric
-    W4A16 rule (module docstring). Returns (packed int32 [..., N/8], scales [..., N/group] of
-    `scale_dtype`, default w's dtype). The scale is rounded to its dtype before dividing."""
+    W4A16 rule (module docstring), in w's own dtype as the library computes it: the scale is
+    amax / 7.5 rounded to w's dtype, and w / scale is rounded to w's dtype before it is rounded
+    to an integer. Returns (packed int32 [..., N/8], scales [..., N/group] of w's dtype)."""
     if not w.is_floating_point() or w.dim() == 0 or w.shape[-1] % group_size or w.shape[-1] % INT4_PER_WORD:
         raise ValueError(f"int4_quantize: w must be a float tensor [..., N] with N divisible by {group_size} "
                          f"and by 8, got {w.dtype} {tuple(w.shape)}")
-    scale_dtype = scale_dtype or w.dtype
-    cd = torch.float64 if w.dtype == torch.float64 else torch.float32
-    g = w.to(cd).reshape(*w.shape[:-1], w.shape[-1] // group_size, group_size)   # [..., N/g, g]
-    scales = (g.abs().amax(-1) / 7.5).to(scale_dtype)                             # [..., N/g]
-    scales = torch.where(scales == 0, torch.tensor(torch.finfo(scale_dtype).eps, dtype=scale_dtype), scales)
-    q = torch.round(g / scales.to(cd).unsqueeze(-1)).clamp(INT4_QMIN, INT4_QMAX)  # half to even
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // group_size, group_size)             # [..., N/g, g]
+    scales = g.abs().amax(-1) / 7.5                                                  # [..., N/g], w's dtype
+    scales = torch.where(scales == 0, torch.tensor(torch.finfo(w.dtype).eps, dtype=w.dtype), scales)
+    q = torch.round((g / scales.unsqueeze(-1)).clamp(INT4_QMIN, INT4_QMAX))          # half to even
     return pack_int4(q.to(torch.int8).reshape(w.shape)), scales

@@ -51,7 +51,7 @@ def write_w4a16_checkpoint(out, preset: str = "k3-tiny", *, seed: int = 0, group
     tensors = []
     for name, t in random_checkpoint(dense, seed=seed):
         if ".experts." in name and name.endswith(".weight"):
-            packed, scale = int4_quantize(t.float(), group_size, scale_dtype=torch.bfloat16)
+            packed, scale = int4_quantize(t, group_size)              # bf16 weights and scales
             base = name[:-len("weight")]
             tensors += [(base + "weight_packed", packed), (base + "weight_scale", scale),
                         (base + "weight_shape", torch.tensor(t.shape))]

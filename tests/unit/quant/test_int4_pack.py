@@ -46,6 +46,17 @@ def test_dequantize_rounds_once_to_the_target_dtype():
     assert torch.equal(int4_dequantize(pack_int4(q), scale, dtype=torch.bfloat16), exact.to(torch.bfloat16))
 
 
+def test_quantize_rounds_the_quotient_in_the_weights_dtype():
+    # bf16: amax 9 -> scale 9 / 7.5 = 1.2 -> 1.203125 in bf16; 3.015625 / 1.203125 = 2.5065
+    # rounds to 2.5 in bf16, then half to even -> 2 (one rounding would give 3); 9 / 1.203125
+    # = 7.48 -> 7.5 in bf16 -> 8, saturated to 7
+    w = torch.tensor([[9.0, 3.015625, 0, 0, 0, 0, 0, 0]], dtype=torch.bfloat16)
+    packed, scales = int4_quantize(w, 8)
+    assert scales.tolist() == [[1.203125]] and scales.dtype == torch.bfloat16
+    assert unpack_int4(packed).tolist() == [[7, 2, 0, 0, 0, 0, 0, 0]]
+    assert round(3.015625 / 1.203125) == 3                                  # what one rounding would give
+
+
 def test_quantize_by_hand():
     # amax 3.75 -> scale 0.5; w / 0.5 = 7.5, -7.5, 2.5, 0.5, 1.5, -1, 4, 0 -> half to even:
     # 8 (saturates to 7), -8, 2, 0, 2, -1, 4, 0
