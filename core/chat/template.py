@@ -34,13 +34,12 @@ def chat_format(tokenizer) -> str:
     flavor = tokenizer.flavor
     if flavor is not None and not missing[flavor]:
         return flavor
-    looked = "; ".join(f"the {specials.CHAT_FORMAT_NAMES[f]} format needs {', '.join(specials.CHAT_MARKERS[f])} "
-                       f"and {', '.join(absent)} {'is' if len(absent) == 1 else 'are'} absent"
-                       for f, absent in missing.items())
-    if flavor is None:
-        message = f"this model's tokenizer has no chat format: {looked}"
-    else:
-        message = f"this model's tokenizer lacks chat markers: {looked}"
+    looked = " and ".join(
+        f"{specials.CHAT_FORMAT_NAMES[f]} (needs {', '.join(specials.CHAT_MARKERS[f])}; "
+        + ("all absent)" if len(absent) == len(specials.CHAT_MARKERS[f]) else f"absent: {', '.join(absent)})")
+        for f, absent in missing.items())
+    problem = "has no chat format" if flavor is None else "lacks chat markers"
+    message = f"this model's tokenizer {problem}: looked for {looked}"
     raise ChatFormatUnavailable(message, missing)
 
 

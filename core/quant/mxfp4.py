@@ -5,6 +5,14 @@ Linear `[out, in]`, `weight_packed` uint8 `[out, in/2]` (element 2i in the low n
 `weight_scale` uint8 `[out, in/32]`, a raw E8M0 byte per 32 consecutive input columns whose
 value is `2^(byte - 127)` (byte 255 is NaN). There is no global scale:
 `W[o, i] = E2M1(code[o, i]) * 2^(scale[o, i // 32] - 127)`.
+
+The compressed-tensors library (0.17) writes the same layout and rounds elements the same way
+for a given scale, and `mxfp4_dequantize` reads its bytes exactly as its decompressor does; its
+quantiser picks the shared exponent differently: it rounds the group's amax to a power of two
+first (adding a quarter of the significand), so a group whose amax significand is >= 1.75 gets
+an exponent one above this module's OCP floor(log2(amax)) - 2 (no clipping, coarser steps).
+All-zero groups get scale byte 0 there (124 here) and -0.0 code 0 (8 here); both decode alike.
+tests/oracles/test_compressed_tensors.py pins each of these.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ CHAT_MARKERS = {
     "k3": ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
     "k2": ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"),
 }
-CHAT_FORMAT_NAMES = {"k3": "K3 XTML", "k2": "K2 (<|im_*|>)"}
+CHAT_FORMAT_NAMES = {"k3": "K3 XTML", "k2": "K2 <|im_*|>"}
 
 # Kimi K3 (docs/k3-architecture.md section 5). The names of 163602-163604 are not in the K3
 # sources we have; K2's media names are used for them.
