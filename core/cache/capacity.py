@@ -65,16 +65,19 @@ class CapacityReport:
 
 
 def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
-    """Exact bytes of rank 0's parameters and buffers, plus the weights the engine folds from
-    them at load (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights);
-    meta device: nothing is allocated."""
+    """Exact bytes of rank 0's parameters and buffers once loaded (W4A16 experts dense, their
+    packed planes freed), plus the weights the engine folds from them at load
+    (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights); meta
+    device: nothing is allocated."""
     from k3.model import K3ForCausalLM, ParallelContext
 
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
              "float64": torch.float64}[cfg.dtype]
     model = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=tensor_parallel_size),
                           dtype=dtype, device="meta")
-    tensors = list(model.parameters()) + list(model.buffers())
+    # W4A16 experts: the packed planes are freed once dequantised at load (`MoE.dequantize_int4_experts`)
+    freed = ("w13_packed", "w13_scale", "w2_packed", "w2_scale") if cfg.experts_int4 else ()
+    tensors = list(model.parameters()) + [b for name, b in model.named_buffers() if not name.endswith(freed)]
     return sum(t.numel() * t.element_size() for t in tensors) + model.model.folded_weight_bytes()
 
 

@@ -96,6 +96,8 @@ def test_config_reads_w4a16(written):
     assert summarize(quant)["moe"]["expert_format"] == \
         f"w4a16 (int4, group {GROUP}; dequantised to the model dtype at load)"
     assert count_parameters(quant) == count_parameters(dense)        # 8 logical parameters a word, scales none
+    from k3.cache.capacity import weight_bytes_per_gpu
+    assert weight_bytes_per_gpu(quant, 1) == weight_bytes_per_gpu(dense, 1)   # held dense after load
 
 
 def test_load_holds_the_dequantised_experts_and_frees_the_planes(written):
