@@ -21,6 +21,15 @@ def test_rms_norm_worked_example():
     assert torch.allclose(ref.rms_norm(x, w, 1e-6), want, rtol=1e-14, atol=0)
 
 
+def test_rms_norm_eps_matters_at_small_scale():
+    """K3's eps 1e-5 against a mean square of the same size: sqrt(1.25e-5 + 1e-5) = 1.5e-2.5 =
+    0.004743416490252569, so [3e-3 * 2, 4e-3 * 0.5] / 0.00474... (values computed by hand)."""
+    x = torch.tensor([[3e-3, 4e-3]], dtype=torch.float64)           # mean square 1.25e-5
+    w = torch.tensor([2.0, 0.5], dtype=torch.float64)
+    want = torch.tensor([[1.2649110640673518, 0.4216370213557839]], dtype=torch.float64)
+    assert torch.allclose(ref.rms_norm(x, w, 1e-5), want, rtol=1e-13, atol=0)
+
+
 def test_rms_norm_rounds_before_the_weight_in_bf16():
     """KimiRMSNorm: normalise in fp32, cast to bf16, multiply by the bf16 weight in bf16. The
     other order (multiply in fp32, cast once) differs in the last bit for many elements."""
