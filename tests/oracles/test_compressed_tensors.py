@@ -36,7 +36,7 @@ import torch
 
 pytestmark = pytest.mark.oracle
 if find_spec("compressed_tensors") is None:
-    pytest.skip("needs the compressed-tensors library (the peer venv /work/scratch/vllm-venv)",
+    pytest.skip("needs the compressed-tensors library (the peer venv: .ci/peers.sh)",
                 allow_module_level=True)
 
 from compressed_tensors.compressors import ModelCompressor  # noqa: E402

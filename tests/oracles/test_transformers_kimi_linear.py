@@ -34,7 +34,7 @@ from safetensors import safe_open
 
 pytestmark = pytest.mark.oracle
 pytest.importorskip("transformers.models.kimi_linear",
-                    reason="needs transformers with kimi_linear (the peer venv, .ci/oracles.sh)")
+                    reason="needs transformers with kimi_linear (the peer venv, .ci/peers.sh)")
 
 import hf_kimi_linear as hf  # noqa: E402  (beside this file; tests/oracles/conftest.py)
 

