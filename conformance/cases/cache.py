@@ -206,10 +206,10 @@ DSA_TOL = tolerances(float32=(2e-3, 1e-5), bfloat16=(5e-2, 1e-3))
 register(Case(
     "cache.index_key_pages", "cache", "indexer.dequantize_keys", run=_index_keys, tolerances=DSA_TOL,
     samples=(
-        Sample("fp8_ps16_Hi4_D32_prefill_decode_chunk", params={"fmt": "fp8", "page_size": 16, "steps": DSA_STEPS},
-               requires=("fp8",)),
-        Sample("mxfp4_ps16_Hi4_D32_prefill_decode_chunk", params={"fmt": "mxfp4", "page_size": 16,
-                                                                  "steps": DSA_STEPS}),
+        Sample("fp8_ps16_Hi4_D32_prefill_decode_chunk", params={"fmt": "fp8", "page_size": 16, "head_dim": 32,
+                                                                "heads": 4, "steps": DSA_STEPS}, requires=("fp8",)),
+        Sample("mxfp4_ps16_Hi4_D32_prefill_decode_chunk", params={"fmt": "mxfp4", "page_size": 16, "head_dim": 32,
+                                                                  "heads": 4, "steps": DSA_STEPS}),
         Sample("fp8_ps64_Hi8_D128_real_head_dim", params={"fmt": "fp8", "page_size": 64, "head_dim": 128, "heads": 8,
                                                           "steps": DSA_STEPS}, requires=("fp8",)),
     ),

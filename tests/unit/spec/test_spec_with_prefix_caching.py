@@ -15,6 +15,7 @@ from k3.engine.params import SamplingParams
 REPEATING = [1, 2, 3, 4, 5, 6, 7, 8] * 6
 OTHER = [(7 * i + (i * i) % 13) % 380 + 1 for i in range(120)]
 FOLLOW_UP = OTHER[:100] + [11, 12, 13, 14, 15]
+HEAD_STARTS = (3, 6, 9, 0, 1, 2, 4, 5, 7, 8, 10, 11)   # steps A runs alone before B arrives
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +65,18 @@ def test_short_proposals_and_checkpoints_in_verify_steps(ckpt, rollback):
     expected, _ = _run(_engine(ckpt, False, None), 3)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "kda_rollback": rollback}
     assert _run(_engine(ckpt, False, spec), 3)[0] == expected             # short proposals, fresh slots
-    seen_overlap = False
-    for head_start in (3, 9):
+    # Whether A is verifying a proposal in the step B's prompt saves its checkpoints depends on
+    # A's greedy tokens, so on the random weights: try head starts until one such step happened
+    # (at least two runs either way).
+    seen_overlap, runs = False, 0
+    for head_start in HEAD_STARTS:
         engine = _engine(ckpt, True, spec)
         got, overlap = _run(engine, head_start)
         assert got == expected, f"head start {head_start}"
         seen_overlap |= overlap
+        runs += 1
         assert engine.prefix_cache_stats()["prefix_cache_reused_tokens_total"] > 0
         assert engine.spec_stats()["spec_verify_steps_total"] > 0
-    assert seen_overlap, "no step mixed a verify with a checkpointing prompt chunk"
+        if seen_overlap and runs >= 2:
+            break
+    assert seen_overlap, f"no step mixed a verify with a checkpointing prompt chunk (head starts {HEAD_STARTS})"
