@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from k3.cache.plan import row_layout
 from k3.cache.pool import CachePool
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
@@ -55,20 +54,11 @@ def prompts(seed: int, lengths: list[int], vocab: int = 384) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-_CACHE_DTYPES = {torch.float64: ("float64", "fp64"), torch.float32: ("float32", "fp32"),
-                 torch.bfloat16: ("bfloat16", "bf16")}
-
-
 def packed_cache(platform, model, num_rows: int) -> CacheViews:
     """The engine's cache for `model`: one packed CachePool of `num_rows` rows of PAGE_SIZE
     tokens, allocated by the platform (`k3_allocate_cache`), KDA state rows in the platform's
     layout (`k3_kda_state_layout`), every view row-strided as the engine hands them to kernels."""
-    act, latent = _CACHE_DTYPES[model.dtype]
-    tp = model.parallel.world_size
-    layout = row_layout(model.cfg, block_size=PAGE_SIZE, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                        index_cache_dtype="fp8", activation_dtype=act, alignment=platform.cache_alignment)
-    return CachePool.on_platform(platform, model.cfg, layout, num_rows, activation_dtype=act, kv_cache_dtype=latent,
-                                 index_cache_dtype="fp8", tensor_parallel_size=tp).views
+    return CachePool.for_model(model, num_rows, block_size=PAGE_SIZE, platform=platform).views
 
 
 def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots: list[int], device="cpu",

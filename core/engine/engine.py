@@ -15,13 +15,15 @@ from dataclasses import dataclass
 import torch
 
 from k3.cache.block_pool import BlockPool
-from k3.cache.capacity import plan_capacity, prefill_token_limit, speculative_scratch_rows
-from k3.cache.plan import default_block_size, row_layout
+from k3.cache.capacity import plan_capacity, prefill_token_limit
+from k3.cache.format import CacheFormat
+from k3.cache.plan import plan_cache
 from k3.cache.pool import CachePool
 from k3.cache.prefix import PrefixCache
 from k3.checkpoint.dummy import load_dummy_weights
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
+from k3.dtypes import dtype_name, torch_dtype
 from k3.engine.stop import StopStringMatcher
 from k3.plugin import select_platform
 from k3.tokenizer import IncrementalDetokenizer, load_tokenizer
@@ -36,8 +38,6 @@ from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .spec.config import SpeculativeConfig
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
-_LATENT_AUTO = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 GIB = 1024 ** 3
 
 
@@ -95,7 +95,7 @@ class LLMEngine:
         if config.load_format not in ("auto", "safetensors", "dummy"):
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {config.load_format!r}")
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
-        dtype = _DTYPES[cfg.dtype if config.dtype in (None, "auto") else config.dtype]
+        dtype = torch_dtype(cfg.dtype if config.dtype in (None, "auto") else config.dtype)
         self.device = torch.device(self.platform.info.device)
         self.model = self.platform.build_model(cfg, dtype=dtype, parallel=parallel)
         if config.load_format == "dummy":
@@ -105,41 +105,27 @@ class LLMEngine:
         self.platform.process_weights(self.model)
         self.model.model.fold_weights()
         tp = self.model.parallel.world_size
-        self.kv_cache_dtype = _LATENT_AUTO[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
-        act = self.activation_dtype = {v: k for k, v in _DTYPES.items()}[dtype]
-        block = config.block_size or default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
-                                                        index_cache_dtype=config.index_cache_dtype, activation_dtype=act)
-        self.layout = row_layout(cfg, block_size=block, tensor_parallel_size=tp, kv_cache_dtype=self.kv_cache_dtype,
-                                 index_cache_dtype=config.index_cache_dtype, activation_dtype=act,
-                                 alignment=self.platform.cache_alignment)
-        num_rows = self._cache_bytes(cfg, tp) // self.layout.row_bytes
-        self.cache = CachePool.on_platform(self.platform, cfg, self.layout, num_rows, activation_dtype=act,
-                                           kv_cache_dtype=self.kv_cache_dtype,
-                                           index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp)
+        self.cache_format = fmt = CacheFormat.build(
+            cfg, activation_dtype=dtype, kv_cache_dtype=config.kv_cache_dtype,
+            index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp, block_size=config.block_size,
+            platform=self.platform)
+        self.kv_cache_dtype, block = fmt.kv_cache_dtype, fmt.block_size
         spec = SpeculativeConfig.parse(config.speculative_config)
-        # speculative "states" rollback: 1 + k scratch rows per running request, planned up front
-        reserved = 0
-        if spec is not None:
-            reserved = speculative_scratch_rows(cfg, max_num_seqs=config.max_num_seqs,
-                                                num_speculative_tokens=spec.num_speculative_tokens,
-                                                kda_rollback=spec.kda_rollback)
-            if reserved and reserved >= num_rows:
-                raise ValueError(f"the cache holds {num_rows} rows, too few for the {reserved} speculative scratch "
-                                 f"rows of max_num_seqs {config.max_num_seqs} x (1 + {spec.num_speculative_tokens}): "
-                                 "give it more memory, lower max_num_seqs, or use kda_rollback \"recover\"")
         # decode graphs (when the platform captures): one scratch row for the padding sequences
         graph_runner = None if config.enforce_eager or tp > 1 else self.platform.graph_runner
-        scratch = 1 if graph_runner is not None else 0
+        self.plan = plan = plan_cache(
+            cfg, fmt, cache_bytes=self._cache_bytes(cfg, fmt), max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len, num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            kda_rollback=spec.kda_rollback if spec else "states", graph_scratch=graph_runner is not None)
+        self.layout = plan.layout
+        self.cache = CachePool.on_platform(self.platform, cfg, fmt, plan.num_rows)
         self.async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                                  else graph_runner is not None and spec is None)
-        self.pool = BlockPool(num_rows - reserved - scratch)
-        self.spec_pool = BlockPool(reserved, first_row=num_rows - reserved) if reserved else None
-        self.graph_scratch_row = num_rows - reserved - 1 if scratch else None
+        self.pool = BlockPool(plan.token_rows)
+        self.spec_pool = BlockPool(len(plan.spec_rows), first_row=plan.spec_rows.start) if plan.spec_rows else None
+        self.graph_scratch_row = plan.graph_scratch_row
         self.graph_capture_error: str | None = None
-        num_rows -= reserved + scratch
-        cache_len = (num_rows - 1) * block
-        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
-                                 cache_len)
+        self.max_model_len = plan.max_model_len
         self.prefix_cache = None
         if config.enable_prefix_caching:
             unit = config.prefix_match_unit or min(64, block)
@@ -188,15 +174,16 @@ class LLMEngine:
         self.runner.pinned_uploads = self.async_scheduling and self.device.type != "cpu"
 
     # ------------------------------------------------------------------ sizing
-    def _cache_bytes(self, cfg: K3Config, tp: int) -> int:
+    def _cache_bytes(self, cfg: K3Config, fmt) -> int:
         c = self.config
         if self.device.type == "cpu":
             return int(c.kv_cache_memory_gib * GIB) if c.kv_cache_memory_gib else default_cpu_cache_bytes()
-        report = plan_capacity(cfg, kv_cache_dtype=self.kv_cache_dtype, index_cache_dtype=c.index_cache_dtype,
-                               tensor_parallel_size=tp, gpu_memory_bytes=self.platform.capabilities.memory_bytes,
+        report = plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
+                               tensor_parallel_size=fmt.tensor_parallel_size,
+                               gpu_memory_bytes=self.platform.capabilities.memory_bytes,
                                gpu_memory_utilization=c.gpu_memory_utilization,
-                               max_num_batched_tokens=c.max_num_batched_tokens, block_size=self.layout.block_size,
-                               activation_dtype=self.activation_dtype, alignment=self.platform.cache_alignment)
+                               max_num_batched_tokens=c.max_num_batched_tokens, block_size=fmt.block_size,
+                               activation_dtype=dtype_name(fmt.activation_dtype), alignment=fmt.alignment)
         return report.cache_bytes
 
     def _adaptive_token_limit(self, cfg: K3Config) -> int:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.cache.block_pool import BlockPool
-from k3.cache.plan import default_block_size, row_layout
+from k3.cache.format import CacheFormat
+from k3.cache.plan import draft_cache_rows
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
@@ -52,18 +53,13 @@ class DraftModelProposer:
         dtype = engine.model.dtype
         self.model = engine.platform.build_model(cfg, dtype=dtype, parallel=engine.model.parallel)
         load_checkpoint(self.model, config.model, progress=False)
-        act = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-               torch.float64: "float64"}[dtype]
-        latent = engine.kv_cache_dtype
-        tp = self.model.parallel.world_size
-        self.block = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                                        index_cache_dtype="fp8", activation_dtype=act)
-        layout = row_layout(cfg, block_size=self.block, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                            index_cache_dtype="fp8", activation_dtype=act, alignment=engine.platform.cache_alignment)
-        rows_per_seq = math.ceil(engine.max_model_len / self.block) + 1 + self.k
-        num_rows = engine.config.max_num_seqs * rows_per_seq
-        self.cache = CachePool.on_platform(engine.platform, cfg, layout, num_rows, activation_dtype=act,
-                                           kv_cache_dtype=latent, index_cache_dtype="fp8", tensor_parallel_size=tp)
+        # the target's record formats, at the draft's own block size
+        fmt = CacheFormat.for_model(self.model, kv_cache_dtype=engine.cache_format.kv_cache_dtype,
+                                    platform=engine.platform)
+        self.block = fmt.block_size
+        num_rows = draft_cache_rows(fmt, max_model_len=engine.max_model_len, max_num_seqs=engine.config.max_num_seqs,
+                                    num_speculative_tokens=self.k)
+        self.cache = CachePool.on_platform(engine.platform, cfg, fmt, num_rows)
         self.pool = BlockPool(num_rows)
         self.seqs: dict[str, _DraftSeq] = {}
 

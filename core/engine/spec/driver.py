@@ -61,8 +61,7 @@ class Speculation:
 
             self.proposer = DSparkProposer(config, engine)
         if config.kda_rollback == "recover":
-            engine.cache.views.kda_records = engine.model.allocate_records(
-                slots=engine.config.max_num_seqs, tokens=k + 1, device=engine.device)
+            engine.cache.allocate_records(slots=engine.plan.record_slots, tokens=engine.plan.record_tokens)
 
     # ------------------------------------------------------------------ propose
     @staticmethod
