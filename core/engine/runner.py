@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
+from k3.plugin.contract import CheckpointMetadata, ForwardMetadata, SpecMetadata, leading_one_token_steps
 
 from .prompt_logprobs import PromptSpan, score_prompt_rows
 from .sampler import SamplingBatch, sample_batch
@@ -104,15 +104,15 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
     host.add("cu_seqlens", cu, torch.int32)
     host.add("block_table", table, torch.int32)
     if max_ckpt:
-        host.add("checkpoint_positions", ckpt_pos, torch.long)
-        host.add("checkpoint_state_indices", ckpt_rows, torch.long)
+        host.add("checkpoints.positions", ckpt_pos, torch.long)
+        host.add("checkpoints.state_indices", ckpt_rows, torch.long)
     if max_spec:
-        host.add("spec_lens", spec_lens, torch.int32)
-        host.add("spec_positions", spec_positions, torch.long, shape=(len(spec_positions), 2))
+        host.add("spec.lens", spec_lens, torch.int32)
+        host.add("spec.positions", spec_positions, torch.long, shape=(len(spec_positions), 2))
         if any(s.request.spec_rows for s in out.scheduled):
-            host.add("spec_state_indices", spec_states, torch.long)
+            host.add("spec.state_indices", spec_states, torch.long)
         else:
-            host.add("spec_record_slots", record_slots, torch.long)
+            host.add("spec.record_slots", record_slots, torch.long)
     if sample_logits != list(range(len(sample_logits))):
         host.add("sample_index", sample_logits, torch.long)
     if token_sources is not None:
@@ -123,12 +123,20 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
     sample_index = uploaded.pop("sample_index", None)
     sources = uploaded.pop("token_sources", None)
     targets = uploaded.pop("prompt_targets", None)
+    spec = _record(uploaded, "spec.", SpecMetadata) if max_spec else None
+    checkpoints = _record(uploaded, "checkpoints.", CheckpointMetadata) if max_ckpt else None
     num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
-    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, **uploaded)
+    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints,
+                           **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
                      spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,
                      prompt_spans=prompt_spans or None, prompt_targets=targets)
+
+
+def _record(uploaded: dict, prefix: str, cls):
+    """The sub-record `cls` of the uploaded fields named prefix + field (popped)."""
+    return cls(**{name[len(prefix):]: uploaded.pop(name) for name in list(uploaded) if name.startswith(prefix)})
 
 
 def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device,

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from k3.plugin import select_platform
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import CheckpointMetadata, ForwardMetadata
 
 from .engine import EngineConfig, LLMEngine
 
@@ -36,13 +36,13 @@ def _send(meta: ForwardMetadata | None, device, row_copies=()) -> None:
         dist.broadcast(torch.zeros(_HEADER, dtype=torch.long, device=device), src=0)
         return
     n, pages = meta.block_table.shape
-    c = 0 if meta.checkpoint_positions is None else meta.checkpoint_positions.shape[1]
+    c = 0 if meta.checkpoints is None else meta.checkpoints.positions.shape[1]
     header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
                            len(row_copies), meta.num_decodes], device=device)
     dist.broadcast(header, src=0)
     parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
     if c:
-        parts += [meta.checkpoint_positions.flatten(), meta.checkpoint_state_indices.flatten()]
+        parts += [meta.checkpoints.positions.flatten(), meta.checkpoints.state_indices.flatten()]
     parts.append(torch.tensor([x for pair in row_copies for x in pair], dtype=torch.long, device=device))
     dist.broadcast(torch.cat([p.to(device) for p in parts]), src=0)
 
@@ -62,7 +62,7 @@ def _receive(device) -> tuple[ForwardMetadata, list[tuple[int, int]]] | None:
     meta = ForwardMetadata(block_table=parts[7].view(n, pages).int(), max_q_len=max_q_len, num_decodes=num_decodes,
                            **fields)
     if c:
-        meta.checkpoint_positions, meta.checkpoint_state_indices = parts[8].view(n, c), parts[9].view(n, c)
+        meta.checkpoints = CheckpointMetadata(parts[8].view(n, c), parts[9].view(n, c))
     pairs = parts[10].tolist()
     return meta, list(zip(pairs[0::2], pairs[1::2]))
 

@@ -6,7 +6,7 @@ import torch
 
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import CheckpointMetadata, ForwardMetadata
 
 PAGE = 16
 
@@ -16,8 +16,7 @@ def _prefill(model, cache, prompts, rows, *, context=None, ckpt_pos=None, ckpt_r
     meta = ForwardMetadata.build(prompts, context_lens=context or [0] * len(prompts), state_indices=rows,
                                  block_table=table[rows], page_size=PAGE)
     if ckpt_pos is not None:
-        meta.checkpoint_positions = torch.tensor(ckpt_pos)
-        meta.checkpoint_state_indices = torch.tensor(ckpt_rows)
+        meta.checkpoints = CheckpointMetadata(torch.tensor(ckpt_pos), torch.tensor(ckpt_rows))
     return model(meta, cache)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import ForwardMetadata, SpecMetadata
 
 PAGE = 16
 
@@ -41,14 +41,15 @@ def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpo
 
     # verify: a brings 1 + 4 tokens (speculating), b one token (not speculating), one forward
     meta = _meta([tokens, [prompt_b[-1]]], [20, 8], [0, 1], table)
-    meta.spec_lens = torch.tensor([4, 0], dtype=torch.int32)
+    spec = SpecMetadata(lens=torch.tensor([4, 0], dtype=torch.int32))
     if host_positions:                                  # as the engine's runner builds them
-        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
+        spec.positions = torch.tensor([[0, j] for j in range(5)])
     if mode == "states":
-        meta.spec_state_indices = torch.tensor([[4, 5, 6, 7, 8], [1, 1, 1, 1, 1]])
+        spec.state_indices = torch.tensor([[4, 5, 6, 7, 8], [1, 1, 1, 1, 1]])
     else:
         cache.kda_records = model.allocate_records(slots=2, tokens=5)
-        meta.spec_record_slots = torch.tensor([1, 0])
+        spec.record_slots = torch.tensor([1, 0])
+    meta.spec = spec
     before = [v.recurrent[0].clone() for v in cache.kda]
     logits = model(meta, cache).logits
     torch.testing.assert_close(logits[:5], torch.stack(seq_logits), rtol=0, atol=1e-9)
@@ -78,9 +79,7 @@ def test_recover_mode_refuses_more_verified_tokens_than_record_slots(host_positi
     model(_meta([[5, 6, 7]], [0], [0], table), cache)
     cache.kda_records = model.allocate_records(slots=1, tokens=3)
     meta = _meta([[8, 9, 10, 11, 12]], [3], [0], table)                  # 1 + 4 drafts into 3-token records
-    meta.spec_lens = torch.tensor([4], dtype=torch.int32)
-    meta.spec_record_slots = torch.tensor([0])
-    if host_positions:
-        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
+    meta.spec = SpecMetadata(lens=torch.tensor([4], dtype=torch.int32), record_slots=torch.tensor([0]),
+                             positions=torch.tensor([[0, j] for j in range(5)]) if host_positions else None)
     with pytest.raises(ValueError, match="5 verified tokens exceed the record slots' 3"):
         model(meta, cache)
