@@ -41,25 +41,26 @@ class _DraftSeq:
 
 
 class DraftModelProposer:
-    def __init__(self, config, engine):
+    """Drafts with a separate small model (see the module docstring) for the target model
+    `target`, its cache in the target's record formats (`cache_format`) at its own block size."""
+
+    tap_layers = ()                 # it reads no target features
+
+    def __init__(self, config, *, target, platform, cache_format, max_model_len: int, max_num_seqs: int):
         self.k = config.num_speculative_tokens
         self.greedy = config.draft_sample_method == "greedy"
-        target = engine.model_config
         cfg = K3Config.from_pretrained(config.model)
-        if cfg.vocab_size != target.vocab_size:
+        if cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from the target's "
-                             f"({target.vocab_size}): a draft must share the tokenizer")
-        self.device = engine.device
-        dtype = engine.model.dtype
-        self.model = engine.platform.build_model(cfg, dtype=dtype, parallel=engine.model.parallel)
+                             f"({target.cfg.vocab_size}): a draft must share the tokenizer")
+        self.device = torch.device(platform.info.device)
+        self.model = platform.build_model(cfg, dtype=target.dtype, parallel=target.parallel)
         load_checkpoint(self.model, config.model, progress=False)
-        # the target's record formats, at the draft's own block size
-        fmt = CacheFormat.for_model(self.model, kv_cache_dtype=engine.cache_format.kv_cache_dtype,
-                                    platform=engine.platform)
+        fmt = CacheFormat.for_model(self.model, kv_cache_dtype=cache_format.kv_cache_dtype, platform=platform)
         self.block = fmt.block_size
-        num_rows = draft_cache_rows(fmt, max_model_len=engine.max_model_len, max_num_seqs=engine.config.max_num_seqs,
+        num_rows = draft_cache_rows(fmt, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                     num_speculative_tokens=self.k)
-        self.cache = CachePool.on_platform(engine.platform, cfg, fmt, num_rows)
+        self.cache = CachePool.on_platform(platform, cfg, fmt, num_rows)
         self.pool = BlockPool(num_rows)
         self.seqs: dict[str, _DraftSeq] = {}
 
