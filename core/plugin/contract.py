@@ -185,7 +185,7 @@ class ForwardMetadata:
         all_logits: bool = False,
         device=None,
     ) -> "ForwardMetadata":
-        """Metadata for N sequences from Python lists (tests, the single-request loop).
+        """Metadata for N sequences from Python lists (tests, drafts, conformance).
 
         all_logits: logits for every token (teacher forcing) instead of each last token.
         """
