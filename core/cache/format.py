@@ -48,7 +48,8 @@ class CacheFormat:
         activations, the smallest block whose attention row holds a state); `platform` gives
         the alignment and KDA state layout (default: 256 bytes, "hkv")."""
         if index_cache_dtype not in INDEX_CACHE_DTYPES:
-            raise ValueError(f"index cache dtype {index_cache_dtype!r}: expected one of {', '.join(INDEX_CACHE_DTYPES)}")
+            raise ValueError(f"index cache dtype {index_cache_dtype!r}: expected one of "
+                             f"{', '.join(INDEX_CACHE_DTYPES)}")
         act = activation_dtype or torch_dtype(cfg.dtype)
         kv = resolve_kv_cache_dtype(kv_cache_dtype, act)
         block = block_size or default_block_size(cfg, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv,

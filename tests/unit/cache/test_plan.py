@@ -193,7 +193,8 @@ def test_cache_plan_assigns_every_row_up_front():
     assert plan.max_model_len == min(cfg.max_position_embeddings, 82 * 64)
     recover = plan_cache(cfg, fmt, cache_bytes=100 * row, max_num_seqs=4, num_speculative_tokens=3,
                          kda_rollback="recover")
-    assert recover.token_rows == 100 and not recover.spec_rows and (recover.record_slots, recover.record_tokens) == (4, 4)
+    assert recover.token_rows == 100 and not recover.spec_rows
+    assert (recover.record_slots, recover.record_tokens) == (4, 4)
     with pytest.raises(ValueError, match="too few for the 16 speculative scratch rows"):
         plan_cache(cfg, fmt, cache_bytes=16 * row, max_num_seqs=4, num_speculative_tokens=3)
 
@@ -205,7 +206,8 @@ def test_one_dtype_vocabulary():
 
     assert all(dtype_name(torch_dtype(name)) == name for name in DTYPES)
     assert torch_dtype("half") == torch.float16 and torch_dtype("float") == torch.float32
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == "bf16" and resolve_kv_cache_dtype("auto", "float64") == "fp64"
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == "bf16"
+    assert resolve_kv_cache_dtype("auto", "float64") == "fp64"
     assert resolve_kv_cache_dtype("fp8", torch.float64) == "fp8"
     with pytest.raises(ValueError, match="expected one of"):
         torch_dtype("bf16")

@@ -73,7 +73,8 @@ def test_copy_row_moves_every_layer():
 def test_unsupported_cache_dtype_is_refused():
     cfg = K3Config.preset("k3-tiny")
     with pytest.raises(ValueError, match="nvfp4"):
-        CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.bfloat16, kv_cache_dtype="nvfp4", block_size=64), 2)
+        CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.bfloat16, kv_cache_dtype="nvfp4",
+                                         block_size=64), 2)
 
 
 def test_kernel_page_addresses_reach_the_same_tokens():
