@@ -171,7 +171,7 @@ def test_default_context_is_the_smaller_of_the_config_and_the_cache(ckpt):
     assert engine.max_model_len == min(engine.model_config.max_position_embeddings, cache_tokens)
     small = _engine(ckpt, kv_cache_memory_gib=0.002)
     assert small.max_model_len < engine.max_model_len and small.max_model_len == (small.pool.num_rows - 1) * \
-        small.layout.block_size
+        small.plan.block_size
 
 
 
