@@ -9,12 +9,13 @@ from pathlib import Path
 
 import torch
 
-from k3.cache.plan import row_layout
 from k3.cache.pool import CachePool
+from k3.engine.graphs import DecodeGraphs
+from k3.engine.runner import ModelRunner
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.contract import ForwardMetadata
 
 from .inputs import poison_freed_memory
 
@@ -55,22 +56,6 @@ def prompts(seed: int, lengths: list[int], vocab: int = 384) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-_CACHE_DTYPES = {torch.float64: ("float64", "fp64"), torch.float32: ("float32", "fp32"),
-                 torch.bfloat16: ("bfloat16", "bf16")}
-
-
-def packed_cache(platform, model, num_rows: int) -> CacheViews:
-    """The engine's cache for `model`: one packed CachePool of `num_rows` rows of PAGE_SIZE
-    tokens, allocated by the platform (`k3_allocate_cache`), KDA state rows in the platform's
-    layout (`k3_kda_state_layout`), every view row-strided as the engine hands them to kernels."""
-    act, latent = _CACHE_DTYPES[model.dtype]
-    tp = model.parallel.world_size
-    layout = row_layout(model.cfg, block_size=PAGE_SIZE, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                        index_cache_dtype="fp8", activation_dtype=act, alignment=platform.cache_alignment)
-    return CachePool.on_platform(platform, model.cfg, layout, num_rows, activation_dtype=act, kv_cache_dtype=latent,
-                                 index_cache_dtype="fp8", tensor_parallel_size=tp).views
-
-
 def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots: list[int], device="cpu",
         seed: int = 0, platform=None, graph_buckets: list[int] | None = None) -> list[Trace]:
     """Generate `steps` tokens for every request, all in one batch.
@@ -78,30 +63,27 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
     Each call feeds every unfinished request either its next prompt chunk (`chunk` tokens;
     None: the whole prompt) or its last token, so prefill chunks and decode steps share
     batches; a call where every request decodes is a pure decode step. Requests use state row
-    slots[i] and pages from a seeded shuffle of the pool. With `platform`, the cache is the
-    engine's packed pool allocated by that platform (state rows first, then pages), else
-    separate contiguous tensors per layer (`model.allocate_cache`). With `graph_buckets` (and a
-    platform), pure decode steps replay graphs captured by the platform's `k3_graph_runner`
-    (`k3.engine.graphs.DecodeGraphs`, padding on one extra row after the pages).
+    slots[i] and pages from a seeded shuffle of the pool. The cache is the engine's packed pool
+    (state rows first, then pages), allocated by `platform` (`k3_allocate_cache`, its KDA state
+    layout) or, without one, on `device`; the model runs through the engine's ModelRunner. With
+    `graph_buckets` (and a platform), pure decode steps replay graphs captured by the platform's
+    `k3_graph_runner` (`k3.engine.graphs.DecodeGraphs`, padding on one extra row after the pages).
     """
     n = len(requests)
     pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
     rows = max(slots) + 1
     perm = torch.randperm(rows * pages_each, generator=torch.Generator().manual_seed(seed))
-    table = perm.view(rows, pages_each).to(torch.int32)
-    if platform is None:
-        cache = model.allocate_cache(num_state_rows=rows, num_pages=rows * pages_each, page_size=PAGE_SIZE,
-                                     device=device)
-    else:                   # one row space: state rows 0..rows-1, pages after them (then graph padding)
-        scratch = rows + rows * pages_each
-        cache = packed_cache(platform, model, scratch + (1 if graph_buckets else 0))
-        table = table + rows
+    table = perm.view(rows, pages_each).to(torch.int32) + rows
+    # one row space: state rows 0..rows-1, pages after them (then graph padding)
+    scratch = rows + rows * pages_each
+    pool = CachePool.for_model(model, scratch + (1 if graph_buckets else 0), block_size=PAGE_SIZE, platform=platform,
+                               device=device)
     graphs = None
     if graph_buckets:
-        from k3.engine.graphs import DecodeGraphs
-
-        graphs = DecodeGraphs(model, cache, platform.graph_runner, buckets=graph_buckets, scratch_row=scratch,
+        graphs = DecodeGraphs(model, pool.views, platform.graph_runner, buckets=graph_buckets, scratch_row=scratch,
                               block_size=PAGE_SIZE, max_pages=pages_each, device=device, progress=False)
+    runner = ModelRunner(model, pool, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device=device,
+                         graphs=graphs)
     fed = [0] * n                                       # prompt tokens fed so far
     traces = [Trace() for _ in range(n)]
     while True:
@@ -125,10 +107,7 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
                                      device=device)
         poison_freed_memory(device)
         with torch.no_grad():
-            if graphs is not None and graphs.covers(meta):
-                logits = graphs.run(meta).double().cpu()
-            else:
-                logits = model(meta, cache).logits.detach().double().cpu()  # [len(active), V]
+            logits = runner.forward(meta).logits.detach().double().cpu()    # [len(active), V]
         for row, i in enumerate(active):
             prompt = requests[i].prompt
             if fed[i] < len(prompt):

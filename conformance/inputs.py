@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
+from k3.dtypes import DTYPES
 from k3.quant.mxfp4 import MXFP4Tensor
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64,
-                "float16": torch.float16}
+TORCH_DTYPES = DTYPES        # the dtype names items carry (k3.dtypes)
 
 
 @dataclass

@@ -8,8 +8,11 @@ kernel's dtype (the contract's output dtypes and shapes), and compares every out
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +23,21 @@ from .inputs import TORCH_DTYPES, Inputs, clone, poison_freed_memory, synchroniz
 from .registry import Item
 
 
+@cache
+def scratch_directory() -> Path:
+    """One scratch directory per process for contexts made without one, removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="k3-conformance-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 @dataclass
 class RunContext:
-    """What runners get: the platform, its device, a scratch directory and a per-session cache
-    (tiny checkpoints, reference runs)."""
+    """What runners get: the platform, its device, a scratch directory (default: the process's
+    `scratch_directory`) and a per-session cache (tiny checkpoints, reference runs)."""
 
     platform: Any
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="k3-conformance-")))
+    workdir: Path = field(default_factory=scratch_directory)
     cache: dict = field(default_factory=dict)
 
     @property

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config_hf as hf
+from .dtypes import DTYPES
 from ._config_fields import (
     ConfigError,
     FieldReader,
@@ -34,7 +35,6 @@ __all__ = ["ConfigError", "K3Config", "LinearAttnConfig", "QuantizationConfig"]
 # Re-exported for callers that only import k3.config.
 from ._config_fields import LinearAttnConfig, QuantizationConfig  # noqa: E402
 
-_DTYPES = ("bfloat16", "float16", "float32", "float64")
 # Top-level (non-text) fields K3Config models itself; everything else at the top is kept as is.
 _TOP_FIELDS = ("model_type", "text_config", "bos_token_id", "eos_token_id", "pad_token_id",
                "media_placeholder_token_id", "quantization_config", "dtype", "torch_dtype")
@@ -347,8 +347,8 @@ def _parse(text: dict[str, Any], *, top: dict[str, Any], prefix: str, model_type
     quantization = parse_quantization_config(quant_raw, qprefix)
 
     dtype_value = text.get("dtype", text.get("torch_dtype", top.get("dtype", top.get("torch_dtype", "bfloat16"))))
-    if dtype_value not in _DTYPES:
-        raise ConfigError(prefix + "dtype", f"expected one of {', '.join(_DTYPES)}, got {dtype_value!r}")
+    if dtype_value not in DTYPES:
+        raise ConfigError(prefix + "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype_value!r}")
 
     def token(name: str) -> Any:
         return top.get(name, text.get(name))

@@ -21,3 +21,48 @@ def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
 def upcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`x` in `dtype` (no copy when it already is)."""
     return x if x.dtype == dtype else x.to(dtype)
+
+
+# ----------------------------------------------------------------------------- names
+# The one vocabulary of activation dtypes: what `--dtype`, EngineConfig.dtype and a checkpoint's
+# config.json "dtype" say, torch's own names.
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                                  "float64": torch.float64}
+# spellings `k3 serve --dtype` also accepts (vLLM's)
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of an activation dtype name (or alias)."""
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPES:
+        raise ValueError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The vocabulary's name of a torch activation dtype."""
+    for name, d in DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(f"{dtype} is not an activation dtype ({', '.join(DTYPES)})")
+
+
+# Cache record formats keep their CLI spellings (`--kv-cache-dtype`, `--index-cache-dtype`).
+# "auto" latents follow the activation dtype; "fp32" / "fp64" are what it means for float32 /
+# float64 test models (never typed by users). nvfp4 latents are sized, not yet stored.
+KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "nvfp4")
+INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
+LATENT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
+                                         "fp32": torch.float32, "fp64": torch.float64}
+_AUTO_LATENTS = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, activation_dtype: torch.dtype | str) -> str:
+    """The latent format `kv_cache_dtype` names for a model in `activation_dtype` ("auto": the
+    activation dtype's own width)."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    if isinstance(activation_dtype, str):
+        activation_dtype = torch_dtype(activation_dtype)
+    return _AUTO_LATENTS[activation_dtype]

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -39,7 +38,9 @@ def launch(platform_name: str, items: list, workdir: Path) -> list[dict]:
     RuntimeError naming the rank that failed or timed out."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "items.json").write_text(json.dumps([spec(i) for i in items]))
-    init = f"file://{tempfile.mkdtemp(prefix='k3-rdzv-')}/init"
+    rendezvous = workdir / "rendezvous"            # torch's file store: a fresh file per launch
+    rendezvous.unlink(missing_ok=True)
+    init = f"file://{rendezvous}"
     env = {"OMP_NUM_THREADS": "1", **os.environ}
     procs = [subprocess.Popen([sys.executable, "-m", "k3.conformance.dist_worker", "--platform", platform_name,
                                "--rank", str(r), "--world", str(WORLD), "--init", init,

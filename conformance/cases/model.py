@@ -2,7 +2,8 @@
 `k3_process_weights`) against the reference kernels, on tiny random checkpoints made on the fly.
 The platform model runs on the engine's packed cache as the platform allocates it
 (`k3_allocate_cache`, KDA state rows in its `k3_kda_state_layout`): row-strided views, state
-rows and pages sharing one row space. The reference uses separate contiguous tensors.
+rows and pages sharing one row space. The reference runs on a pool of its own (torch's
+memory, canonical state layout, other rows), both through the engine's ModelRunner.
 
 - model.greedy: three requests of different lengths (one longer than K3.1 Pro tiny's DSA
   top-16) generate greedily with the reference kernels (whole-prompt prefill, one batch); the

@@ -1,1 +1,2 @@
-"""The hybrid cache: per-token attention records, KDA state sizes (the packed-row planner and block pool come with the engine)."""
+"""The hybrid cache: record sizes, the cache format, the packed row plan, the pool and its
+views, the row allocator and the prefix cache."""

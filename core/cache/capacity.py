@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from k3.config import K3Config
+from k3.dtypes import torch_dtype
 
-from .plan import RowLayout, default_block_size, row_layout
+from .format import CacheFormat
+from .plan import default_block_size, plan_cache
 from .records import attention_bytes_per_token, kda_state_bytes
 
 GIB = 1024 ** 3
@@ -71,10 +71,8 @@ def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
     device: nothing is allocated."""
     from k3.model import K3ForCausalLM, ParallelContext
 
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-             "float64": torch.float64}[cfg.dtype]
     model = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=tensor_parallel_size),
-                          dtype=dtype, device="meta")
+                          dtype=torch_dtype(cfg.dtype), device="meta")
     # W4A16 experts: the packed planes are freed once dequantised at load (`MoE.dequantize_int4_experts`)
     freed = ("w13_packed", "w13_scale", "w2_packed", "w2_scale") if cfg.experts_int4 else ()
     tensors = list(model.parameters()) + [b for name, b in model.named_buffers() if not name.endswith(freed)]
@@ -120,25 +118,6 @@ def workspace_bytes(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: 
     return FIXED_WORKSPACE + tokens * activation_bytes_per_token(cfg)
 
 
-def speculative_scratch_rows(cfg: K3Config, *, max_num_seqs: int, num_speculative_tokens: int,
-                             kda_rollback: str = "states") -> int:
-    """State rows speculative decoding reserves up front: with the "states" rollback each
-    running request verifies k tokens into 1 + k scratch rows (the state before and after
-    each draft token), so max_num_seqs x (1 + k); "recover" keeps its records outside the
-    pool, and a model without KDA layers needs none."""
-    if not num_speculative_tokens or kda_rollback != "states" or not cfg.kda_layer_ids:
-        return 0
-    return max_num_seqs * (1 + num_speculative_tokens)
-
-
-def prefix_checkpoint_rows_per_chunk(cfg: K3Config, chunk_tokens: int, *, interval: int) -> int:
-    """Rows one prefill chunk takes for the KDA checkpoints it emits (every `interval` tokens,
-    plus the prompt's last full unit); 0 for a model without KDA layers."""
-    if not cfg.kda_layer_ids:
-        return 0
-    return (chunk_tokens // interval if interval else 0) + 1
-
-
 def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dtype: str = "fp8",
                   tensor_parallel_size: int = 1, decode_context_parallel_size: int = 1,
                   gpu_memory_bytes: int = int(DEFAULT_GPU_MEMORY_GIB * GIB), gpu_memory_utilization: float = 0.9,
@@ -155,9 +134,10 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
     if block_size is None:
         block_size = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype,
                                         index_cache_dtype=index_cache_dtype)
-    layout: RowLayout = row_layout(cfg, block_size=block_size, tensor_parallel_size=tp,
-                                   kv_cache_dtype=kv_cache_dtype, index_cache_dtype=index_cache_dtype,
-                                   activation_dtype=activation_dtype, alignment=alignment)
+    fmt = CacheFormat(activation_dtype=torch_dtype(activation_dtype or cfg.dtype), kv_cache_dtype=kv_cache_dtype,
+                      index_cache_dtype=index_cache_dtype, tensor_parallel_size=tp, block_size=block_size,
+                      alignment=alignment)
+    layout = fmt.layout(cfg)
     notes = []
     if layout.state_bytes > layout.attention_bytes:
         notes.append(f"block size {block_size} leaves attention rows {layout.state_bytes - layout.attention_bytes:,} "
@@ -171,9 +151,11 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                      f"exceed the usable memory ({usable / GIB:,.1f} GiB) by {-cache / GIB:,.1f} GiB: "
                      "raise the tensor-parallel size or the memory")
         cache = 0
-    rows = cache // layout.row_bytes
-    scratch = speculative_scratch_rows(cfg, max_num_seqs=max_num_seqs, num_speculative_tokens=num_speculative_tokens,
-                                       kda_rollback=kda_rollback)
+    chunk = prefill_token_limit(cfg, max_num_batched_tokens, accelerator=True) if prefix_caching else 0
+    plan = plan_cache(cfg, fmt, cache_bytes=cache, max_num_seqs=max_num_seqs,
+                      num_speculative_tokens=num_speculative_tokens, kda_rollback=kda_rollback,
+                      prefix_chunk_tokens=chunk, kda_checkpoint_interval=kda_checkpoint_interval, strict=False)
+    rows, scratch = plan.num_rows, len(plan.spec_rows)
     if scratch and rows and scratch >= rows:
         notes.append(f"the {scratch:,} speculative scratch rows (max_num_seqs {max_num_seqs} x (1 + "
                      f"{num_speculative_tokens})) take every one of the {rows:,} rows: the server would refuse to start")
@@ -182,14 +164,11 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
     per_request = math.ceil(max_len / (block_size * dcp)) + state_rows
     concurrent = token_rows // per_request
     capacity = max(0, token_rows - concurrent * state_rows) * block_size * dcp
-    checkpoint_rows = 0
-    if prefix_caching:
-        chunk = prefill_token_limit(cfg, max_num_batched_tokens, accelerator=True)
-        checkpoint_rows = prefix_checkpoint_rows_per_chunk(cfg, chunk, interval=kda_checkpoint_interval)
-        if checkpoint_rows:
-            notes.append(f"prefix caching reserves nothing: each cached KDA checkpoint takes one row from the token "
-                         f"capacity (evicted least-recently-used); a prefill chunk of up to {chunk:,} tokens takes "
-                         f"up to {checkpoint_rows:,} such rows as it runs")
+    checkpoint_rows = plan.prefix_checkpoint_rows_per_chunk
+    if checkpoint_rows:
+        notes.append(f"prefix caching reserves nothing: each cached KDA checkpoint takes one row from the token "
+                     f"capacity (evicted least-recently-used); a prefill chunk of up to {chunk:,} tokens takes "
+                     f"up to {checkpoint_rows:,} such rows as it runs")
     return CapacityReport(
         bytes_per_token_per_gpu=attention_bytes_per_token(cfg, kv_cache_dtype=kv_cache_dtype,
                                                           index_cache_dtype=index_cache_dtype),

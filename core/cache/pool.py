@@ -11,12 +11,10 @@ from __future__ import annotations
 import torch
 
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, IndexKeyCacheView, KDAStateView, LatentCacheView
+from k3.dtypes import LATENT_DTYPES
+from k3.plugin.contract import CacheViews, IndexKeyCacheView, KDARecordView, KDAStateView, LatentCacheView
 
-from .plan import RowLayout
-
-_LATENT_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32, "fp64": torch.float64}
-_ACT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+from .format import CacheFormat
 
 
 def _view(backing: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -26,35 +24,66 @@ def _view(backing: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, s
 
 
 class CachePool:
-    """One rank's packed cache: the backing tensor and its CacheViews."""
+    """One rank's packed cache: the backing tensor of `num_rows` rows in `format` and its CacheViews."""
 
-    def __init__(self, cfg: K3Config, layout: RowLayout, num_rows: int, *, activation_dtype: str,
-                 kv_cache_dtype: str, index_cache_dtype: str, tensor_parallel_size: int, device=None,
-                 backing: torch.Tensor | None = None, kda_state_layout: str = "hkv"):
-        if kv_cache_dtype not in _LATENT_DTYPES:
-            raise ValueError(f"kv cache dtype {kv_cache_dtype!r} cannot be served by the reference kernels yet "
-                             f"(supported: {', '.join(_LATENT_DTYPES)})")
-        if index_cache_dtype != "fp8" and cfg.uses_dsa:
-            raise ValueError(f"index cache dtype {index_cache_dtype!r} cannot be served by the reference kernels yet")
-        self.cfg, self.layout, self.num_rows = cfg, layout, num_rows
+    def __init__(self, cfg: K3Config, format: CacheFormat, num_rows: int, *, device=None,
+                 backing: torch.Tensor | None = None):
+        if format.kv_cache_dtype not in LATENT_DTYPES:
+            raise ValueError(f"kv cache dtype {format.kv_cache_dtype!r} cannot be served by the reference kernels yet "
+                             f"(supported: {', '.join(LATENT_DTYPES)})")
+        if format.index_cache_dtype != "fp8" and cfg.uses_dsa:
+            raise ValueError(f"index cache dtype {format.index_cache_dtype!r} cannot be served by the reference "
+                             "kernels yet")
+        self.cfg, self.format, self.num_rows = cfg, format, num_rows
+        self.layout = layout = format.layout(cfg)
         if backing is None:
             backing = torch.full((num_rows, layout.row_bytes), 0xFF, dtype=torch.uint8, device=device)
         if tuple(backing.shape) != (num_rows, layout.row_bytes) or backing.dtype != torch.uint8:
             raise ValueError(f"backing tensor must be uint8 [{num_rows}, {layout.row_bytes}], got "
                              f"{backing.dtype} {tuple(backing.shape)}")
-        self.backing, self.kda_state_layout = backing, kda_state_layout
-        self.views = self._build_views(_LATENT_DTYPES[kv_cache_dtype], _ACT[activation_dtype], tensor_parallel_size)
+        self.backing = backing
+        self.views = self._build_views()
 
     @classmethod
-    def on_platform(cls, platform, cfg: K3Config, layout: RowLayout, num_rows: int, **kwargs) -> "CachePool":
-        """A pool whose backing tensor the platform allocates (`k3_allocate_cache`) and whose
-        KDA state rows use the platform's layout (`k3_kda_state_layout`)."""
-        return cls(cfg, layout, num_rows, device=platform.info.device,
-                   backing=platform.allocate_cache(num_rows, layout.row_bytes),
-                   kda_state_layout=platform.kda_state_layout, **kwargs)
+    def on_platform(cls, platform, cfg: K3Config, format: CacheFormat, num_rows: int) -> "CachePool":
+        """A pool whose backing tensor the platform allocates (`k3_allocate_cache`); `format`
+        carries the platform's alignment and KDA state layout (`CacheFormat.build(platform=)`)."""
+        return cls(cfg, format, num_rows, device=platform.info.device,
+                   backing=platform.allocate_cache(num_rows, format.layout(cfg).row_bytes))
 
-    def _build_views(self, latent_dtype, act_dtype, tp) -> CacheViews:
-        cfg, layout, b = self.cfg, self.layout, self.backing
+    @classmethod
+    def for_model(cls, model, num_rows: int, *, block_size: int, platform=None, device=None,
+                  **options) -> "CachePool":
+        """A small pool for a model driven directly (tests, conformance, tools): `num_rows` rows
+        of `block_size` tokens in the model's dtype and tensor-parallel size, allocated by
+        `platform` when given (else on `device`). Rows serve as pages and state rows alike, so
+        a caller keeps the two apart (e.g. state rows first, pages after them)."""
+        fmt = CacheFormat.for_model(model, block_size=block_size, platform=platform, **options)
+        if platform is not None:
+            return cls.on_platform(platform, model.cfg, fmt, num_rows)
+        return cls(model.cfg, fmt, num_rows, device=device)
+
+    def allocate_records(self, *, slots: int, tokens: int) -> None:
+        """Record buffers of the "recover" rollback (`CacheViews.kda_records`): per KDA layer,
+        `slots` x `tokens` keys, decays, corrections and pre-conv inputs, NaN-poisoned."""
+        la, fmt = self.cfg.linear_attn, self.format
+        if la is None:
+            self.views.kda_records = []
+            return
+        heads, d, device = la.num_heads // fmt.tensor_parallel_size, la.head_dim, self.backing.device
+
+        def nan(*shape, dtype=fmt.state_dtype):
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+        self.views.kda_records = [
+            KDARecordView(keys=nan(slots, tokens, heads, d), decays=nan(slots, tokens, heads, d),
+                          corrections=nan(slots, tokens, heads, d),
+                          qkv=nan(slots, tokens, 3 * heads * d, dtype=fmt.activation_dtype))
+            for _ in self.cfg.kda_layer_ids]
+
+    def _build_views(self) -> CacheViews:
+        cfg, layout, b, fmt = self.cfg, self.layout, self.backing, self.format
+        latent_dtype, tp = LATENT_DTYPES[fmt.kv_cache_dtype], fmt.tensor_parallel_size
         regions = {r.name: r for r in layout.attention_regions + layout.state_regions}
         block = layout.block_size
         latent, index_keys = [], [] if cfg.uses_dsa else None
@@ -71,16 +100,15 @@ class CachePool:
                 index_keys.append(IndexKeyCacheView(values=values, scales=scales, fmt="fp8"))
         kda = []
         la = cfg.linear_attn
-        state_dtype = torch.float64 if act_dtype == torch.float64 else torch.float32
         for layer in cfg.kda_layer_ids:
             heads = la.num_heads // tp
             rec, conv = regions[f"layer{layer}.recurrent"], regions[f"layer{layer}.conv"]
-            stored = _view(b, rec.offset, rec.nbytes, state_dtype, (heads, la.head_dim, la.head_dim))
+            stored = _view(b, rec.offset, rec.nbytes, fmt.state_dtype, (heads, la.head_dim, la.head_dim))
             kda.append(KDAStateView(
-                recurrent=stored if self.kda_state_layout == "hkv" else stored.transpose(-1, -2),
-                conv=_view(b, conv.offset, conv.nbytes, act_dtype,
+                recurrent=stored if fmt.kda_state_layout == "hkv" else stored.transpose(-1, -2),
+                conv=_view(b, conv.offset, conv.nbytes, fmt.activation_dtype,
                            (3 * heads * la.head_dim, la.short_conv_kernel_size - 1)),
-                layout=self.kda_state_layout))
+                layout=fmt.kda_state_layout))
         return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
 
     def copy_row(self, src: int, dst: int) -> None:

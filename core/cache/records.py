@@ -13,12 +13,10 @@ K3: 24 x 576 = 13,824 B/token (fp8); K3.1 Pro 24 x (576 + 132) = 16,992; nvfp4 +
 from __future__ import annotations
 
 from k3.config import K3Config
+from k3.dtypes import INDEX_CACHE_DTYPES, KV_CACHE_DTYPES, torch_dtype
 
-KV_CACHE_DTYPES = ("bf16", "fp8", "nvfp4")
-# Also accepted internally: "fp32" / "fp64" latents, what `auto` means for fp32 / float64 test models.
+# "fp32" / "fp64": what `auto` means for float32 / float64 test models (k3.dtypes)
 _WIDE_LATENTS = {"fp32": 4, "fp64": 8}
-INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
-_ACTIVATION_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
 def latent_record_bytes(cfg: K3Config, kv_cache_dtype: str) -> int:
@@ -32,7 +30,7 @@ def latent_record_bytes(cfg: K3Config, kv_cache_dtype: str) -> int:
         return r + dr
     if kv_cache_dtype == "nvfp4":
         return r // 2 + r // 16 + dr
-    raise ValueError(f"kv cache dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    raise ValueError(f"kv cache dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES[1:])}")
 
 
 def index_record_bytes(cfg: K3Config, index_cache_dtype: str) -> int:
@@ -67,7 +65,7 @@ def kda_state_region_sizes(cfg: K3Config, tensor_parallel_size: int,
     la = cfg.linear_attn
     if la is None:
         return []
-    act = _ACTIVATION_BYTES[activation_dtype or cfg.dtype]
+    act = torch_dtype(activation_dtype or cfg.dtype).itemsize
     state = 8 if act == 8 else 4
     heads = la.num_heads // tensor_parallel_size
     out = []

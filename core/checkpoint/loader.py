@@ -23,6 +23,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from k3.config import K3Config
+from k3.dtypes import torch_dtype
 
 from .names import canonical_name, published_name
 from .writer import INDEX_FILE
@@ -314,8 +315,7 @@ def load_model(model_dir: str | Path, *, dtype: torch.dtype | None = None, paral
     from k3.model import K3ForCausalLM
 
     cfg = K3Config.from_pretrained(model_dir)
-    dtype = dtype or _FLOAT_DTYPES[{"bfloat16": "BF16", "float16": "F16", "float32": "F32",
-                                    "float64": "F64"}[cfg.dtype]]
+    dtype = dtype or torch_dtype(cfg.dtype)
     model = K3ForCausalLM(cfg, parallel=parallel, dtype=dtype, device=device)
     load_checkpoint(model, model_dir, progress=progress)
     return model

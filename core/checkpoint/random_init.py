@@ -18,11 +18,10 @@ from collections.abc import Iterator
 import torch
 
 from k3.config import K3Config
+from k3.dtypes import torch_dtype
 
 from .names import published_name
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-           "float64": torch.float64}
 _FP32_TENSORS = ("A_log", "dt_bias", "e_score_correction_bias")
 E2M1_RMS = math.sqrt(sum(v * v for v in (0, 0.5, 1, 1.5, 2, 3, 4, 6)) / 8)  # rms of a uniform code
 INT4_RMS = math.sqrt(sum(q * q for q in range(-8, 8)) / 16)                  # rms of a uniform int4
@@ -43,7 +42,7 @@ def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], t
         elif template.rsplit(".", 1)[-1] in _FP32_TENSORS:
             dtype = torch.float32
         else:
-            dtype = _DTYPES[cfg.dtype]
+            dtype = torch_dtype(cfg.dtype)
         for e in range(spec.stack[0]) if spec.stack else (None,):
             out.append((template, spec.full_shape, dtype, e))
     return out
@@ -111,6 +110,6 @@ def random_draft_checkpoint(raw_config: dict, *, seed: int = 0) -> Iterator[tupl
 
     cfg = DSparkConfig.from_dict(raw_config)
     draft = DSparkDraft(cfg, dtype=torch.float32, device="meta")
-    dtype = _DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     for template, _, spec in draft.weight_specs():
         yield template, random_tensor(template, spec.full_shape, dtype, seed=seed, name=template, cfg=None)

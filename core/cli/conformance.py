@@ -6,9 +6,11 @@
 The run form checks the platform and its conformance.toml files first (an unavailable platform
 is one sentence on stderr and exit code 2, before any test starts), then runs pytest on the
 installed `k3.conformance.tests` in a subprocess, which writes DIR/report.json and
-DIR/report.md. Exit codes: 0 nothing failed; 1 a case failed (also when pytest crashed or was
-interrupted); 2 the platform is unavailable or the arguments are wrong (pytest's usage error 4
-and "nothing collected" 5 map here). pytest's own codes are never passed through.
+DIR/report.md; the run's temporary files (pytest's, the tiny checkpoints, the collectives
+workers' rendezvous) live in one scratch folder removed at its end. Exit codes: 0 nothing
+failed; 1 a case failed (also when pytest crashed or was interrupted); 2 the platform is
+unavailable or the arguments are wrong (pytest's usage error 4 and "nothing collected" 5 map
+here). pytest's own codes are never passed through.
 
 `merge` renders one markdown support matrix (family x dtype per platform) from report
 directories (or report.json files).
@@ -20,6 +22,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .common import fail
@@ -44,11 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     merge.add_argument("--out", required=True, metavar="FILE", help="markdown file to write")
 
 
-def pytest_command(args: argparse.Namespace, report_dir: Path) -> list[str]:
-    """The pytest invocation of a run (no ini file or cache of the current directory)."""
+def pytest_command(args: argparse.Namespace, report_dir: Path, basetemp: Path) -> list[str]:
+    """The pytest invocation of a run (no ini file or cache of the current directory; its
+    temporary files under `basetemp`)."""
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "k3.conformance.tests", "-q", "-p", "no:cacheprovider",
-           "-c", os.devnull, "--rootdir", str(report_dir), "--k3-platform", args.platform, "--k3-tier", args.tier,
-           "--k3-report", str(report_dir)]
+           "-c", os.devnull, "--rootdir", str(report_dir), "--basetemp", str(basetemp), "--k3-platform", args.platform,
+           "--k3-tier", args.tier, "--k3-report", str(report_dir)]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         cmd += ["-p", "k3.conformance.pytest_plugin"]
     for path in args.expectations:
@@ -96,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(problem)
     report_dir = Path(args.report).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        code = subprocess.run(pytest_command(args, report_dir)).returncode
-    except KeyboardInterrupt:
-        return fail("interrupted", code=1)
+    # the run's temporary files (tiny checkpoints, worker rendezvous) live here and go with it
+    with tempfile.TemporaryDirectory(prefix="k3-conformance-") as scratch:
+        try:
+            code = subprocess.run(pytest_command(args, report_dir, Path(scratch) / "pytest")).returncode
+        except KeyboardInterrupt:
+            return fail("interrupted", code=1)
     mapped = EXIT_CODES.get(code, 1)
     if code == 5:
         return fail("no conformance test was selected (check -k)")

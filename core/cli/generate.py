@@ -12,6 +12,8 @@ import os
 import sys
 import time
 
+from k3.dtypes import DTYPES
+
 from .common import CliError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, metavar="S")
     parser.add_argument("--stop", action="append", default=[], metavar="S",
                         help="stop string (repeatable); may span tokens")
-    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32", "float64"], default="auto",
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
                         help="activation dtype (auto: the checkpoint's)")
     parser.add_argument("--no-thinking", action="store_true", help="--chat: instruct mode (no reasoning)")
     parser.add_argument("--thinking-effort", choices=["low", "medium", "high", "max"], default=None,

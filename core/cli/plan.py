@@ -7,14 +7,14 @@ import json
 import sys
 
 from k3.cache.capacity import DEFAULT_GPU_MEMORY_GIB, GIB, CapacityReport, plan_capacity
-from k3.cache.records import INDEX_CACHE_DTYPES, KV_CACHE_DTYPES
+from k3.dtypes import INDEX_CACHE_DTYPES, KV_CACHE_DTYPES, resolve_kv_cache_dtype
 
 from .common import CliError, add_model_arguments, load_config
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """Cache flags shared by `k3 plan` and `k3 serve`."""
-    parser.add_argument("--kv-cache-dtype", choices=["auto", *KV_CACHE_DTYPES], default="auto",
+    parser.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
                         help="latent cache dtype (auto: the model dtype)")
     parser.add_argument("--index-cache-dtype", choices=list(INDEX_CACHE_DTYPES), default="fp8",
                         help="DSA index-key cache format (default fp8)")
@@ -60,14 +60,10 @@ def local_gpu_memory_bytes() -> int:
     return memory if memory and platform.name != "reference" else int(DEFAULT_GPU_MEMORY_GIB * GIB)
 
 
-# `auto` latents follow the checkpoint dtype, as the engine does (fp32 / float64 test models)
-AUTO_LATENTS = {"bfloat16": "bf16", "float16": "bf16", "float32": "fp32", "float64": "fp64"}
-
-
 def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
     from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 
-    kv = AUTO_LATENTS[cfg.dtype] if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
+    kv = resolve_kv_cache_dtype(args.kv_cache_dtype, cfg.dtype)     # `auto`: as the engine resolves it
     memory = int(args.gpu_memory * GIB) if args.gpu_memory is not None else local_gpu_memory_bytes()
     try:
         spec = SpeculativeConfig.parse(args.speculative_config)

@@ -16,11 +16,14 @@ import socket
 import sys
 from pathlib import Path
 
+from k3.dtypes import DTYPE_ALIASES
+from k3.dtypes import DTYPES as _DTYPES
+
 from .common import CliError, fail
 from .plan import add_cache_arguments
 
-DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16",
-          "float32": "float32", "float": "float32", "float64": "float64"}
+# --dtype: "auto" (the checkpoint's), k3.dtypes' names and vLLM's aliases for them
+DTYPES = {"auto": "auto", **{name: name for name in _DTYPES}, **DTYPE_ALIASES}
 
 
 class Default:

@@ -1,1 +1,2 @@
-"""Generation: the single-request reference loop (and, with the serving issue, the engine)."""
+"""Generation: the engine (factory, scheduler, runner, step strategies, outputs), the offline
+LLM API, the asynchronous engine for the server, tensor parallelism and speculative decoding."""

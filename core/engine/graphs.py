@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import ForwardMetadata, ForwardMode
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:
@@ -31,7 +31,7 @@ def default_buckets(max_num_seqs: int) -> list[int]:
 
 def is_plain_decode(meta: ForwardMetadata) -> bool:
     """One new token per sequence and nothing but logits asked for."""
-    return (meta.max_q_len == 1 and meta.spec_lens is None and meta.checkpoint_positions is None
+    return (meta.mode is ForwardMode.DECODE and meta.checkpoints is None
             and meta.num_tokens == meta.num_seqs and meta.logits_indices.shape[0] == meta.num_seqs)
 
 

@@ -2,7 +2,7 @@
 
 The logits at prompt position p are the model's distribution over prompt token p + 1. A
 request that asks for prompt logprobs gets a logits row at every position of its prefill
-chunks (`runner.build_metadata`), and the rows are scored here after the forward: the prompt
+chunks (`batch.build_metadata`), and the rows are scored here after the forward: the prompt
 token's log-probability and rank, and the top-n tokens. Log-probabilities are taken in the
 logits' dtype (fp32, fp64 for a float64 model). A prefill recomputed after preemption scores
 its positions again; the engine keeps the first result of each position.

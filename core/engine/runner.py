@@ -1,23 +1,24 @@
-"""Turn a scheduled step into flat metadata, run the model, sample.
+"""Run a scheduled step on one rank's model and cache, and sample (rank 0).
 
 Every forward reads the cache only through `ForwardMetadata` (slot mapping, block table and
-state indices as tensors built here from the requests' row lists) and `CacheViews`; no
-per-request Python object reaches the model.
+state indices as tensors built from the requests' row lists, `k3.engine.batch`) and
+`CacheViews`; no per-request Python object reaches the model. Nothing here waits for the
+device: a launched step's samples and scores are device tensors until a strategy reads them.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
+from k3.plugin.contract import ForwardMetadata
 
-from .prompt_logprobs import PromptSpan, score_prompt_rows
-from .sampler import SamplingBatch, sample_batch
+from .batch import build_metadata, build_sampling
+from .prompt_logprobs import PromptScores, score_prompt_rows
+from .sampler import SamplerOutput, SamplingBatch, sample_batch
 from .scheduler import SchedulerOutput
-from .upload import HostBatch
 
 
 @dataclass
@@ -29,166 +30,40 @@ class ReplayedStep:
 
 
 @dataclass
-class StepBatch:
-    meta: ForwardMetadata
-    sample_rows: list[int]         # indices into scheduled of the requests that sample a token
-    sample_logits: list[int]       # their rows in the logits
-    sample_index: torch.Tensor | None  # sample_logits on the device, None when they are rows 0..n-1
-    spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
-    token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
-    token_sources: torch.Tensor | None = None   # [N] lookahead decodes: rows of the previous samples
-    prompt_spans: dict[int, PromptSpan] | None = None   # prompt_logprobs: logits rows of prompt positions
-    prompt_targets: torch.Tensor | None = None  # [M] the prompt tokens those rows predict, in span order
+class Launched:
+    """A step running on the device (device tensors, not read yet): what was scheduled, the
+    rows of `out.scheduled` that sample and their samples, the scored prompt positions,
+    {row: logits [1 + k, V]} of the verifying requests, the tapped features [T, n * d] of a
+    DSpark draft's layers and the first packed token of each scheduled request."""
 
-
-def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: bool = False,
-                   token_sources: list[int] | None = None) -> StepBatch:
-    """ForwardMetadata of a scheduled step (logits only for requests that complete; every
-    position of a verifying request; every prompt position of a request that asks for prompt
-    logprobs). pinned: upload without blocking (HostBatch.upload).
-    token_sources: for a step of lookahead decodes, the row of the previous step's samples
-    that holds each sequence's input token (uploaded as `StepBatch.token_sources`)."""
-    ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
-    sample_logits: list[int] = []
-    spec_rows: dict[int, slice] = {}
-    prompt_spans: dict[int, PromptSpan] = {}
-    prompt_targets: list[int] = []
-    spec_lens, spec_states, record_slots, spec_positions = [], [], [], []
-    max_spec = max(len(s.spec_tokens) for s in out.scheduled)
-    max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
-    ckpt_pos, ckpt_rows = [], []
-    max_rows = max(len(s.request.rows) for s in out.scheduled)
-    table = []
-    for i, s in enumerate(out.scheduled):
-        r, start = s.request, s.request.num_computed_tokens
-        tokens = s.tokens
-        spec = len(s.spec_tokens)
-        spec_lens.append(spec)
-        if spec:
-            spec_positions += [(i, j) for j in range(len(tokens))]
-        spec_states.append((r.spec_rows + [r.state_row] * (1 + max_spec))[: 1 + max_spec])
-        record_slots.append(r.record_slot if r.record_slot is not None else 0)
-        ids += tokens
-        pos = range(start, start + len(tokens))
-        positions += pos
-        slots += [r.rows[p // block_size] * block_size + p % block_size for p in pos]
-        lens.append(len(tokens))
-        context.append(start)
-        table.append(r.rows + [r.rows[-1]] * (max_rows - len(r.rows)))    # pad with a valid row
-        pad = max_ckpt - len(s.checkpoints)
-        ckpt_pos.append([p for p, _ in s.checkpoints] + [-1] * pad)
-        ckpt_rows.append([row for _, row in s.checkpoints] + [r.state_row] * pad)
-        if r.params.prompt_logprobs is not None and not spec:
-            # positions start .. P - 2 score prompt tokens start + 1 .. P - 1 (P - 1 samples)
-            end = min(start + len(tokens), len(r.prompt_token_ids) - 1)
-            if end > start:
-                prompt_spans[i] = PromptSpan(len(logits_at), start, end - start)
-                prompt_targets += r.prompt_token_ids[start + 1: end + 1]
-                first = len(ids) - len(tokens)
-                logits_at += range(first, first + end - start)
-        if spec:
-            spec_rows[i] = slice(len(logits_at), len(logits_at) + len(tokens))
-            logits_at += range(len(ids) - len(tokens), len(ids))
-        elif s.completes:
-            sample_logits.append(len(logits_at))
-            logits_at.append(len(ids) - 1)
-            sample_rows.append(i)
-    cu = [0, *itertools.accumulate(lens)]
-    host = HostBatch()
-    host.add("input_ids", ids, torch.long)
-    host.add("positions", positions, torch.long)
-    host.add("context_lens", context, torch.long)
-    host.add("slot_mapping", slots, torch.long)
-    host.add("state_indices", [s.request.state_row for s in out.scheduled], torch.long)
-    host.add("logits_indices", logits_at, torch.long)
-    host.add("cu_seqlens", cu, torch.int32)
-    host.add("block_table", table, torch.int32)
-    if max_ckpt:
-        host.add("checkpoint_positions", ckpt_pos, torch.long)
-        host.add("checkpoint_state_indices", ckpt_rows, torch.long)
-    if max_spec:
-        host.add("spec_lens", spec_lens, torch.int32)
-        host.add("spec_positions", spec_positions, torch.long, shape=(len(spec_positions), 2))
-        if any(s.request.spec_rows for s in out.scheduled):
-            host.add("spec_state_indices", spec_states, torch.long)
-        else:
-            host.add("spec_record_slots", record_slots, torch.long)
-    if sample_logits != list(range(len(sample_logits))):
-        host.add("sample_index", sample_logits, torch.long)
-    if token_sources is not None:
-        host.add("token_sources", token_sources, torch.long)
-    if prompt_targets:
-        host.add("prompt_targets", prompt_targets, torch.long)
-    uploaded = host.upload(device, pinned=pinned)
-    sample_index = uploaded.pop("sample_index", None)
-    sources = uploaded.pop("token_sources", None)
-    targets = uploaded.pop("prompt_targets", None)
-    num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
-    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, **uploaded)
-    token_starts = cu[:-1]                              # from the host values: no device read
-    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
-                     spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,
-                     prompt_spans=prompt_spans or None, prompt_targets=targets)
-
-
-def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device,
-                   pinned: bool = False) -> SamplingBatch:
-    """Per-row sampling tensors for the requests that sample this step."""
-    reqs = [out.scheduled[i].request for i in rows]
-    params = [r.params for r in reqs]
-
-    def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    all_greedy = all(p.temperature <= 0 for p in params)
-    host = HostBatch()
-    if not all_greedy:          # a greedy batch takes the argmax alone: no draw parameters to copy
-        host.add("temperature", [p.temperature for p in params], torch.float32)
-        host.add("top_p", [p.top_p for p in params], torch.float32)
-        host.add("min_p", [p.min_p for p in params], torch.float32)
-        host.add("top_k", [p.top_k for p in params], torch.long)
-        host.add("seeds", [r.seed for r in reqs], torch.long)
-        host.add("steps", [out.scheduled[i].output_index for i in rows], torch.long)   # the noise counter
-    batch = SamplingBatch(
-        all_greedy=all_greedy,
-        filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
-        num_logprobs=max((p.logprobs or 0) for p in params),
-        **host.upload(device, pinned=pinned),
-    )
-    if any(p.uses_penalties for p in params):
-        counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)
-        prompt = torch.zeros(len(reqs), vocab_size, dtype=torch.bool, device=device)
-        for i, r in enumerate(reqs):
-            if r.output_token_ids:
-                counts[i].index_add_(0, tensor(r.output_token_ids, torch.long),
-                                     torch.ones(len(r.output_token_ids), dtype=torch.int32, device=device))
-            prompt[i, tensor(r.prompt_token_ids, torch.long)] = True
-        batch.token_counts, batch.prompt_mask = counts, prompt
-        batch.repetition_penalty = tensor([p.repetition_penalty for p in params], torch.float32)
-        batch.presence_penalty = tensor([p.presence_penalty for p in params], torch.float32)
-        batch.frequency_penalty = tensor([p.frequency_penalty for p in params], torch.float32)
-    masks = [p.allowed_tokens(r.output_token_ids) if p.allowed_tokens else None for p, r in zip(params, reqs)]
-    if any(m is not None for m in masks):
-        allowed = torch.ones(len(reqs), vocab_size, dtype=torch.bool, device=device)
-        for i, m in enumerate(masks):
-            if m is not None:
-                allowed[i] = False
-                allowed[i, tensor(list(m), torch.long)] = True
-        batch.allowed = allowed
-    return batch
+    out: SchedulerOutput
+    rows: list[int]
+    samples: SamplerOutput | None
+    prompt_logprobs: PromptScores | None = None
+    spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    taps: torch.Tensor | None = None
+    token_starts: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
-    """Runs scheduled steps on one rank's model and cache (rank 0 also samples)."""
+    """Runs scheduled steps on one rank's model and cache.
 
-    def __init__(self, model, cache, *, block_size: int, vocab_size: int, device):
+    eos_token_ids: what a request under min_tokens may not sample yet.
+    tap_layers: target layers whose features a DSpark draft reads (`Launched.taps`).
+    graphs: DecodeGraphs replaying plain decode steps (None: eager).
+    pinned_uploads: stage uploads in page-locked memory (asynchronous scheduling).
+    broadcast: called with each step's metadata and row copies before the forward (rank 0
+        of tensor parallelism: the other ranks follow).
+    """
+
+    def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
+                 tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
+                 broadcast: Callable | None = None):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
-        self.tap_layers: tuple[int, ...] = ()      # target layers a DSpark draft reads
-        self.taps: torch.Tensor | None = None       # last forward's taps [T, n * d], layer order
-        self.token_starts: list[int] = []           # last forward: first packed token of each request
-        self.graphs = None                          # DecodeGraphs when the platform captures decode
-        self.pinned_uploads = False                 # stage uploads in page-locked memory (asynchronous scheduling)
+        self.stop_token_ids = set(eos_token_ids)
+        self.tap_layers, self.graphs = tuple(tap_layers), graphs
+        self.pinned_uploads, self.broadcast = pinned_uploads, broadcast
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
@@ -199,15 +74,9 @@ class ModelRunner:
             return ReplayedStep(self.graphs.run(meta))
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
-    def run(self, out: SchedulerOutput, stop_ids: list[set[int]], broadcast=None, *,
-            previous_tokens: tuple[torch.Tensor, list[int]] | None = None):
-        """Forward the step and sample; returns (rows of `out.scheduled` that sampled, samples,
-        {row: logits [1 + k, V]} of the verifying requests, the scored prompt positions of the
-        requests that ask for prompt logprobs or None). Nothing here waits for the device: the
-        samples and scores are device tensors.
+    def run(self, out: SchedulerOutput, *, previous_tokens: tuple[torch.Tensor, list[int]] | None = None) -> Launched:
+        """Forward the step and sample, without waiting for the device.
 
-        stop_ids: per scheduled request, the token ids it must not emit yet (min_tokens).
-        broadcast: called with the metadata before the forward (tensor parallel ranks follow).
         previous_tokens: (the previous step's sampled tokens [M] on the device, the row of them
             each scheduled request takes as its input token): a step of lookahead decodes.
         """
@@ -223,25 +92,31 @@ class ModelRunner:
         if step.sample_rows:
             sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device,
                                       pinned=self.pinned_uploads)
-            self._block_stop_ids(sampling, [stop_ids[i] for i in step.sample_rows])
-        if broadcast is not None:
-            broadcast(step.meta, out.row_copies)
+            self._block_stop_ids(sampling, [self._not_yet(out.scheduled[i]) for i in step.sample_rows])
+        if self.broadcast is not None:
+            self.broadcast(step.meta, out.row_copies)
         result = self.forward(step.meta, out.row_copies)
         logits = result.logits
-        self.token_starts = step.token_starts
-        self.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1) if self.tap_layers else None
-        spec_logits = {i: logits[rows] for i, rows in step.spec_rows.items()}
-        prompt = None
+        launched = Launched(out, step.sample_rows, None, token_starts=step.token_starts,
+                            spec_logits={i: logits[rows] for i, rows in step.spec_rows.items()})
+        if self.tap_layers:
+            launched.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1)
         if step.prompt_spans:
             top_n = max(out.scheduled[i].request.params.prompt_logprobs for i in step.prompt_spans)
-            prompt = score_prompt_rows(logits, step.prompt_spans, step.prompt_targets, top_n)
+            launched.prompt_logprobs = score_prompt_rows(logits, step.prompt_spans, step.prompt_targets, top_n)
         if sampling is None:
-            return [], None, spec_logits, prompt
+            launched.rows = []
+            return launched
         if logits.shape[1] != self.vocab_size:
             raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
                                f"size {self.vocab_size}")
         logits = logits[step.sample_index] if step.sample_index is not None else logits[: len(step.sample_logits)]
-        return step.sample_rows, sample_batch(logits, sampling), spec_logits, prompt
+        launched.samples = sample_batch(logits, sampling)
+        return launched
+
+    def _not_yet(self, s) -> set[int]:
+        """The token ids a scheduled request must not sample yet (min_tokens)."""
+        return self.stop_token_ids if s.request.params.min_tokens > s.output_index else set()
 
     def _block_stop_ids(self, sampling: SamplingBatch, blocked: list[set[int]]) -> None:
         """Mask the token ids each row must not emit yet (min_tokens) into `sampling.allowed`."""
@@ -253,6 +128,10 @@ class ModelRunner:
             if ids:
                 sampling.allowed[row, torch.tensor(sorted(ids), device=self.device)] = False
 
-    def apply_row_copies(self, copies: list[tuple[int, int]]) -> None:
-        for src, dst in copies:
+    def commit_kda(self, *, row_copies=(), records=None) -> None:
+        """Commit verified KDA states: row copies ("states" rollback), or a rebuild from the
+        records of (slots, rows, kept) ("recover")."""
+        for src, dst in row_copies:
             self.cache.copy_row(src, dst)
+        if records is not None:
+            self.model.commit_speculation(self.cache.views, *records)

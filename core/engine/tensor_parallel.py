@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from k3.plugin import select_platform
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import CheckpointMetadata, ForwardMetadata
 
 from .engine import EngineConfig, LLMEngine
 
@@ -36,13 +37,13 @@ def _send(meta: ForwardMetadata | None, device, row_copies=()) -> None:
         dist.broadcast(torch.zeros(_HEADER, dtype=torch.long, device=device), src=0)
         return
     n, pages = meta.block_table.shape
-    c = 0 if meta.checkpoint_positions is None else meta.checkpoint_positions.shape[1]
+    c = 0 if meta.checkpoints is None else meta.checkpoints.positions.shape[1]
     header = torch.tensor([_STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
                            len(row_copies), meta.num_decodes], device=device)
     dist.broadcast(header, src=0)
     parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
     if c:
-        parts += [meta.checkpoint_positions.flatten(), meta.checkpoint_state_indices.flatten()]
+        parts += [meta.checkpoints.positions.flatten(), meta.checkpoints.state_indices.flatten()]
     parts.append(torch.tensor([x for pair in row_copies for x in pair], dtype=torch.long, device=device))
     dist.broadcast(torch.cat([p.to(device) for p in parts]), src=0)
 
@@ -62,16 +63,15 @@ def _receive(device) -> tuple[ForwardMetadata, list[tuple[int, int]]] | None:
     meta = ForwardMetadata(block_table=parts[7].view(n, pages).int(), max_q_len=max_q_len, num_decodes=num_decodes,
                            **fields)
     if c:
-        meta.checkpoint_positions, meta.checkpoint_state_indices = parts[8].view(n, c), parts[9].view(n, c)
+        meta.checkpoints = CheckpointMetadata(parts[8].view(n, c), parts[9].view(n, c))
     pairs = parts[10].tolist()
     return meta, list(zip(pairs[0::2], pairs[1::2]))
 
 
-def _init(rank: int, world: int, init_file: str, config: EngineConfig):
-    platform = select_platform(config.platform)
+def _init(rank: int, world: int, init_file: str, config: EngineConfig, platform, **engine_options) -> LLMEngine:
     dist.init_process_group(platform.capabilities.dist_backend, init_method=f"file://{init_file}",
                             rank=rank, world_size=world)
-    engine = LLMEngine(config, platform=platform, parallel=platform.parallel_context())
+    engine = LLMEngine(config, platform=platform, parallel=platform.parallel_context(), **engine_options)
     rows = torch.tensor([engine.pool.num_rows], device=engine.device)
     dist.all_reduce(rows, op=dist.ReduceOp.MIN)
     if rows.item() != engine.pool.num_rows:
@@ -83,7 +83,7 @@ def _init(rank: int, world: int, init_file: str, config: EngineConfig):
 def _worker(rank: int, world: int, init_file: str, config: EngineConfig) -> None:
     # Ctrl-C reaches the whole process group: rank 0 stops the workers through the broadcast.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    engine = _init(rank, world, init_file, config)
+    engine = _init(rank, world, init_file, config, select_platform(config.platform))
     while (step := _receive(engine.device)) is not None:
         engine.runner.forward(*step)
     dist.destroy_process_group()
@@ -92,31 +92,35 @@ def _worker(rank: int, world: int, init_file: str, config: EngineConfig) -> None
 def start_tensor_parallel(config: EngineConfig) -> LLMEngine:
     """Start ranks 1..N-1, join as rank 0 and return rank 0's engine (shut down at exit)."""
     world = config.tensor_parallel_size
-    init_file = os.path.join(tempfile.mkdtemp(prefix="k3-tp-"), "rendezvous")
+    rendezvous = tempfile.mkdtemp(prefix="k3-tp-")
+    init_file = os.path.join(rendezvous, "rendezvous")
     worker_config = json.dumps({**dataclasses.asdict(config), "load_progress": False})
     procs = [subprocess.Popen([sys.executable, "-m", "k3.engine.tensor_parallel", str(rank), str(world), init_file,
                                worker_config])
              for rank in range(1, world)]
-    try:
-        engine = _init(0, world, init_file, config)
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
-    engine.broadcast = lambda meta, row_copies: _send(meta, engine.device, row_copies)
+    platform = select_platform(config.platform)
+    device = torch.device(platform.info.device)
 
     def shutdown():
         if not dist.is_initialized():
             return
-        _send(None, engine.device)
+        _send(None, device)
         for p in procs:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
         dist.destroy_process_group()
+        shutil.rmtree(rendezvous, ignore_errors=True)
 
-    engine.shutdown = shutdown
+    try:
+        engine = _init(0, world, init_file, config, platform, on_shutdown=shutdown,
+                       broadcast=lambda meta, copies: _send(meta, device, copies))
+    except BaseException:
+        for p in procs:
+            p.kill()
+        shutil.rmtree(rendezvous, ignore_errors=True)
+        raise
     atexit.register(shutdown)
     return engine
 

@@ -1,5 +1,5 @@
-"""Cache allocation helpers for tests and the single-request loop (the engine's planner
-allocates packed rows instead; both hand the model the same `CacheViews`)."""
+"""Block tables for callers that drive the model directly (tests, conformance) over a small
+`k3.cache.pool.CachePool`: offset the table past the rows they use as state rows."""
 
 from __future__ import annotations
 

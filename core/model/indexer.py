@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
-from k3.plugin.contract import ForwardMetadata, IndexKeyCacheView
+from k3.plugin.contract import ForwardMetadata, ForwardMode, IndexKeyCacheView
 from k3.plugin.types import KernelSet
 
 from .module import K3Module
@@ -49,7 +49,7 @@ class DSAIndexer(K3Module):
         view.values[pages, offsets] = values
         view.scales[pages, offsets] = scales
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
-        if meta.max_q_len == 1:   # decode: every sequence's pages, padded and masked (no host sync)
+        if meta.mode is ForwardMode.DECODE:   # decode: every sequence's pages, padded and masked (no host sync)
             scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,
                                            meta.seq_lens, fmt=view.fmt)
             return k.topk(scores, topk=cfg.index_topk)

@@ -13,27 +13,28 @@ import torch
 import torch.nn.functional as F
 
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.contract import CacheViews, ForwardMetadata, ForwardMode
 from k3.plugin.types import KernelSet
 
-from .kda_verify import commit_records, is_verify, verify
+from .kda_verify import commit_records, verify
 from .module import K3Module
 from .parallel import ParallelContext
 
 
 def checkpoint_offsets(meta: ForwardMetadata):
     """(offsets [N, C] into this call's tokens, valid [N, C], destination rows [N, C]) of the
-    KDA checkpoints that fall inside this prefill chunk, or None. A checkpoint at absolute
-    position p (the state after p tokens) lies in the chunk when context_len <= p <= context_len
-    + q_len; others point at the chunk end and are not written."""
-    if meta.checkpoint_positions is None:
+    KDA checkpoints (`meta.checkpoints`) that fall inside this prefill chunk, or None. A
+    checkpoint at absolute position p (the state after p tokens) lies in the chunk when
+    context_len <= p <= context_len + q_len; others point at the chunk end and are not written."""
+    if meta.checkpoints is None:
         return None
+    positions = meta.checkpoints.positions
     q_lens = meta.q_lens[:, None]
-    rel = meta.checkpoint_positions - meta.context_lens[:, None]               # [N, C]
-    valid = (meta.checkpoint_positions >= 0) & (rel >= 0) & (rel <= q_lens)
+    rel = positions - meta.context_lens[:, None]                               # [N, C]
+    valid = (positions >= 0) & (rel >= 0) & (rel <= q_lens)
     if not bool(valid.any()):
         return None
-    return torch.where(valid, rel, q_lens), valid, meta.checkpoint_state_indices
+    return torch.where(valid, rel, q_lens), valid, meta.checkpoints.state_indices
 
 
 class KDAMixer(K3Module):
@@ -101,21 +102,40 @@ class KDAMixer(K3Module):
         """x [T, d] (AttnRes-mixed, input_layernorm-ed). Returns (out [T, d] reduced over ranks,
         per-position states [T, H_local, K, V] or None). Reads and writes this layer's state rows.
 
-        A mixed batch whose one-token steps come first (`meta.num_decodes`) runs them as a
-        decode step and the prefill chunks after them as a prefill call, so a decode's output
-        does not depend on the chunks sharing its batch (and skips the chunked kernel, which
-        would give each one-token sequence a chunk of its own)."""
-        if meta.splits_decodes and not per_position_states:
-            o = torch.cat([self._mix(x[cut], part, cache)[0] for cut, part in meta.split_decodes()])
+        A MIXED call (one-token steps first, `meta.num_decodes`) runs them as a decode step and
+        the prefill chunks after them as a prefill call, so a decode's output does not depend
+        on the chunks sharing its batch (and skips the chunked kernel, which would give each
+        one-token sequence a chunk of its own)."""
+        path = self._path(meta, per_position_states)
+        if path == "split":
+            o = torch.cat([self._mix(x[cut], part, cache, self._path(part, False))[0]
+                           for cut, part in meta.split_decodes()])
             states = None
         else:
-            o, states = self._mix(x, meta, cache, per_position_states)
+            o, states = self._mix(x, meta, cache, path)
         return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
 
+    @staticmethod
+    def _path(meta: ForwardMetadata, per_position_states: bool) -> str:
+        """The one dispatch on the call's mode: "split" (MIXED), "fused_decode" (a DECODE call
+        saving no prefix-cache checkpoint: one fused `kda.decode_step`), "verify" (VERIFY),
+        "per_position" (every token's state asked for) or "recurrent" (PREFILL, and a DECODE
+        call that saves a checkpoint)."""
+        mode = meta.mode
+        if mode is ForwardMode.VERIFY:
+            return "verify"
+        if per_position_states:
+            return "per_position"
+        if mode is ForwardMode.MIXED:
+            return "split"
+        if mode is ForwardMode.DECODE and checkpoint_offsets(meta) is None:
+            return "fused_decode"
+        return "recurrent"
+
     def _mix(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
-             per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The layer before o_proj: (o [T, H_local * V] gated and normalised, per-position
-        states or None)."""
+             path: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer before o_proj on one path (`_path`): (o [T, H_local * V] gated and
+        normalised, per-position states or None)."""
         k = self.kernels
         t = x.shape[0]
         hl, hd = self.num_heads, self.head_dim
@@ -125,7 +145,7 @@ class KDAMixer(K3Module):
 
         qkv, gate, f, b = self._project(x)                                     # qkv [T, 3P]: q | k | v
         conv_w = self.qkv_conv1d.squeeze(1)                                     # [3P, W]
-        if self._fused_decode(meta, per_position_states):
+        if path == "fused_decode":
             o = k.kda.decode_step(qkv, conv_w, f, self.A_log, self.dt_bias.view(hl, hd), b, gate, self.o_norm,
                                   view.recurrent, view.conv, rows, fresh,
                                   lower_bound=self.cfg.linear_attn.gate_lower_bound,
@@ -138,19 +158,11 @@ class KDAMixer(K3Module):
         g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
                        lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
         beta = torch.sigmoid(b.to(g.dtype))                                     # [T, H]
-        if is_verify(meta):
+        if path == "verify":
             o, states = verify(self, meta, cache, qkv, conv_w, conv_in, s0, g, beta)
         else:
-            o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, per_position_states)
+            o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, path == "per_position")
         return k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd), states
-
-    @staticmethod
-    def _fused_decode(meta: ForwardMetadata, per_position_states: bool) -> bool:
-        """A plain decode step (one token per sequence, no verify, no per-position states, no
-        prefix-cache checkpoint to save) runs as one fused `kda.decode_step`."""
-        if meta.max_q_len != 1 or per_position_states or is_verify(meta):
-            return False
-        return meta.checkpoint_positions is None or checkpoint_offsets(meta) is None
 
     def heads(self, y: torch.Tensor):
         """Conv output [.., 3P] -> L2-normalised q, k and v, each [T, H_local, K]."""
@@ -162,7 +174,7 @@ class KDAMixer(K3Module):
         k, rows, cu, t = self.kernels, meta.state_indices, meta.cu_seqlens, qkv.shape[0]
         # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
         # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
-        decode = meta.max_q_len == 1
+        decode = meta.mode is ForwardMode.DECODE
         checkpoints = checkpoint_offsets(meta)
         emit = {} if checkpoints is None or decode else {"checkpoint_offsets": checkpoints[0]}
         if per_position_states and checkpoints is not None:

@@ -4,9 +4,9 @@ A verifying sequence runs its 1 + k tokens through the recurrence token by token
 running state row is left as it was: the tokens after the first rejection must leave no
 trace. What is kept for the commit depends on the rollback strategy:
 - "states": the state after every token (recurrent and conv) goes to a row of its own
-  (`meta.spec_state_indices`); the commit copies the accepted one into the running row.
+  (`meta.spec.state_indices`); the commit copies the accepted one into the running row.
 - "recover" (RecoverSSM-style): per token only the key, decay, correction and pre-conv input go
-  to the record slot (`meta.spec_record_slots`); the commit rebuilds the state in closed form
+  to the record slot (`meta.spec.record_slots`); the commit rebuilds the state in closed form
   (`kda.rebuild_state`) and slides the conv window. About 6/K of a state per token.
 Sequences in the same batch that do not speculate are computed and stored as usual,
 prefix-cache checkpoints included.
@@ -19,34 +19,28 @@ import torch
 from k3.plugin.contract import CacheViews, ForwardMetadata
 
 
-def is_verify(meta: ForwardMetadata) -> bool:
-    if meta.spec_positions is not None:                  # made on the host: no synchronisation
-        return meta.spec_positions.shape[0] > 0
-    return meta.spec_lens is not None and bool((meta.spec_lens > 0).any())
-
-
 def verified_positions(meta: ForwardMetadata) -> torch.Tensor:
     """[M, 2] (sequence, token) of every token of a verifying sequence: the engine's
-    `meta.spec_positions`, else derived from spec_lens (one host read)."""
-    if meta.spec_positions is not None:
-        return meta.spec_positions
+    `meta.spec.positions`, else derived from `meta.spec.lens` (one host read)."""
+    if meta.spec.positions is not None:
+        return meta.spec.positions
     lens = meta.q_lens.long()
     width = int(lens.max())
     j = torch.arange(width, device=lens.device)
-    mask = (meta.spec_lens > 0)[:, None] & (j[None, :] < lens[:, None])
+    mask = (meta.spec.lens > 0)[:, None] & (j[None, :] < lens[:, None])
     return mask.nonzero()
 
 
 def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in, s0, g, beta):
-    """The KDA recurrence of a batch with verifying sequences; returns (o [T, H, V], None)."""
+    """The KDA recurrence of a VERIFY call; returns (o [T, H, V], None)."""
     k, rows, cu = mixer.kernels, meta.state_indices, meta.cu_seqlens
     view = cache.kda[mixer.kda_index]
-    spec = meta.spec_lens > 0                                                   # [N]
+    spec = meta.spec.lens > 0                                                   # [N]
     lens = meta.q_lens
-    states_mode = meta.spec_state_indices is not None
+    states_mode = meta.spec.state_indices is not None
     emit = {}
     if states_mode:     # the conv window after each token t < S (clamped to the sequence)
-        width = meta.spec_state_indices.shape[1]
+        width = meta.spec.state_indices.shape[1]
         offsets = torch.minimum(torch.arange(1, width + 1, device=lens.device)[None, :], lens[:, None])
         emit = {"checkpoint_offsets": offsets}
     y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu, **emit)
@@ -62,7 +56,7 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
     seq, j = verified_positions(meta).unbind(1)                                 # [M] each
     src = starts[seq] + j                                                       # token index in the batch
     if states_mode:
-        dest = meta.spec_state_indices[seq, j]
+        dest = meta.spec.state_indices[seq, j]
         view.recurrent[dest] = states[0, src].to(view.recurrent.dtype)
         view.conv[dest] = torch.stack(conv_ckpts[0], dim=1)[seq, j]             # [N, S, 3P, W-1] -> [M, ...]
     else:
@@ -70,7 +64,7 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
         longest = int(j.max()) + 1 if seq.numel() else 0    # a host read, in this rollback mode only
         if longest > rec.keys.shape[1]:
             raise ValueError(f"{longest} verified tokens exceed the record slots' {rec.keys.shape[1]}")
-        slot = meta.spec_record_slots[seq]
+        slot = meta.spec.record_slots[seq]
         heads = rec.keys.shape[2]
         rec.keys[slot, j] = kk[src].repeat_interleave(heads // kk.shape[1], dim=1)
         rec.decays[slot, j] = g[src]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from k3 import reference as ref
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.plugin.contract import CacheViews, ForwardMetadata, ForwardMode
 from k3.plugin.types import KernelSet
 
 from .indexer import DSAIndexer
@@ -104,7 +104,7 @@ class MLAMixer(K3Module):
         else:                       # fp8 pages with a per-tensor scale
             view.pages[pages, offsets] = k.quant.fp8_quantize(row, scale=view.scale, dtype=view.pages.dtype)[0]
 
-        if meta.splits_decodes:     # decodes on the absorbed path, the prefill chunks expanded
+        if meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
             o = torch.cat([self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
                                         offsets[cut]) for cut, part in meta.split_decodes()])
         else:
@@ -129,15 +129,16 @@ class MLAMixer(K3Module):
         if self.indexer is not None:
             topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
         scale = cfg.mla_softmax_scale
-        if meta.max_q_len == 1 or topk is not None:
-            # decode (no host sync), and DSA's sparse prefill: absorbed MQA over the paged cache,
-            # reading each query's own selection (k rows, not the whole context), as DeepSeek
-            # V3.2's sparse attention does for prefill too
+        decode = meta.mode is ForwardMode.DECODE
+        if decode or topk is not None:
+            # decode (no host sync), and DSA's sparse prefill and verify: absorbed MQA over the
+            # paged cache, reading each query's own selection (k rows, not the whole context), as
+            # DeepSeek V3.2's sparse attention does for prefill too
             w_uk, w_uv = self.absorbed_weights()
             return k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
-                                w_uk, w_uv, scale=scale, cu_seqlens_q=None if meta.max_q_len == 1 else meta.cu_seqlens,
+                                w_uk, w_uv, scale=scale, cu_seqlens_q=None if decode else meta.cu_seqlens,
                                 kv_cache_scale=view.scale, topk_indices=topk)
-        # dense prefill: expanded MHA over each sequence's whole context
+        # dense prefill and verify: expanded MHA over each sequence's whole context
         rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
         if view.scale is not None:
             rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)

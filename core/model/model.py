@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView, LatentCacheView
+from k3.plugin.contract import CacheViews, ForwardMetadata
 from k3.plugin.types import KernelSet
 
 from .decoder import DecoderLayer
@@ -208,63 +208,6 @@ class K3ForCausalLM(K3Module):
         for layer in self.model.layers:
             if layer.is_kda:
                 layer.self_attn.commit_records(cache, slots, rows, kept)
-
-    def allocate_records(self, *, slots: int, tokens: int, device=None) -> list:
-        """Record buffers of the "recover" rollback: per KDA layer, `slots` x `tokens`."""
-        from k3.plugin.contract import KDARecordView
-
-        la = self.cfg.linear_attn
-        if la is None:
-            return []
-        hl = self.parallel.shard(la.num_heads, "linear_attn_config.num_heads")[1]
-        cd = torch.float64 if self.dtype == torch.float64 else torch.float32
-        d = la.head_dim
-        out = []
-        for _ in self.cfg.kda_layer_ids:
-            nan = lambda *shape, dtype=cd: torch.full(shape, float("nan"), dtype=dtype, device=device)  # noqa: E731
-            out.append(KDARecordView(keys=nan(slots, tokens, hl, d), decays=nan(slots, tokens, hl, d),
-                                     corrections=nan(slots, tokens, hl, d),
-                                     qkv=nan(slots, tokens, 3 * hl * d, dtype=self.dtype)))
-        return out
-
-    def allocate_cache(self, *, num_state_rows: int, num_pages: int, page_size: int, device=None,
-                       kv_cache_dtype: torch.dtype | None = None, index_key_format: str = "fp8") -> CacheViews:
-        """Separate cache tensors per layer for this rank (tests, the single-request loop), all
-        poisoned (NaN, or 0xFF bytes) so a read of unwritten memory shows.
-
-        kv_cache_dtype: latent page dtype (default: the model dtype); a float8 dtype gets a
-        per-tensor scale of 1. index_key_format: "fp8" or "mxfp4" DSA keys.
-        """
-        cfg = self.cfg
-        state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        la = cfg.linear_attn
-        hl = self.parallel.shard(la.num_heads, "linear_attn_config.num_heads")[1] if la else 0
-
-        def poisoned(shape, dtype):
-            if dtype == torch.uint8:
-                return torch.full(shape, 255, dtype=dtype, device=device)
-            return torch.full(shape, float("nan"), dtype=torch.float32, device=device).to(dtype)
-
-        kda = [KDAStateView(recurrent=poisoned((num_state_rows, hl, la.head_dim, la.head_dim), state_dtype),
-                            conv=poisoned((num_state_rows, 3 * hl * la.head_dim, la.short_conv_kernel_size - 1),
-                                          self.dtype))
-               for _ in cfg.kda_layer_ids]
-        latent_dtype = kv_cache_dtype or self.dtype
-        fp8 = latent_dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
-        latent = [LatentCacheView(pages=poisoned((num_pages, page_size, cfg.mla_latent_size), latent_dtype),
-                                  scale=torch.ones((), device=device) if fp8 else None)
-                  for _ in cfg.mla_layer_ids]
-        index_keys = None
-        if cfg.uses_dsa:
-            d = cfg.index_head_dim
-            shapes = {"fp8": (((d,), torch.float8_e4m3fn), ((), torch.float32)),
-                      "mxfp4": (((d // 2,), torch.uint8), ((d // 32,), torch.uint8))}[index_key_format]
-            (vshape, vdtype), (sshape, sdtype) = shapes
-            index_keys = [IndexKeyCacheView(values=poisoned((num_pages, page_size, *vshape), vdtype),
-                                            scales=poisoned((num_pages, page_size, *sshape), sdtype),
-                                            fmt=index_key_format)
-                          for _ in cfg.mla_layer_ids]
-        return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
 
 
 def reference_kernels() -> KernelSet:

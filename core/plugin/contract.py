@@ -9,6 +9,7 @@ each layer's pages as strided views; kernels never see the row format.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,62 @@ def leading_one_token_steps(lens: Sequence[int]) -> int:
     while n < len(lens) and lens[n] == 1:
         n += 1
     return n
+
+
+class ForwardMode(enum.Enum):
+    """What a forward call computes, fixed by the builder (`ForwardMetadata.mode`):
+    DECODE  one new token per sequence;
+    PREFILL prompt chunks (or a batch whose one-token steps are not ordered first);
+    MIXED   one-token steps first (`num_decodes`), then prompt chunks: a layer may run the two
+            parts on its decode and prefill paths (`ForwardMetadata.split_decodes`);
+    VERIFY  some sequences verify speculative drafts (`ForwardMetadata.spec`)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+    MIXED = "mixed"
+    VERIFY = "verify"
+
+
+@dataclass
+class SpecMetadata:
+    """The verifying sequences of a VERIFY call (speculative decoding); at least one sequence
+    verifies drafts. A verifying sequence's running KDA state row is left as it was (the
+    commit after acceptance writes it).
+
+    lens:          [N] int32, draft tokens each sequence verifies (its q_len is 1 + lens[n];
+                   0 = not speculating).
+    positions:     [M, 2] int64 or None: (sequence n, token j) of every token of a verifying
+                   sequence, made on the host with the batch so the model writes the per-token
+                   states or records without reading `lens` back (None: the model derives them
+                   from `lens`, at a host synchronisation per layer).
+    state_indices: [N, S] int64 (rollback "states"): row t receives the KDA state (every
+                   layer, recurrent and conv) after the verifying sequence's token t.
+    record_slots:  [N] int64 (rollback "recover"): the slot of `CacheViews.kda_records`
+                   receiving the sequence's per-token keys, decays, corrections and pre-conv
+                   inputs. Exactly one of state_indices and record_slots is set.
+    """
+
+    lens: torch.Tensor
+    positions: torch.Tensor | None = None
+    state_indices: torch.Tensor | None = None
+    record_slots: torch.Tensor | None = None
+
+
+@dataclass
+class CheckpointMetadata:
+    """KDA states saved at chosen positions during the call (prefix caching).
+
+    positions:     [N, C] int64, absolute positions (tokens from the sequence's start) after
+                   which the KDA state is also saved, -1 = none.
+    state_indices: [N, C] int64, the state rows receiving them.
+    """
+
+    positions: torch.Tensor
+    state_indices: torch.Tensor
+
+    def rows(self, cut: slice) -> "CheckpointMetadata":
+        """The checkpoints of sequences `cut`."""
+        return CheckpointMetadata(self.positions[cut], self.state_indices[cut])
 
 
 @dataclass
@@ -40,29 +97,15 @@ class ForwardMetadata:
     state_indices:  [N] int64, KDA state row of each sequence.
     logits_indices: [M] int64, tokens whose logits are computed.
     max_q_len:      host int, most new tokens of any sequence (1: a pure decode step).
-    checkpoint_positions: [N, C] int64 or None: absolute positions (tokens from the sequence's
-                    start) after which the KDA state is also saved, -1 = none (prefix caching);
-    checkpoint_state_indices: [N, C] int64 or None: the state rows receiving them.
-    spec_lens:      [N] int32 or None: draft tokens each sequence verifies in this call (its
-                    q_len is 1 + spec_len; 0 = not speculating). A verifying sequence's running
-                    KDA state row is left as it was (the commit after acceptance writes it).
-    num_accepted:   [N] int32 or None: drafts accepted in the sequence's previous verify step
-                    (the KDA state commit reads it).
-    spec_state_indices: [N, S] int64 or None (rollback "states"): row t receives the KDA state
-                    (every layer, recurrent and conv) after the verifying sequence's token t.
-    spec_record_slots: [N] int64 or None (rollback "recover"): the slot of `CacheViews.
-                    kda_records` receiving the sequence's per-token keys, decays, corrections
-                    and pre-conv inputs.
-    spec_positions: [M, 2] int64 or None: (sequence n, token j) of every token of a verifying
-                    sequence, made on the host with the batch so the model writes the
-                    per-token states or records without reading spec_lens back (None: the
-                    model derives them from spec_lens, at a host synchronisation per layer).
     num_decodes:    host int: the first num_decodes sequences each compute one token (a decode
                     step, or a one-token prompt chunk) and verify no drafts, so a layer may run
                     them on its decode path and the rest on its prefill path
                     (`split_decodes`); 0 when the builder does not order them so. The engine
                     schedules one-token steps first, so a decode's arithmetic does not depend
                     on whether prefill chunks share its batch.
+    spec:           SpecMetadata, or None when no sequence verifies drafts.
+    checkpoints:    CheckpointMetadata, or None when no KDA state is saved mid-call.
+    A layer dispatches on `mode`, once.
     """
 
     input_ids: torch.Tensor
@@ -74,14 +117,19 @@ class ForwardMetadata:
     state_indices: torch.Tensor
     logits_indices: torch.Tensor
     max_q_len: int
-    checkpoint_positions: torch.Tensor | None = None
-    checkpoint_state_indices: torch.Tensor | None = None
-    spec_lens: torch.Tensor | None = None
-    num_accepted: torch.Tensor | None = None
-    spec_state_indices: torch.Tensor | None = None
-    spec_record_slots: torch.Tensor | None = None
-    spec_positions: torch.Tensor | None = None
     num_decodes: int = 0
+    spec: SpecMetadata | None = None
+    checkpoints: CheckpointMetadata | None = None
+
+    @property
+    def mode(self) -> ForwardMode:
+        if self.spec is not None:
+            return ForwardMode.VERIFY
+        if self.max_q_len == 1:
+            return ForwardMode.DECODE
+        if 0 < self.num_decodes < self.num_seqs:
+            return ForwardMode.MIXED
+        return ForwardMode.PREFILL
 
     @property
     def num_seqs(self) -> int:
@@ -100,22 +148,17 @@ class ForwardMetadata:
         """Context length after this call (cached + new) per sequence."""
         return self.context_lens + self.q_lens
 
-    @property
-    def splits_decodes(self) -> bool:
-        """Decodes and prefill chunks share this batch, decodes first, and no sequence carries
-        drafts: `split_decodes` applies."""
-        return 0 < self.num_decodes < self.num_seqs and self.spec_lens is None and self.spec_positions is None
-
     def split_decodes(self) -> list[tuple[slice, "ForwardMetadata"]]:
-        """[(tokens, metadata)] of the first num_decodes sequences and of the rest, for a layer
-        that runs a mixed batch's decodes and prefill chunks on different paths: x[tokens] is a
-        part's input. The decodes bring one token each, so each slice cuts the tokens and the
-        sequences alike. A part feeds a layer, not the LM head: its logits_indices is empty."""
+        """[(tokens, metadata)] of the first num_decodes sequences (a DECODE part) and of the
+        rest (a PREFILL part) of a MIXED call, for a layer that runs them on different paths:
+        x[tokens] is a part's input. The decodes bring one token each, so each slice cuts the
+        tokens and the sequences alike. A part feeds a layer, not the LM head: its
+        logits_indices is empty."""
         d = self.num_decodes
-        if not self.splits_decodes:
-            raise ValueError(f"split_decodes needs 0 < num_decodes ({d}) < num_seqs ({self.num_seqs}) "
-                             "and no verifying sequence")
-        ckpt = self.checkpoint_positions is not None
+        if self.mode is not ForwardMode.MIXED:
+            raise ValueError(f"split_decodes needs a MIXED call: 0 < num_decodes ({d}) < num_seqs ({self.num_seqs}) "
+                             f"and no verifying sequence (mode {self.mode.value})")
+        ckpt = self.checkpoints
         none = self.logits_indices[:0]
 
         def part(cut: slice, cu: torch.Tensor, max_q_len: int) -> "ForwardMetadata":
@@ -123,10 +166,8 @@ class ForwardMetadata:
                 input_ids=self.input_ids[cut], positions=self.positions[cut], cu_seqlens=cu,
                 context_lens=self.context_lens[cut], slot_mapping=self.slot_mapping[cut],
                 block_table=self.block_table[cut], state_indices=self.state_indices[cut], logits_indices=none,
-                max_q_len=max_q_len,
-                checkpoint_positions=self.checkpoint_positions[cut] if ckpt else None,
-                checkpoint_state_indices=self.checkpoint_state_indices[cut] if ckpt else None,
-                num_decodes=d if max_q_len == 1 else 0)
+                max_q_len=max_q_len, num_decodes=d if max_q_len == 1 else 0,
+                checkpoints=None if ckpt is None else ckpt.rows(cut))
 
         head, tail = slice(0, d), slice(d, None)
         return [(head, part(head, self.cu_seqlens[: d + 1], 1)),
@@ -144,7 +185,7 @@ class ForwardMetadata:
         all_logits: bool = False,
         device=None,
     ) -> "ForwardMetadata":
-        """Metadata for N sequences from Python lists (tests, the single-request loop).
+        """Metadata for N sequences from Python lists (tests, drafts, conformance).
 
         all_logits: logits for every token (teacher forcing) instead of each last token.
         """

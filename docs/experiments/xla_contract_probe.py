@@ -161,6 +161,7 @@ def model_decode(device, met, sync, results):
 
     import tempfile
 
+    from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_checkpoint
     from k3.checkpoint.random_init import random_checkpoint
     from k3.checkpoint.writer import write_checkpoint
@@ -170,8 +171,8 @@ def model_decode(device, met, sync, results):
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(tmp, cfg, random_checkpoint(cfg, seed=0))
         load_checkpoint(model, tmp, progress=False)
-    table = torch.arange(4, dtype=torch.int32).reshape(2, 2)
-    cache = model.allocate_cache(num_state_rows=2, num_pages=4, page_size=16)
+    table = torch.arange(2, 6, dtype=torch.int32).reshape(2, 2)             # pages after the 2 state rows
+    cache = CachePool.for_model(model, 6, block_size=16).views
     model(ForwardMetadata.build([[1, 2, 3], [4, 5]], context_lens=[0, 0], state_indices=[0, 1],
                                 block_table=table, page_size=16), cache)
     xla_model, xla_cache = copy.deepcopy(model).to(device), _move_cache(copy.deepcopy(cache), device)

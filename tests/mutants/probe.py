@@ -23,6 +23,7 @@ def prompt() -> list[int]:
 
 
 def logits(checkpoint: Path) -> torch.Tensor:
+    from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_model
     from k3.model import contiguous_block_table
     from k3.plugin.contract import ForwardMetadata
@@ -30,9 +31,9 @@ def logits(checkpoint: Path) -> torch.Tensor:
     model = load_model(checkpoint, dtype=torch.float64, progress=False)
     ids, page = prompt(), 16
     pages = -(-len(ids) // page)
-    cache = model.allocate_cache(num_state_rows=1, num_pages=pages, page_size=page)
+    cache = CachePool.for_model(model, 1 + pages, block_size=page).views      # a state row, then the pages
     meta = ForwardMetadata.build([ids], context_lens=[0], state_indices=[0],
-                                 block_table=contiguous_block_table(1, pages), page_size=page, all_logits=True)
+                                 block_table=contiguous_block_table(1, pages) + 1, page_size=page, all_logits=True)
     return model(meta, cache).logits
 
 

@@ -23,6 +23,7 @@ import vllm_k3  # noqa: E402  (first: sets up the environment vLLM reads at impo
 from dsa_indexer import OracleIndexer  # noqa: E402
 from oracle_cache import cached  # noqa: E402
 
+from k3.cache.pool import CachePool  # noqa: E402
 from k3.checkpoint.loader import load_model  # noqa: E402
 from k3.config import K3Config  # noqa: E402
 from k3.model import contiguous_block_table  # noqa: E402
@@ -101,9 +102,9 @@ def k3_logits(model, ids: list[int]) -> torch.Tensor:
     """[T, V] float64 logits at every position of one prompt, one prefill call."""
     page = 16
     pages = -(-len(ids) // page)
-    cache = model.allocate_cache(num_state_rows=1, num_pages=pages, page_size=page)
-    meta = ForwardMetadata.build([ids], context_lens=[0], state_indices=[0], block_table=contiguous_block_table(1, pages),
-                                 page_size=page, all_logits=True)
+    cache = CachePool.for_model(model, 1 + pages, block_size=page).views      # a state row, then the pages
+    meta = ForwardMetadata.build([ids], context_lens=[0], state_indices=[0],
+                                 block_table=contiguous_block_table(1, pages) + 1, page_size=page, all_logits=True)
     return model(meta, cache).logits
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.cache.block_pool import BlockPool
-from k3.cache.plan import default_block_size, row_layout
+from k3.cache.format import CacheFormat
+from k3.cache.plan import draft_cache_rows
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
@@ -40,30 +41,26 @@ class _DraftSeq:
 
 
 class DraftModelProposer:
-    def __init__(self, config, engine):
+    """Drafts with a separate small model (see the module docstring) for the target model
+    `target`, its cache in the target's record formats (`cache_format`) at its own block size."""
+
+    tap_layers = ()                 # it reads no target features
+
+    def __init__(self, config, *, target, platform, cache_format, max_model_len: int, max_num_seqs: int):
         self.k = config.num_speculative_tokens
         self.greedy = config.draft_sample_method == "greedy"
-        target = engine.model_config
         cfg = K3Config.from_pretrained(config.model)
-        if cfg.vocab_size != target.vocab_size:
+        if cfg.vocab_size != target.cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from the target's "
-                             f"({target.vocab_size}): a draft must share the tokenizer")
-        self.device = engine.device
-        dtype = engine.model.dtype
-        self.model = engine.platform.build_model(cfg, dtype=dtype, parallel=engine.model.parallel)
+                             f"({target.cfg.vocab_size}): a draft must share the tokenizer")
+        self.device = torch.device(platform.info.device)
+        self.model = platform.build_model(cfg, dtype=target.dtype, parallel=target.parallel)
         load_checkpoint(self.model, config.model, progress=False)
-        act = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
-               torch.float64: "float64"}[dtype]
-        latent = engine.kv_cache_dtype
-        tp = self.model.parallel.world_size
-        self.block = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                                        index_cache_dtype="fp8", activation_dtype=act)
-        layout = row_layout(cfg, block_size=self.block, tensor_parallel_size=tp, kv_cache_dtype=latent,
-                            index_cache_dtype="fp8", activation_dtype=act, alignment=engine.platform.cache_alignment)
-        rows_per_seq = math.ceil(engine.max_model_len / self.block) + 1 + self.k
-        num_rows = engine.config.max_num_seqs * rows_per_seq
-        self.cache = CachePool.on_platform(engine.platform, cfg, layout, num_rows, activation_dtype=act,
-                                           kv_cache_dtype=latent, index_cache_dtype="fp8", tensor_parallel_size=tp)
+        fmt = CacheFormat.for_model(self.model, kv_cache_dtype=cache_format.kv_cache_dtype, platform=platform)
+        self.block = fmt.block_size
+        num_rows = draft_cache_rows(fmt, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                    num_speculative_tokens=self.k)
+        self.cache = CachePool.on_platform(platform, cfg, fmt, num_rows)
         self.pool = BlockPool(num_rows)
         self.seqs: dict[str, _DraftSeq] = {}
 

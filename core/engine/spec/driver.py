@@ -1,5 +1,5 @@
-"""The speculative decoding loop inside the engine: propose, verify in one target pass,
-accept exactly, commit the KDA state at the accepted length.
+"""The speculative step strategy: propose, verify in one target pass, accept exactly, commit
+the KDA state at the accepted length. Proposers: n-gram, a draft model, a DSpark draft.
 
 Per step: every running request in its decode phase gets up to k drafts from the proposer;
 the scheduler verifies them as 1 + k tokens in the same forward as everyone else (requests
@@ -11,11 +11,18 @@ rejected positions are past the sequence length and are overwritten later.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
-from ..scheduler import SchedulerOutput
+from k3.cache.block_pool import BlockPool
+
+from ..outputs import OutputProcessor
+from ..request import RequestOutput
+from ..runner import ModelRunner
+from ..scheduler import Scheduler, SchedulerOutput
+from ..step import PlainStep
 from .config import SpeculativeConfig, SpeculativeConfigError
 from .ngram import NgramProposer
 from .rejection import verify
@@ -42,27 +49,75 @@ class SpecStats:
                                                  zip(self.accepted_per_position, self.proposed_per_position)]}
 
 
-class Speculation:
-    def __init__(self, config: SpeculativeConfig, engine):
-        if engine.model.parallel.world_size > 1:
-            raise SpeculativeConfigError("speculative decoding with tensor parallel size > 1 is not implemented yet "
-                                         "(the KDA commit is not broadcast to worker ranks)")
-        self.config, self.engine = config, engine
+def build_proposer(config: SpeculativeConfig, *, target, platform, cache_format, max_model_len: int,
+                   max_num_seqs: int):
+    """The proposer `config.method` names, for the target model `target` (n-gram, a draft
+    model with its own cache in the target's record formats, or a DSpark draft that reads the
+    target's tapped layers: `proposer.tap_layers`)."""
+    if target.parallel.world_size > 1:
+        raise SpeculativeConfigError("speculative decoding with tensor parallel size > 1 is not implemented yet "
+                                     "(the KDA commit is not broadcast to worker ranks)")
+    k = config.num_speculative_tokens
+    if config.method == "ngram":
+        return NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "draft_model":
+        from .draft_model import DraftModelProposer
+
+        return DraftModelProposer(config, target=target, platform=platform, cache_format=cache_format,
+                                  max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+    from .dspark import DSparkProposer
+
+    return DSparkProposer(config, target=target, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+
+
+class SpeculativeStep(PlainStep):
+    """The step strategy of speculative decoding (see the module docstring).
+
+    scratch: the BlockPool of the "states" rollback's scratch rows (`CachePlan.spec_rows`;
+    None with "recover" or without KDA layers)."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, outputs: OutputProcessor, *,
+                 config: SpeculativeConfig, proposer, scratch: BlockPool | None, max_model_len: int):
+        super().__init__(scheduler, runner, outputs)
+        self.config, self.proposer, self.scratch, self.max_model_len = config, proposer, scratch, max_model_len
         k = config.num_speculative_tokens
         self.stats = SpecStats(accepted_per_position=[0] * k, proposed_per_position=[0] * k)
-        if config.method == "ngram":
-            self.proposer = NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max)
-        elif config.method == "draft_model":
-            from .draft_model import DraftModelProposer
+        self.pending: dict[str, object] = {}       # proposed this step, by request id
+        self.kept: dict[str, int] = {}             # the last step's kept tokens per verifying request
 
-            self.proposer = DraftModelProposer(config, engine)
-        else:
-            from .dspark import DSparkProposer
+    def step(self) -> list[RequestOutput]:
+        """Propose for the running requests, then one forward that verifies their drafts beside
+        every other request's tokens; accept, commit the KDA states, append."""
+        self.propose(self.scheduler.running)
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        self.prepare(out)
+        launched = self.runner.run(out)
+        self.outputs.append_prompt_logprobs(out, launched.prompt_logprobs)
+        starts = [s.request.num_computed_tokens for s in out.scheduled]
+        verified = self.accept(out, launched.spec_logits)
+        self.scheduler.commit(out, self.kept if verified else None)
+        if launched.taps is not None:        # a DSpark draft reads the committed tokens' features
+            for i, s in enumerate(out.scheduled):
+                kept = s.request.num_computed_tokens - starts[i]
+                first = launched.token_starts[i]
+                self.proposer.observe(s.request, starts[i], launched.taps[first:first + kept])
+        touched = set()
+        now = time.monotonic()
+        for request_id, (tokens, logprobs) in verified.items():
+            request = self.outputs.requests[request_id]
+            for token, logprob in zip(tokens, logprobs):
+                if request.finished:
+                    break
+                self.outputs.append(request, token, logprob, None, now)
+            touched.add(request_id)
+        if launched.samples is not None:
+            self.outputs.append_samples(out, launched.rows, launched.samples, now, touched)
+        return self.outputs.collect(touched)
 
-            self.proposer = DSparkProposer(config, engine)
-        if config.kda_rollback == "recover":
-            engine.cache.views.kda_records = engine.model.allocate_records(
-                slots=engine.config.max_num_seqs, tokens=k + 1, device=engine.device)
+    def spec_stats(self) -> dict:
+        return self.stats.to_dict()
 
     # ------------------------------------------------------------------ propose
     @staticmethod
@@ -74,14 +129,13 @@ class Speculation:
                 and p.allowed_tokens is None and p.logprobs is None and p.min_tokens <= len(request.output_token_ids))
 
     def propose(self, running: list) -> None:
-        engine = self.engine
         batch = []
         for request in running:
             request.spec_tokens, request.spec_probs = [], None
             if not self.eligible(request):
                 continue
             left = request.params.max_tokens - len(request.output_token_ids) if request.params.max_tokens else 1 << 30
-            limit = min(left - 1, engine.max_model_len - request.num_tokens - 1, self.config.num_speculative_tokens)
+            limit = min(left - 1, self.max_model_len - request.num_tokens - 1, self.config.num_speculative_tokens)
             if limit > 0:
                 batch.append((request, limit))
         self.pending = {}
@@ -89,14 +143,6 @@ class Speculation:
             if proposal.tokens:
                 request.spec_tokens, request.spec_probs = proposal.tokens, proposal.probs
                 self.pending[request.request_id] = request
-
-    def release(self, request) -> None:
-        """The request finished or was aborted: the proposer drops what it keeps for it."""
-        self.proposer.release(request)
-
-    def observe(self, request, start: int, taps) -> None:
-        """The target committed tokens [start, start + len(taps)) (DSpark context features)."""
-        self.proposer.observe(request, start, taps)
 
     # ------------------------------------------------------------------ verify
     def prepare(self, out: SchedulerOutput) -> None:
@@ -108,7 +154,7 @@ class Speculation:
                 continue
             if self.config.kda_rollback == "states":
                 # rows reserved up front: max_num_seqs x (1 + k), so a running request always has its own
-                pool = self.engine.spec_pool
+                pool = self.scratch
                 rows = pool.allocate(1 + len(s.spec_tokens)) if pool is not None else None
                 if rows is None:       # a model without KDA layers needs no scratch rows
                     r.spec_tokens, r.spec_probs, s.num_new_tokens = [], None, 1
@@ -121,9 +167,8 @@ class Speculation:
     def accept(self, out: SchedulerOutput, spec_logits: dict[int, torch.Tensor]) -> dict[str, tuple[list[int], list[float]]]:
         """Verify every verifying request, commit its KDA rows; returns request id -> (tokens to
         append, their raw logprobs). Also fills `self.kept` for the scheduler's commit."""
-        engine = self.engine
-        self.kept: dict[str, int] = {}
-        pending, self.pending = getattr(self, "pending", {}), {}
+        self.kept = {}
+        pending, self.pending = self.pending, {}
         results, copies, freed = {}, [], []
         rec_slots, rec_rows, rec_kept = [], [], []
         for i, logits in spec_logits.items():
@@ -160,11 +205,10 @@ class Speculation:
             self.proposer.accepted(request, 0)
             request.spec_tokens, request.spec_probs = [], None
         if copies:
-            engine.apply_kda_commit(row_copies=copies)
-            engine.spec_pool.free(freed)
+            self.runner.commit_kda(row_copies=copies)
+            self.scratch.free(freed)
         if rec_rows:
-            device = engine.device
-            engine.apply_kda_commit(records=(torch.tensor(rec_slots, device=device),
-                                             torch.tensor(rec_rows, device=device),
-                                             torch.tensor(rec_kept, device=device)))
+            device = self.runner.device
+            records = tuple(torch.tensor(v, device=device) for v in (rec_slots, rec_rows, rec_kept))
+            self.runner.commit_kda(records=records)
         return results

@@ -33,29 +33,34 @@ class _Context:
 
 
 class DSparkProposer:
-    def __init__(self, config, engine):
-        target = engine.model_config
+    """Drafts with a DSpark block draft over the features of the target model `target`'s
+    `tap_layers` (the runner taps them in every forward); context pages for max_num_seqs
+    requests of max_model_len tokens."""
+
+    def __init__(self, config, *, target, max_model_len: int, max_num_seqs: int):
+        t = target.cfg
         cfg = DSparkConfig.from_pretrained(config.model)
         problems = []
-        if cfg.vocab_size != target.vocab_size:
-            problems.append(f"vocab_size {cfg.vocab_size} != the target's {target.vocab_size}")
-        if cfg.hidden_size != target.hidden_size or cfg.target_hidden_size != target.hidden_size:
+        if cfg.vocab_size != t.vocab_size:
+            problems.append(f"vocab_size {cfg.vocab_size} != the target's {t.vocab_size}")
+        if cfg.hidden_size != t.hidden_size or cfg.target_hidden_size != t.hidden_size:
             problems.append("hidden_size and target_hidden_size must equal the target's (shared embedding)")
-        if any(not 0 <= layer < target.num_hidden_layers for layer in cfg.target_layer_ids):
+        if any(not 0 <= layer < t.num_hidden_layers for layer in cfg.target_layer_ids):
             problems.append(f"target_layer_ids {list(cfg.target_layer_ids)} outside the target's layers")
-        if engine.model.parallel.world_size != 1:
+        if target.parallel.world_size != 1:
             problems.append("the DSpark draft runs with tensor parallel size 1 only")
         if problems:
             raise ValueError("DSpark draft " + str(config.model) + ": " + "; ".join(problems))
-        self.cfg, self.engine = cfg, engine
+        self.cfg, self.target = cfg, target
+        self.device = target.lm_head_weight.device
         self.k = min(config.num_speculative_tokens, cfg.block_size)
         self.greedy = config.draft_sample_method == "greedy"
-        self.model = DSparkDraft(cfg, dtype=engine.model.dtype, device=engine.device)
+        self.model = DSparkDraft(cfg, dtype=target.dtype, device=self.device)
         load_plain(self.model, config.model)
-        engine.runner.tap_layers = tuple(cfg.target_layer_ids)
-        pages = engine.config.max_num_seqs * -(-engine.max_model_len // PAGE)
+        self.tap_layers = tuple(cfg.target_layer_ids)
+        pages = max_num_seqs * -(-max_model_len // PAGE)
         width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-        self.pages = [torch.full((pages, PAGE, width), float("nan"), dtype=engine.model.dtype, device=engine.device)
+        self.pages = [torch.full((pages, PAGE, width), float("nan"), dtype=target.dtype, device=self.device)
                       for _ in range(cfg.num_hidden_layers)]
         self.free = list(range(pages))
         self.seqs: dict[str, _Context] = {}
@@ -94,13 +99,13 @@ class DSparkProposer:
         position = request.num_tokens - 1                       # the anchor: the last sampled token
         if ctx is None or ctx.observed != position:
             return Proposal([])
-        engine = self.engine
-        pages = torch.tensor(ctx.pages, device=engine.device)
-        index = torch.arange(position, device=engine.device)
+        target = self.target
+        pages = torch.tensor(ctx.pages, device=self.device)
+        index = torch.arange(position, device=self.device)
         context = [cache[pages[index // PAGE], index % PAGE] for cache in self.pages]
         base = self.model.base_logits(request.all_token_ids[-1], position, context,
-                                      lambda ids: engine.model.model.embed(ids, None),
-                                      lambda h: F.linear(h, engine.model.lm_head_weight).float())
+                                      lambda ids: target.model.embed(ids, None),
+                                      lambda h: F.linear(h, target.lm_head_weight).float())
         tokens, probs, previous = [], [], request.all_token_ids[-1]
         for j in range(min(self.k, limit)):
             logits = base[j] + self.model.markov_bias(previous).float()

@@ -15,6 +15,8 @@ class Proposal:
 
 
 class NgramProposer:
+    tap_layers = ()                 # it reads no target features
+
     def __init__(self, num_tokens: int, lookup_min: int = 1, lookup_max: int = 4):
         self.k, self.lo, self.hi = num_tokens, lookup_min, lookup_max
 

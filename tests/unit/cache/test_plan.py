@@ -153,3 +153,61 @@ def test_weights_count_what_the_engine_folds_at_load():
     folded = [t for m in real.modules() if getattr(m, "_absorbed", None) for t in m._absorbed[1:]]
     folded += [q for _, _, q in real.model._folded_queries.values()]
     assert sum(t.numel() * t.element_size() for t in folded) == real.model.folded_weight_bytes()
+
+
+def test_cache_format_resolves_auto_once():
+    """"auto" latents follow the activation dtype and the default block is the planner's; the
+    platform gives the alignment and KDA state layout."""
+    import torch
+
+    from k3.cache.format import CacheFormat
+
+    class Platform:
+        cache_alignment, kda_state_layout = 4096, "hvk"
+
+    fmt = CacheFormat.build(PRO, activation_dtype=torch.float32, tensor_parallel_size=8, platform=Platform())
+    assert fmt.kv_cache_dtype == "fp32" and fmt.alignment == 4096 and fmt.kda_state_layout == "hvk"
+    assert fmt.block_size == default_block_size(PRO, tensor_parallel_size=8, kv_cache_dtype="fp32",
+                                                index_cache_dtype="fp8", activation_dtype="float32")
+    bf16 = CacheFormat.build(PRO, kv_cache_dtype="fp8", tensor_parallel_size=8)
+    assert bf16.activation_dtype == torch.bfloat16 and bf16.kv_cache_dtype == "fp8" and bf16.block_size == 4096
+    assert bf16.layout(PRO) == row_layout(PRO, block_size=4096, tensor_parallel_size=8, kv_cache_dtype="fp8",
+                                          index_cache_dtype="fp8")
+    with pytest.raises(ValueError, match="index cache dtype"):
+        CacheFormat.build(PRO, index_cache_dtype="int4")
+
+
+def test_cache_plan_assigns_every_row_up_front():
+    """Token rows first, then the graph scratch row, then the speculative scratch rows; the
+    "recover" rollback's record slots beside them; max_model_len fits the token rows."""
+    from k3.cache.format import CacheFormat
+    from k3.cache.plan import plan_cache
+
+    cfg = K3Config.preset("k3-tiny")
+    fmt = CacheFormat.build(cfg, block_size=64)
+    row = fmt.layout(cfg).row_bytes
+    plan = plan_cache(cfg, fmt, cache_bytes=100 * row + 7, max_num_seqs=4, num_speculative_tokens=3,
+                      graph_scratch=True)
+    assert plan.num_rows == 100 and plan.spec_rows == range(84, 100) and plan.graph_scratch_row == 83
+    assert plan.token_rows == 83 and plan.record_slots == 0
+    assert plan.max_model_len == min(cfg.max_position_embeddings, 82 * 64)
+    recover = plan_cache(cfg, fmt, cache_bytes=100 * row, max_num_seqs=4, num_speculative_tokens=3,
+                         kda_rollback="recover")
+    assert recover.token_rows == 100 and not recover.spec_rows
+    assert (recover.record_slots, recover.record_tokens) == (4, 4)
+    with pytest.raises(ValueError, match="too few for the 16 speculative scratch rows"):
+        plan_cache(cfg, fmt, cache_bytes=16 * row, max_num_seqs=4, num_speculative_tokens=3)
+
+
+def test_one_dtype_vocabulary():
+    import torch
+
+    from k3.dtypes import DTYPES, dtype_name, resolve_kv_cache_dtype, torch_dtype
+
+    assert all(dtype_name(torch_dtype(name)) == name for name in DTYPES)
+    assert torch_dtype("half") == torch.float16 and torch_dtype("float") == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == "bf16"
+    assert resolve_kv_cache_dtype("auto", "float64") == "fp64"
+    assert resolve_kv_cache_dtype("fp8", torch.float64) == "fp8"
+    with pytest.raises(ValueError, match="expected one of"):
+        torch_dtype("bf16")

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from k3.cache.block_pool import BlockPool
-from k3.cache.plan import default_block_size, row_layout
+from k3.cache.format import CacheFormat
 from k3.cache.pool import CachePool
 from k3.config import K3Config
+from k3.dtypes import torch_dtype
 
 
 def test_block_pool_refcounts():
@@ -26,12 +27,7 @@ def test_block_pool_refcounts():
 
 def _pool(preset, rows=5, act="float64", kv="fp64"):
     cfg = K3Config.preset(preset)
-    block = default_block_size(cfg, tensor_parallel_size=1, kv_cache_dtype=kv, index_cache_dtype="fp8",
-                               activation_dtype=act)
-    layout = row_layout(cfg, block_size=block, tensor_parallel_size=1, kv_cache_dtype=kv, index_cache_dtype="fp8",
-                        activation_dtype=act)
-    return CachePool(cfg, layout, rows, activation_dtype=act, kv_cache_dtype=kv, index_cache_dtype="fp8",
-                     tensor_parallel_size=1)
+    return CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch_dtype(act), kv_cache_dtype=kv), rows)
 
 
 def _state_views(views):
@@ -76,10 +72,9 @@ def test_copy_row_moves_every_layer():
 
 def test_unsupported_cache_dtype_is_refused():
     cfg = K3Config.preset("k3-tiny")
-    layout = row_layout(cfg, block_size=64, tensor_parallel_size=1, kv_cache_dtype="nvfp4", index_cache_dtype="fp8")
     with pytest.raises(ValueError, match="nvfp4"):
-        CachePool(cfg, layout, 2, activation_dtype="bfloat16", kv_cache_dtype="nvfp4", index_cache_dtype="fp8",
-                  tensor_parallel_size=1)
+        CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.bfloat16, kv_cache_dtype="nvfp4",
+                                         block_size=64), 2)
 
 
 def test_kernel_page_addresses_reach_the_same_tokens():
@@ -88,10 +83,7 @@ def test_kernel_page_addresses_reach_the_same_tokens():
     from k3.cache.pool import kernel_page_offsets, kernel_page_table
 
     cfg = K3Config.preset("k3-tiny")
-    layout = row_layout(cfg, block_size=256, tensor_parallel_size=1, kv_cache_dtype="fp32", index_cache_dtype="fp8",
-                        activation_dtype="float32")
-    pool = CachePool(cfg, layout, 6, activation_dtype="float32", kv_cache_dtype="fp32", index_cache_dtype="fp8",
-                     tensor_parallel_size=1)
+    pool = CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.float32, block_size=256), 6)
     pages = pool.views.latent[1].pages                                   # [6, 256, 40]
     pages.copy_(torch.randn(pages.shape, generator=torch.Generator().manual_seed(0)))
     table = torch.tensor([[4, 1, 3], [0, 5, 2]])
@@ -107,3 +99,16 @@ def test_kernel_page_addresses_reach_the_same_tokens():
             assert torch.equal(got, pages[row, first:first + 64])
     with pytest.raises(ValueError, match="divide"):
         kernel_page_table(table, block_size=256, kernel_page=96)
+
+
+def test_records_of_the_recover_rollback_live_beside_the_rows():
+    """`allocate_records`: per KDA layer, slots x tokens keys, decays, corrections (the state
+    dtype, this rank's heads) and pre-conv inputs (the activation dtype), NaN-poisoned."""
+    pool = _pool("k3-tiny", rows=3)
+    pool.allocate_records(slots=2, tokens=4)
+    cfg = pool.cfg
+    la = cfg.linear_attn
+    assert len(pool.views.kda_records) == len(cfg.kda_layer_ids)
+    rec = pool.views.kda_records[0]
+    assert rec.keys.shape == (2, 4, la.num_heads, la.head_dim) and rec.keys.dtype == torch.float64
+    assert rec.qkv.shape == (2, 4, 3 * la.num_heads * la.head_dim) and torch.isnan(rec.corrections).all()

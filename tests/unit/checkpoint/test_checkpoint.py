@@ -14,12 +14,13 @@ from k3.quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
 
 
 def _logits(model, tokens=(5, 17, 200, 3, 99, 42, 7)):
+    from k3.cache.pool import CachePool
     from k3.model import contiguous_block_table
     from k3.plugin.contract import ForwardMetadata
 
-    cache = model.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    cache = CachePool.for_model(model, 2, block_size=16).views                # a state row, a page
     batch = ForwardMetadata.build([list(tokens)], context_lens=[0], state_indices=[0],
-                               block_table=contiguous_block_table(1, 1), page_size=16, all_logits=True)
+                               block_table=contiguous_block_table(1, 1) + 1, page_size=16, all_logits=True)
     return model(batch, cache).logits
 
 

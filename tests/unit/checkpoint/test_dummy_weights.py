@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from k3.cache.pool import CachePool
 from k3.checkpoint.dummy import load_dummy_weights
 from k3.config import K3Config
 from k3.model import K3ForCausalLM
@@ -24,9 +25,9 @@ def test_dummy_weights_fill_everything_and_run(tmp_path):
         for name, t in list(model.named_parameters()) + list(model.named_buffers()):
             if t.is_floating_point():
                 assert not t.isnan().any(), f"{preset}: {name} was not drawn"
-        cache = model.allocate_cache(num_state_rows=1, num_pages=4, page_size=16)
+        cache = CachePool.for_model(model, 5, block_size=16).views            # a state row, then 4 pages
         meta = ForwardMetadata.build([list(range(1, 30))], context_lens=[0], state_indices=[0],
-                                     block_table=torch.arange(4, dtype=torch.int32)[None], page_size=16)
+                                     block_table=torch.arange(1, 5, dtype=torch.int32)[None], page_size=16)
         with torch.no_grad():
             logits = model(meta, cache).logits
         assert logits.isfinite().all() and 1 < logits.std() < 10 * math.sqrt(model.cfg.hidden_size)

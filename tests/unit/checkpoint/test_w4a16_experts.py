@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from k3.cache.pool import CachePool
 from k3.checkpoint.loader import CheckpointError, load_model
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import model_tensors, write_checkpoint
@@ -72,9 +73,9 @@ def independent_dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.T
 def logits(model, ids: list[int]) -> torch.Tensor:
     page = 16
     pages = -(-len(ids) // page)
-    cache = model.allocate_cache(num_state_rows=1, num_pages=pages, page_size=page)
-    meta = ForwardMetadata.build([ids], context_lens=[0], state_indices=[0], block_table=contiguous_block_table(1, pages),
-                                 page_size=page, all_logits=True)
+    cache = CachePool.for_model(model, 1 + pages, block_size=page).views      # a state row, then the pages
+    meta = ForwardMetadata.build([ids], context_lens=[0], state_indices=[0],
+                                 block_table=contiguous_block_table(1, pages) + 1, page_size=page, all_logits=True)
     return model(meta, cache).logits
 
 

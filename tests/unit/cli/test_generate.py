@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from k3.checkpoint.loader import load_model
 from k3.cli.checkpoint import init_checkpoint
 from k3.cli.main import main
-from k3.engine.single import SamplingOptions, SingleSequenceGenerator
+from k3.engine.engine import EngineConfig, LLMEngine
+from k3.engine.params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +50,19 @@ def test_stop_string_spanning_tokens(tiny_dir, capsys):
 
 
 def test_stop_token_ends_generation(tiny_dir):
-    model = load_model(tiny_dir, progress=False)
-    gen = SingleSequenceGenerator(model)
-    greedy = [s.token for s in gen.generate([5, 6, 7], SamplingOptions(max_tokens=8, temperature=0))]
-    steps = list(gen.generate([5, 6, 7], SamplingOptions(max_tokens=8, temperature=0, stop_token_ids=[greedy[3]])))
+    """The one-request engine `k3 generate` runs: a stop token ends the output and is its last token."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_dir), max_num_seqs=1, kv_cache_memory_gib=0.02, load_progress=False))
+
+    def generate(request_id, **stop):
+        engine.add_request(request_id, [5, 6, 7], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, **stop))
+        while engine.has_unfinished_requests():
+            outs = engine.step()
+        return outs[-1].outputs[0]
+
+    greedy = generate("greedy").token_ids
+    stopped = generate("stopped", stop_token_ids=[greedy[3]])
     first_stop = greedy.index(greedy[3])
-    assert [s.token for s in steps] == greedy[: first_stop + 1] and steps[-1].finished == "stop"
+    assert stopped.token_ids == greedy[: first_stop + 1] and stopped.finish_reason == "stop"
 
 
 def test_chat_prints_sections(tiny_dir, capsys):

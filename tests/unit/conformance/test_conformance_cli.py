@@ -2,6 +2,7 @@
 end (installed as a third-party plugin), expectations, stale entries, merge."""
 
 import json
+import tempfile
 import textwrap
 
 import pytest
@@ -43,10 +44,28 @@ def test_bad_expectations_file_is_2_before_pytest(tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def smoke_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    assert main(["conformance", "--platform", "reference", "--tier", "smoke", "--report", str(out)]) == 0
-    return out
+def smoke_run(tmp_path_factory):
+    """A smoke run with the temporary directory pointed at an empty folder (this process's
+    and the pytest subprocess's): (report dir, that folder)."""
+    out, temp = tmp_path_factory.mktemp("smoke"), tmp_path_factory.mktemp("smoke-tmp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(temp))
+        mp.setattr(tempfile, "tempdir", str(temp))
+        assert main(["conformance", "--platform", "reference", "--tier", "smoke", "--report", str(out)]) == 0
+    return out, temp
+
+
+@pytest.fixture(scope="module")
+def smoke_report(smoke_run):
+    return smoke_run[0]
+
+
+def test_a_run_leaves_no_temporary_folders(smoke_run):
+    """Tiny checkpoints, pytest's tmp_path folders and the collectives workers' rendezvous all
+    live in the run's own scratch folder, which goes with the run (hundreds of k3-conformance-*
+    folders used to pile up in the temporary directory)."""
+    _, temp = smoke_run
+    assert sorted(p.name for p in temp.iterdir()) == []
 
 
 def test_smoke_run_writes_the_report(smoke_report):

@@ -94,7 +94,7 @@ def test_abort_while_a_lookahead_runs_frees_rows_and_keeps_the_others(ckpt):
     for _ in range(4):                                        # prefill, then decodes with a lookahead in flight
         for out in engine.step():
             done[out.request_id] = out
-    assert engine._pending is not None
+    assert engine.strategy.pending is not None
     engine.abort_request("drop")
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.engine.sampler import SamplingBatch, sample_batch
 from k3.model import contiguous_block_table
@@ -15,8 +16,8 @@ from k3.plugin.contract import ForwardMetadata
 def test_decode_step_captures_as_one_graph(tiny_checkpoint):
     model = load_model(tiny_checkpoint("k3.1-pro-tiny"), dtype=torch.float32, progress=False)
     assert model.cfg.index_topk < 20                       # the sparse decode path is exercised
-    cache = model.allocate_cache(num_state_rows=3, num_pages=6, page_size=16)
-    table = contiguous_block_table(3, 2)
+    cache = CachePool.for_model(model, 3 + 6, block_size=16).views            # 3 state rows, then 6 pages
+    table = contiguous_block_table(3, 2) + 3
     prompts = [list(range(1, 21)), [6, 7, 8], list(range(30, 54))]
     model(ForwardMetadata.build(prompts, context_lens=[0, 0, 0], state_indices=[0, 1, 2], block_table=table,
                                 page_size=16), cache)

@@ -60,13 +60,13 @@ def test_replayed_decode_gives_the_eager_tokens(ckpt, monkeypatch):
     assert replayed == eager
     assert capturer.captured == [8, 4, 2, 1]                 # largest bucket first
     assert capturer.replays > 0                              # decode steps of 5 (bucket 8) down to 1 ran replayed
-    assert engine.graph_scratch_row is not None and engine.pool.num_rows == engine.cache.num_rows - 1
+    assert engine.plan.graph_scratch_row is not None and engine.pool.num_rows == engine.cache.num_rows - 1
 
 
 def test_enforce_eager_and_explicit_sizes(ckpt, monkeypatch):
     capturer = ReplayingCapturer()
     engine, _ = _generate(ckpt, monkeypatch, capturer, enforce_eager=True)
-    assert capturer.captured == [] and engine.runner.graphs is None and engine.graph_scratch_row is None
+    assert capturer.captured == [] and engine.runner.graphs is None and engine.plan.graph_scratch_row is None
     capturer = ReplayingCapturer()
     engine, tokens = _generate(ckpt, monkeypatch, capturer, graph_batch_sizes=(3,))
     assert capturer.captured == [3] and engine.runner.graphs.buckets == [3]

@@ -5,7 +5,6 @@ import pytest
 
 from engines import tiny_engine
 from k3.engine.params import SamplingParams, SamplingParamsError
-from k3.engine.single import SamplingOptions, SingleSequenceGenerator
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +32,16 @@ def _run(engine, prompts, params):
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
 
 
-def test_batched_equals_alone_and_matches_the_reference_loop(ckpt):
+def test_batched_equals_alone(ckpt):
+    """Five requests in one batch give the tokens each gets alone, as `k3 generate` runs it (one
+    sequence, the whole prompt in one call, then one token a step)."""
     engine = _engine(ckpt)
     start_free = engine.pool.num_free
     together = [o.outputs[0].token_ids for o in _run(engine, PROMPTS, GREEDY)]
     assert engine.pool.num_free == start_free
-    gen = SingleSequenceGenerator(engine.model)
+    lone = _engine(ckpt, max_num_seqs=1)
     for prompt, tokens in zip(PROMPTS, together):
-        alone = [s.token for s in gen.generate(prompt, SamplingOptions(max_tokens=12, temperature=0))]
-        assert tokens == alone
+        assert tokens == _run(lone, [prompt], GREEDY)[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("budget", [4, 16])
@@ -116,7 +116,7 @@ def test_n_seeds_and_logprobs(ckpt):
 
 def test_min_tokens_blocks_end_of_message(ckpt):
     engine = _engine(ckpt)
-    eos = sorted(engine.stop_token_ids)[0]
+    eos = sorted(engine.outputs.stop_token_ids)[0]
     params = SamplingParams(max_tokens=8, min_tokens=8, temperature=0, allowed_tokens=lambda out: [eos, 5])
     out = _run(engine, [PROMPTS[1]], params)[0].outputs[0]
     assert out.token_ids == [5] * 8 and out.finish_reason == "length"
@@ -167,11 +167,11 @@ def test_adaptive_budget_still_splits_a_prompt_longer_than_its_bound(ckpt):
 
 def test_default_context_is_the_smaller_of_the_config_and_the_cache(ckpt):
     engine = _engine(ckpt)
-    cache_tokens = (engine.pool.num_rows - 1) * engine.layout.block_size
+    cache_tokens = (engine.pool.num_rows - 1) * engine.plan.block_size
     assert engine.max_model_len == min(engine.model_config.max_position_embeddings, cache_tokens)
     small = _engine(ckpt, kv_cache_memory_gib=0.002)
     assert small.max_model_len < engine.max_model_len and small.max_model_len == (small.pool.num_rows - 1) * \
-        small.layout.block_size
+        small.plan.block_size
 
 
 

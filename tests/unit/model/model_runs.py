@@ -1,9 +1,12 @@
-"""Drive a K3ForCausalLM the way an engine would: prompts in chunks, then token by token."""
+"""Drive a K3ForCausalLM the way the engine does, on the engine's cache and runner: prompts in
+chunks, then token by token, over a small packed CachePool (state rows first, pages after them)."""
 
 from __future__ import annotations
 
 import torch
 
+from k3.cache.pool import CachePool
+from k3.engine.runner import ModelRunner
 from k3.model import K3ForCausalLM, contiguous_block_table
 from k3.plugin.contract import ForwardMetadata
 
@@ -16,19 +19,20 @@ def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int
     (None: all at once; 1: pure decode steps after the first token), sequences batched."""
     n = len(prompts)
     slots = slots or list(range(n))
-    pages = -(-max(map(len, prompts)) // PAGE_SIZE)
-    cache = model.allocate_cache(num_state_rows=max(slots) + 1, num_pages=(max(slots) + 1) * pages, page_size=PAGE_SIZE)
-    table = contiguous_block_table(max(slots) + 1, pages)
+    pages, states = -(-max(map(len, prompts)) // PAGE_SIZE), max(slots) + 1
+    cache = CachePool.for_model(model, states * (1 + pages), block_size=PAGE_SIZE)
+    runner = ModelRunner(model, cache, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device="cpu")
+    table = contiguous_block_table(states, pages) + states
     done = [0] * n
     logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
     while any(d < len(p) for d, p in zip(done, prompts)):
         active = [i for i in range(n) if done[i] < len(prompts[i])]
         pieces = [prompts[i][done[i]: done[i] + (chunk or len(prompts[i]))] for i in active]
         batch = ForwardMetadata.build(pieces, context_lens=[done[i] for i in active],
-                                   state_indices=[slots[i] for i in active],
-                                   block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
+                                      state_indices=[slots[i] for i in active],
+                                      block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
                                       all_logits=True)
-        out = model(batch, cache).logits
+        out = runner.forward(batch).logits
         at = 0
         for i, piece in zip(active, pieces):
             logits[i].extend(out[at: at + len(piece)])

@@ -3,6 +3,7 @@ decode path and the prefill chunks after them on its prefill path, with the mode
 unchanged; `split_decodes` cuts the metadata at that boundary."""
 
 import dataclasses
+import operator
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
 from k3.model.kda import KDAMixer
 from k3.model.mla import MLAMixer
-from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
+from k3.plugin.contract import (CheckpointMetadata, ForwardMetadata, ForwardMode, SpecMetadata,
+                                leading_one_token_steps)
 from model_runs import PAGE_SIZE, teacher_forced
 
 
@@ -22,8 +24,8 @@ def _meta(lens, context=None, checkpoints=False):
                                  block_table=contiguous_block_table(5, 2)[[4, 1, 3, 0][:len(lens)]],
                                  page_size=PAGE_SIZE)
     if checkpoints:
-        meta.checkpoint_positions = torch.arange(len(lens) * 2).view(-1, 2)
-        meta.checkpoint_state_indices = torch.arange(len(lens) * 2).view(-1, 2) + 10
+        meta.checkpoints = CheckpointMetadata(torch.arange(len(lens) * 2).view(-1, 2),
+                                              torch.arange(len(lens) * 2).view(-1, 2) + 10)
     return meta
 
 
@@ -42,9 +44,10 @@ def test_split_decodes_cuts_every_field_at_the_boundary():
     assert torch.equal(rest.positions, meta.positions[2:]) and torch.equal(rest.slot_mapping, meta.slot_mapping[2:])
     assert decodes.cu_seqlens.tolist() == [0, 1, 2] and rest.cu_seqlens.tolist() == [0, 5, 8]
     assert rest.cu_seqlens.dtype == torch.int32
-    for name in ("context_lens", "state_indices", "block_table", "checkpoint_positions", "checkpoint_state_indices"):
-        whole = getattr(meta, name)
-        assert torch.equal(getattr(decodes, name), whole[:2]) and torch.equal(getattr(rest, name), whole[2:]), name
+    for name in ("context_lens", "state_indices", "block_table", "checkpoints.positions", "checkpoints.state_indices"):
+        whole, head_part, tail_part = (operator.attrgetter(name)(m) for m in (meta, decodes, rest))
+        assert torch.equal(head_part, whole[:2]) and torch.equal(tail_part, whole[2:]), name
+    assert (meta.mode, decodes.mode, rest.mode) == (ForwardMode.MIXED, ForwardMode.DECODE, ForwardMode.PREFILL)
     assert decodes.logits_indices.numel() == 0 and rest.logits_indices.numel() == 0
 
 
@@ -57,7 +60,8 @@ def test_split_decodes_refuses_batches_without_both_parts(lens):
 
 def test_split_decodes_refuses_verifying_batches():
     meta = _meta([1, 4])
-    meta.spec_lens = torch.tensor([0, 3], dtype=torch.int32)
+    meta.spec = SpecMetadata(lens=torch.tensor([0, 3], dtype=torch.int32))
+    assert meta.mode is ForwardMode.VERIFY
     with pytest.raises(ValueError, match="no verifying sequence"):
         meta.split_decodes()
 

@@ -3,15 +3,16 @@ embeddings injected at placeholder tokens."""
 
 import torch
 
+from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
 from k3.plugin.contract import ForwardMetadata
 
 
 def _run(model, tokens, **kw):
-    cache = model.allocate_cache(num_state_rows=1, num_pages=2, page_size=16)
+    cache = CachePool.for_model(model, 3, block_size=16).views                # a state row, then 2 pages
     batch = ForwardMetadata.build([tokens], context_lens=[0], state_indices=[0],
-                               block_table=contiguous_block_table(1, 2), page_size=16, all_logits=True)
+                               block_table=contiguous_block_table(1, 2) + 1, page_size=16, all_logits=True)
     return model(batch, cache, **kw), cache
 
 

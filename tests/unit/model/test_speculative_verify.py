@@ -6,9 +6,10 @@ import copy
 import pytest
 import torch
 
+from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.plugin.contract import ForwardMetadata, SpecMetadata
 
 PAGE = 16
 
@@ -22,10 +23,11 @@ def _meta(tokens, context, rows, table):
 @pytest.mark.parametrize("mode", ["states", "recover"])
 def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpoint):
     model = load_model(tiny_checkpoint("k3.1-pro-tiny"), dtype=torch.float64, progress=False)
-    table = contiguous_block_table(12, 4)
+    table = contiguous_block_table(12, 4) + 12                          # pages after the 12 state rows
     prompt_a, prompt_b = [(3 * i) % 300 + 1 for i in range(21)], [(5 * i) % 300 + 2 for i in range(9)]
     drafts = [17, 4, 99, 250]                           # a's verify: its last token + 4 drafts
-    cache = model.allocate_cache(num_state_rows=12, num_pages=48, page_size=PAGE)
+    pool = CachePool.for_model(model, 12 + 48, block_size=PAGE)
+    cache = pool.views
     model(_meta([prompt_a[:-1], prompt_b[:-1]], [0, 0], [0, 1], table), cache)
     sequential = copy.deepcopy(cache)
 
@@ -41,14 +43,15 @@ def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpo
 
     # verify: a brings 1 + 4 tokens (speculating), b one token (not speculating), one forward
     meta = _meta([tokens, [prompt_b[-1]]], [20, 8], [0, 1], table)
-    meta.spec_lens = torch.tensor([4, 0], dtype=torch.int32)
+    spec = SpecMetadata(lens=torch.tensor([4, 0], dtype=torch.int32))
     if host_positions:                                  # as the engine's runner builds them
-        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
+        spec.positions = torch.tensor([[0, j] for j in range(5)])
     if mode == "states":
-        meta.spec_state_indices = torch.tensor([[4, 5, 6, 7, 8], [1, 1, 1, 1, 1]])
+        spec.state_indices = torch.tensor([[4, 5, 6, 7, 8], [1, 1, 1, 1, 1]])
     else:
-        cache.kda_records = model.allocate_records(slots=2, tokens=5)
-        meta.spec_record_slots = torch.tensor([1, 0])
+        pool.allocate_records(slots=2, tokens=5)
+        spec.record_slots = torch.tensor([1, 0])
+    meta.spec = spec
     before = [v.recurrent[0].clone() for v in cache.kda]
     logits = model(meta, cache).logits
     torch.testing.assert_close(logits[:5], torch.stack(seq_logits), rtol=0, atol=1e-9)
@@ -73,14 +76,13 @@ def test_verify_then_commit_equals_sequential(mode, host_positions, tiny_checkpo
 @pytest.mark.parametrize("host_positions", [False, True], ids=["positions_from_spec_lens", "positions_from_engine"])
 def test_recover_mode_refuses_more_verified_tokens_than_record_slots(host_positions, tiny_checkpoint):
     model = load_model(tiny_checkpoint("k3.1-pro-tiny"), dtype=torch.float64, progress=False)
-    table = contiguous_block_table(4, 4)
-    cache = model.allocate_cache(num_state_rows=4, num_pages=16, page_size=PAGE)
+    table = contiguous_block_table(4, 4) + 4                            # pages after the 4 state rows
+    pool = CachePool.for_model(model, 4 + 16, block_size=PAGE)
+    cache = pool.views
     model(_meta([[5, 6, 7]], [0], [0], table), cache)
-    cache.kda_records = model.allocate_records(slots=1, tokens=3)
+    pool.allocate_records(slots=1, tokens=3)
     meta = _meta([[8, 9, 10, 11, 12]], [3], [0], table)                  # 1 + 4 drafts into 3-token records
-    meta.spec_lens = torch.tensor([4], dtype=torch.int32)
-    meta.spec_record_slots = torch.tensor([0])
-    if host_positions:
-        meta.spec_positions = torch.tensor([[0, j] for j in range(5)])
+    meta.spec = SpecMetadata(lens=torch.tensor([4], dtype=torch.int32), record_slots=torch.tensor([0]),
+                             positions=torch.tensor([[0, j] for j in range(5)]) if host_positions else None)
     with pytest.raises(ValueError, match="5 verified tokens exceed the record slots' 3"):
         model(meta, cache)

@@ -32,6 +32,7 @@ def test_example_is_listed_with_its_distribution():
 
 
 def test_forced_example_provides_rms_norm_and_a_tiny_model_runs(tiny_checkpoint):
+    from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_checkpoint
     from k3.config import K3Config
     from k3.model import contiguous_block_table
@@ -47,9 +48,9 @@ def test_forced_example_provides_rms_norm_and_a_tiny_model_runs(tiny_checkpoint)
     cfg = K3Config.preset("k3-tiny")
     model = platform.build_model(cfg, dtype=torch.float64)
     load_checkpoint(model, tiny_checkpoint("k3-tiny"), progress=False)
-    cache = model.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    cache = CachePool.for_model(model, 2, block_size=16, platform=platform).views     # a state row, a page
     meta = ForwardMetadata.build([[1, 2, 3]], context_lens=[0], state_indices=[0],
-                                 block_table=contiguous_block_table(1, 1), page_size=16)
+                                 block_table=contiguous_block_table(1, 1) + 1, page_size=16)
     before = k3_example_plugin.calls["rms_norm"]
     logits = model(meta, cache).logits
     assert torch.isfinite(logits).all() and k3_example_plugin.calls["rms_norm"] > before
@@ -58,7 +59,7 @@ def test_forced_example_provides_rms_norm_and_a_tiny_model_runs(tiny_checkpoint)
 
     reference = K3ForCausalLM(cfg, dtype=torch.float64)
     load_checkpoint(reference, tiny_checkpoint("k3-tiny"), progress=False)
-    ref_cache = reference.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    ref_cache = CachePool.for_model(reference, 2, block_size=16).views
     assert torch.equal(reference(meta, ref_cache).logits, logits)        # same function, other provider
 
 
@@ -107,7 +108,7 @@ def test_engine_on_the_example_cache_allocation_and_transposed_state_rows(tiny_c
         if name == "example":
             assert k3_example_plugin.calls["allocate_cache"] == before + 1
             assert view.layout == "hvk" and engine.cache.backing.data_ptr() % 4096 == 0
-            assert engine.layout.row_bytes % 4096 == 0
+            assert engine.plan.layout.row_bytes % 4096 == 0
             assert view.stored().stride(-1) == 1 and view.recurrent.stride(-2) == 1     # stored transposed
         else:
             assert view.layout == "hkv" and view.recurrent.stride(-1) == 1

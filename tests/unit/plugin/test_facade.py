@@ -64,6 +64,7 @@ def _platform_with(plugin, name="override") -> Platform:
 
 
 def test_entry_wise_fallback_and_model_runs_unchanged(tiny_checkpoint):
+    from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_checkpoint
     from k3.model import contiguous_block_table
     from k3.plugin.contract import ForwardMetadata
@@ -76,9 +77,9 @@ def test_entry_wise_fallback_and_model_runs_unchanged(tiny_checkpoint):
     cfg = K3Config.preset("k3-tiny")
     model = platform.build_model(cfg, dtype=torch.float64)
     load_checkpoint(model, tiny_checkpoint("k3-tiny"), progress=False)
-    cache = model.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
+    cache = CachePool.for_model(model, 2, block_size=16).views                # a state row, a page
     meta = ForwardMetadata.build([[1, 2, 3]], context_lens=[0], state_indices=[0],
-                                 block_table=contiguous_block_table(1, 1), page_size=16)
+                                 block_table=contiguous_block_table(1, 1) + 1, page_size=16)
     assert torch.isfinite(model(meta, cache).logits).all()
     assert plugin.calls > 0
 

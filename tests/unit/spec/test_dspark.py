@@ -45,10 +45,10 @@ def test_greedy_outputs_are_exact(paths, rollback):
     expected = _run(_engine(target), greedy)
     engine = _engine(target, {"method": "dspark", "model": str(draft), "num_speculative_tokens": 4,
                               "kda_rollback": rollback})
-    pages = len(engine.speculation.proposer.free)
+    pages = len(engine.strategy.proposer.free)
     assert _run(engine, greedy) == expected
     assert engine.spec_stats()["spec_draft_tokens_total"] > 0
-    assert engine.pool.num_free == engine.pool.num_rows and len(engine.speculation.proposer.free) == pages
+    assert engine.pool.num_free == engine.pool.num_rows and len(engine.strategy.proposer.free) == pages
 
 
 @pytest.mark.parametrize("rollback", ["states", "recover"])
@@ -82,7 +82,7 @@ def test_mixed_batch_with_a_request_that_does_not_speculate(paths, rollback, tmp
 def test_context_rows_are_the_targets_tapped_features(paths):
     target, draft = paths
     engine = _engine(target, {"method": "dspark", "model": str(draft), "num_speculative_tokens": 2})
-    proposer = engine.speculation.proposer
+    proposer = engine.strategy.proposer
     engine.add_request("r", PROMPTS[0], SamplingParams(max_tokens=5, temperature=0))
     for _ in range(3):
         engine.step()
@@ -90,13 +90,14 @@ def test_context_rows_are_the_targets_tapped_features(paths):
     ctx = proposer.seqs["r"]
     assert ctx.observed == request.num_tokens - 1
     # the target run once over the same tokens, tapping the same layers
+    from k3.cache.pool import CachePool
     from k3.model import contiguous_block_table
     from k3.plugin.contract import ForwardMetadata
 
     tokens = request.all_token_ids[: ctx.observed]
-    cache = engine.model.allocate_cache(num_state_rows=1, num_pages=4, page_size=16)
+    cache = CachePool.for_model(engine.model, 5, block_size=16).views         # a state row, then 4 pages
     meta = ForwardMetadata.build([tokens], context_lens=[0], state_indices=[0],
-                                 block_table=contiguous_block_table(1, 4), page_size=16)
+                                 block_table=contiguous_block_table(1, 4) + 1, page_size=16)
     taps = engine.model(meta, cache, tap_layers=proposer.cfg.target_layer_ids).taps
     features = torch.cat([taps[layer] for layer in proposer.cfg.target_layer_ids], -1)
     expected = proposer.model.context_rows(features, torch.arange(len(tokens)))
@@ -114,7 +115,7 @@ def test_probabilistic_drafts_come_with_their_distribution(paths):
     engine.add_request("r", PROMPTS[1], params)
     engine.step()                                     # prefill: context observed, first token sampled
     request = engine.requests["r"]
-    proposer = engine.speculation.proposer
+    proposer = engine.strategy.proposer
     proposal = proposer.propose_batch([(request, 3)])[0]
     assert len(proposal.tokens) == 3 and proposal.probs.shape == (3, 512)
     position = request.num_tokens - 1

@@ -32,7 +32,7 @@ def _run(path, spec, params=GREEDY, prompts=PROMPTS):
             if out.finished:
                 done[out.request_id] = out.outputs[0].token_ids
     assert engine.pool.num_free == engine.pool.num_rows
-    draft = getattr(engine.speculation, "proposer", None)
+    draft = getattr(engine.strategy, "proposer", None)
     if hasattr(draft, "pool"):
         assert draft.pool.num_free == draft.pool.num_rows and not draft.seqs
     return [done[f"r{i}"] for i in range(len(prompts))], engine.spec_stats()
@@ -88,9 +88,9 @@ def test_states_rollback_reserves_scratch_rows_up_front(checkpoints):
                                    load_progress=False))
     spec_engine = LLMEngine(EngineConfig(model=str(path), dtype="float64", kv_cache_memory_gib=0.02, max_num_seqs=8,
                                          load_progress=False, speculative_config=spec))
-    assert spec_engine.spec_pool.num_rows == 8 * (1 + 3)
+    assert spec_engine.strategy.scratch.num_rows == 8 * (1 + 3)
     assert spec_engine.pool.num_rows == plain.pool.num_rows - 8 * (1 + 3)
-    assert spec_engine.spec_pool.first_row == spec_engine.pool.num_rows      # disjoint row ranges
+    assert spec_engine.strategy.scratch.first_row == spec_engine.pool.num_rows      # disjoint row ranges
     with pytest.raises(ValueError, match="too few for the .* speculative scratch rows"):
         LLMEngine(EngineConfig(model=str(path), dtype="float64", kv_cache_memory_gib=0.02, max_num_seqs=256,
                                load_progress=False, speculative_config=spec))

@@ -1,0 +1,177 @@
+"""A scheduled step as tensors: the flat ForwardMetadata (with its `spec` and `checkpoints`
+sub-records when a request verifies drafts or saves a KDA checkpoint) and the sampling
+parameters of the requests that sample, built from the requests' row lists on the host and
+uploaded in one transfer per dtype (`HostBatch`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from k3.plugin.contract import CheckpointMetadata, ForwardMetadata, SpecMetadata, leading_one_token_steps
+
+from .prompt_logprobs import PromptSpan
+from .sampler import SamplingBatch
+from .scheduler import SchedulerOutput
+from .upload import HostBatch
+
+
+@dataclass
+class StepBatch:
+    meta: ForwardMetadata
+    sample_rows: list[int]         # indices into scheduled of the requests that sample a token
+    sample_logits: list[int]       # their rows in the logits
+    sample_index: torch.Tensor | None  # sample_logits on the device, None when they are rows 0..n-1
+    spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
+    token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
+    token_sources: torch.Tensor | None = None   # [N] lookahead decodes: rows of the previous samples
+    prompt_spans: dict[int, PromptSpan] | None = None   # prompt_logprobs: logits rows of prompt positions
+    prompt_targets: torch.Tensor | None = None  # [M] the prompt tokens those rows predict, in span order
+
+
+def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: bool = False,
+                   token_sources: list[int] | None = None) -> StepBatch:
+    """ForwardMetadata of a scheduled step (logits only for requests that complete; every
+    position of a verifying request; every prompt position of a request that asks for prompt
+    logprobs). pinned: upload without blocking (HostBatch.upload).
+    token_sources: for a step of lookahead decodes, the row of the previous step's samples
+    that holds each sequence's input token (uploaded as `StepBatch.token_sources`)."""
+    ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
+    sample_logits: list[int] = []
+    spec_rows: dict[int, slice] = {}
+    prompt_spans: dict[int, PromptSpan] = {}
+    prompt_targets: list[int] = []
+    spec_lens, spec_states, record_slots, spec_positions = [], [], [], []
+    max_spec = max(len(s.spec_tokens) for s in out.scheduled)
+    max_ckpt = max(len(s.checkpoints) for s in out.scheduled)
+    ckpt_pos, ckpt_rows = [], []
+    max_rows = max(len(s.request.rows) for s in out.scheduled)
+    table = []
+    for i, s in enumerate(out.scheduled):
+        r, start = s.request, s.request.num_computed_tokens
+        tokens = s.tokens
+        spec = len(s.spec_tokens)
+        spec_lens.append(spec)
+        if spec:
+            spec_positions += [(i, j) for j in range(len(tokens))]
+        spec_states.append((r.spec_rows + [r.state_row] * (1 + max_spec))[: 1 + max_spec])
+        record_slots.append(r.record_slot if r.record_slot is not None else 0)
+        ids += tokens
+        pos = range(start, start + len(tokens))
+        positions += pos
+        slots += [r.rows[p // block_size] * block_size + p % block_size for p in pos]
+        lens.append(len(tokens))
+        context.append(start)
+        table.append(r.rows + [r.rows[-1]] * (max_rows - len(r.rows)))    # pad with a valid row
+        pad = max_ckpt - len(s.checkpoints)
+        ckpt_pos.append([p for p, _ in s.checkpoints] + [-1] * pad)
+        ckpt_rows.append([row for _, row in s.checkpoints] + [r.state_row] * pad)
+        if r.params.prompt_logprobs is not None and not spec:
+            # positions start .. P - 2 score prompt tokens start + 1 .. P - 1 (P - 1 samples)
+            end = min(start + len(tokens), len(r.prompt_token_ids) - 1)
+            if end > start:
+                prompt_spans[i] = PromptSpan(len(logits_at), start, end - start)
+                prompt_targets += r.prompt_token_ids[start + 1: end + 1]
+                first = len(ids) - len(tokens)
+                logits_at += range(first, first + end - start)
+        if spec:
+            spec_rows[i] = slice(len(logits_at), len(logits_at) + len(tokens))
+            logits_at += range(len(ids) - len(tokens), len(ids))
+        elif s.completes:
+            sample_logits.append(len(logits_at))
+            logits_at.append(len(ids) - 1)
+            sample_rows.append(i)
+    cu = [0, *itertools.accumulate(lens)]
+    host = HostBatch()
+    host.add("input_ids", ids, torch.long)
+    host.add("positions", positions, torch.long)
+    host.add("context_lens", context, torch.long)
+    host.add("slot_mapping", slots, torch.long)
+    host.add("state_indices", [s.request.state_row for s in out.scheduled], torch.long)
+    host.add("logits_indices", logits_at, torch.long)
+    host.add("cu_seqlens", cu, torch.int32)
+    host.add("block_table", table, torch.int32)
+    if max_ckpt:
+        host.add("checkpoints.positions", ckpt_pos, torch.long)
+        host.add("checkpoints.state_indices", ckpt_rows, torch.long)
+    if max_spec:
+        host.add("spec.lens", spec_lens, torch.int32)
+        host.add("spec.positions", spec_positions, torch.long, shape=(len(spec_positions), 2))
+        if any(s.request.spec_rows for s in out.scheduled):
+            host.add("spec.state_indices", spec_states, torch.long)
+        else:
+            host.add("spec.record_slots", record_slots, torch.long)
+    if sample_logits != list(range(len(sample_logits))):
+        host.add("sample_index", sample_logits, torch.long)
+    if token_sources is not None:
+        host.add("token_sources", token_sources, torch.long)
+    if prompt_targets:
+        host.add("prompt_targets", prompt_targets, torch.long)
+    uploaded = host.upload(device, pinned=pinned)
+    sample_index = uploaded.pop("sample_index", None)
+    sources = uploaded.pop("token_sources", None)
+    targets = uploaded.pop("prompt_targets", None)
+    spec = _record(uploaded, "spec.", SpecMetadata) if max_spec else None
+    checkpoints = _record(uploaded, "checkpoints.", CheckpointMetadata) if max_ckpt else None
+    num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
+    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints,
+                           **uploaded)
+    token_starts = cu[:-1]                              # from the host values: no device read
+    return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
+                     spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,
+                     prompt_spans=prompt_spans or None, prompt_targets=targets)
+
+
+def _record(uploaded: dict, prefix: str, cls):
+    """The sub-record `cls` of the uploaded fields named prefix + field (popped)."""
+    return cls(**{name[len(prefix):]: uploaded.pop(name) for name in list(uploaded) if name.startswith(prefix)})
+
+
+def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, device,
+                   pinned: bool = False) -> SamplingBatch:
+    """Per-row sampling tensors for the requests that sample this step."""
+    reqs = [out.scheduled[i].request for i in rows]
+    params = [r.params for r in reqs]
+
+    def tensor(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    all_greedy = all(p.temperature <= 0 for p in params)
+    host = HostBatch()
+    if not all_greedy:          # a greedy batch takes the argmax alone: no draw parameters to copy
+        host.add("temperature", [p.temperature for p in params], torch.float32)
+        host.add("top_p", [p.top_p for p in params], torch.float32)
+        host.add("min_p", [p.min_p for p in params], torch.float32)
+        host.add("top_k", [p.top_k for p in params], torch.long)
+        host.add("seeds", [r.seed for r in reqs], torch.long)
+        host.add("steps", [out.scheduled[i].output_index for i in rows], torch.long)   # the noise counter
+    batch = SamplingBatch(
+        all_greedy=all_greedy,
+        filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
+        num_logprobs=max((p.logprobs or 0) for p in params),
+        **host.upload(device, pinned=pinned),
+    )
+    if any(p.uses_penalties for p in params):
+        counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)
+        prompt = torch.zeros(len(reqs), vocab_size, dtype=torch.bool, device=device)
+        for i, r in enumerate(reqs):
+            if r.output_token_ids:
+                counts[i].index_add_(0, tensor(r.output_token_ids, torch.long),
+                                     torch.ones(len(r.output_token_ids), dtype=torch.int32, device=device))
+            prompt[i, tensor(r.prompt_token_ids, torch.long)] = True
+        batch.token_counts, batch.prompt_mask = counts, prompt
+        batch.repetition_penalty = tensor([p.repetition_penalty for p in params], torch.float32)
+        batch.presence_penalty = tensor([p.presence_penalty for p in params], torch.float32)
+        batch.frequency_penalty = tensor([p.frequency_penalty for p in params], torch.float32)
+    masks = [p.allowed_tokens(r.output_token_ids) if p.allowed_tokens else None for p, r in zip(params, reqs)]
+    if any(m is not None for m in masks):
+        allowed = torch.ones(len(reqs), vocab_size, dtype=torch.bool, device=device)
+        for i, m in enumerate(masks):
+            if m is not None:
+                allowed[i] = False
+                allowed[i, tensor(list(m), torch.long)] = True
+        batch.allowed = allowed
+    return batch

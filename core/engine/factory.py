@@ -1,0 +1,172 @@
+"""The engine factory: every part of an LLMEngine built ready, in dependency order.
+
+platform -> model and weights -> cache format -> cache plan (every row assigned) -> cache pool
+and row allocator (-> prefix cache) -> scheduler -> proposer (speculative decoding) -> runner
+(-> decode graphs) -> output processor (detokenisation, stops) -> step strategy (plain,
+asynchronous lookahead, or speculative). Each part gets what it needs as arguments; none is
+handed the engine.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from k3.cache.block_pool import BlockPool
+from k3.cache.capacity import plan_capacity, prefill_token_limit
+from k3.cache.format import CacheFormat
+from k3.cache.plan import CachePlan, plan_cache
+from k3.cache.pool import CachePool
+from k3.cache.prefix import PrefixCache
+from k3.checkpoint.dummy import load_dummy_weights
+from k3.checkpoint.loader import load_checkpoint
+from k3.config import K3Config
+from k3.dtypes import dtype_name, torch_dtype
+from k3.plugin import select_platform
+from k3.tokenizer import load_tokenizer
+
+from .config import GIB, EngineConfig, default_cpu_cache_bytes
+from .lookahead import LookaheadStep
+from .outputs import OutputProcessor
+from .runner import ModelRunner
+from .scheduler import Scheduler, SchedulerConfig
+from .spec.config import SpeculativeConfig
+from .step import PlainStep
+
+
+@dataclass
+class EngineParts:
+    """What an LLMEngine is made of (see the module docstring)."""
+
+    platform: object
+    model: object
+    tokenizer: object
+    plan: CachePlan
+    cache: CachePool
+    pool: BlockPool
+    prefix_cache: PrefixCache | None
+    scheduler: Scheduler
+    runner: ModelRunner
+    outputs: OutputProcessor
+    strategy: PlainStep
+    async_scheduling: bool
+    graph_capture_error: str | None
+
+
+def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
+    """Every part of an engine for `config` (broadcast: the tensor-parallel rank 0's sender)."""
+    config.validate()
+    platform = platform or select_platform(config.platform)
+    cfg = K3Config.from_pretrained(config.model)
+    tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
+    model = load_model(config, cfg, platform, parallel)
+    device = torch.device(platform.info.device)
+    spec = SpeculativeConfig.parse(config.speculative_config)
+    tp = model.parallel.world_size
+    graph_runner = None if config.enforce_eager or tp > 1 else platform.graph_runner
+    async_scheduling = (config.async_scheduling if config.async_scheduling is not None
+                        else graph_runner is not None and spec is None)
+
+    fmt = CacheFormat.build(cfg, activation_dtype=model.dtype, kv_cache_dtype=config.kv_cache_dtype,
+                            index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp,
+                            block_size=config.block_size, platform=platform)
+    plan = plan_cache(cfg, fmt, cache_bytes=cache_bytes(config, cfg, fmt, platform),
+                      max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+                      num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+                      kda_rollback=spec.kda_rollback if spec else "states", graph_scratch=graph_runner is not None)
+    cache = CachePool.on_platform(platform, cfg, fmt, plan.num_rows)
+    if plan.record_slots:
+        cache.allocate_records(slots=plan.record_slots, tokens=plan.record_tokens)
+    pool = BlockPool(plan.token_rows)
+    prefix_cache = _prefix_cache(config, cfg, pool, plan.block_size)
+    scheduler = Scheduler(SchedulerConfig(
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=plan.max_model_len, block_size=plan.block_size,
+        adaptive_token_limit=prefill_token_limit(cfg, config.max_num_batched_tokens, accelerator=device.type != "cpu"),
+        checkpoint_interval=config.kda_checkpoint_interval), pool, prefix_cache)
+
+    proposer = None
+    if spec is not None:
+        from .spec.driver import build_proposer
+
+        proposer = build_proposer(spec, target=model, platform=platform, cache_format=fmt,
+                                  max_model_len=plan.max_model_len, max_num_seqs=config.max_num_seqs)
+    graphs, graph_capture_error = None, None
+    if graph_runner is not None:
+        graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device)
+    runner = ModelRunner(model, cache, block_size=plan.block_size, vocab_size=cfg.vocab_size, device=device,
+                         eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
+                         graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast)
+    outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
+                              max_model_len=plan.max_model_len, seed=config.seed,
+                              release=proposer.release if proposer else None)
+    if spec is not None:
+        from .spec.driver import SpeculativeStep
+
+        scratch = BlockPool(len(plan.spec_rows), first_row=plan.spec_rows.start) if plan.spec_rows else None
+        strategy = SpeculativeStep(scheduler, runner, outputs, config=spec, proposer=proposer, scratch=scratch,
+                                   max_model_len=plan.max_model_len)
+    elif async_scheduling:
+        strategy = LookaheadStep(scheduler, runner, outputs, max_model_len=plan.max_model_len)
+    else:
+        strategy = PlainStep(scheduler, runner, outputs)
+    return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
+                       prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
+                       strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error)
+
+
+def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):
+    """The platform's model for this rank with its weights loaded (or random ones: load_format
+    "dummy"), processed by the platform and folded."""
+    dtype = torch_dtype(cfg.dtype if config.dtype in (None, "auto") else config.dtype)
+    model = platform.build_model(cfg, dtype=dtype, parallel=parallel)
+    if config.load_format == "dummy":
+        load_dummy_weights(model, seed=config.seed, progress=config.load_progress)
+    else:
+        load_checkpoint(model, config.model, progress=config.load_progress)
+    platform.process_weights(model)
+    model.model.fold_weights()
+    return model
+
+
+def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform) -> int:
+    """The cache's memory: on the CPU kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an
+    accelerator what the capacity plan leaves after the weights and the workspace."""
+    if torch.device(platform.info.device).type == "cpu":
+        return int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib else default_cpu_cache_bytes()
+    report = plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
+                           tensor_parallel_size=fmt.tensor_parallel_size,
+                           gpu_memory_bytes=platform.capabilities.memory_bytes,
+                           gpu_memory_utilization=config.gpu_memory_utilization,
+                           max_num_batched_tokens=config.max_num_batched_tokens, block_size=fmt.block_size,
+                           activation_dtype=dtype_name(fmt.activation_dtype), alignment=fmt.alignment)
+    return report.cache_bytes
+
+
+def _prefix_cache(config: EngineConfig, cfg: K3Config, pool: BlockPool, block: int) -> PrefixCache | None:
+    if not config.enable_prefix_caching:
+        return None
+    unit = config.prefix_match_unit or min(64, block)
+    if config.kda_checkpoint_interval % unit:
+        raise ValueError(f"kda_checkpoint_interval ({config.kda_checkpoint_interval}) must be a multiple "
+                         f"of the prefix-match unit ({unit})")
+    return PrefixCache(pool, block_size=block, unit=unit, needs_checkpoints=bool(cfg.kda_layer_ids))
+
+
+def _decode_graphs(config: EngineConfig, platform, model, cache: CachePool, plan: CachePlan, graph_runner, device):
+    """(DecodeGraphs, None), or (None, the error) when the platform cannot capture (a capture
+    that fails must not stop serving)."""
+    from .graphs import DecodeGraphs, default_buckets
+
+    buckets = config.graph_batch_sizes or default_buckets(config.max_num_seqs)
+    try:
+        return DecodeGraphs(model, cache.views, graph_runner, buckets=buckets, scratch_row=plan.graph_scratch_row,
+                            block_size=plan.block_size, max_pages=-(-plan.max_model_len // plan.block_size),
+                            device=device, progress=config.load_progress), None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        print(f"k3: decode graph capture failed on platform {platform.name} ({error}); "
+              "decoding eagerly (--enforce-eager skips the attempt)", file=sys.stderr)
+        return None, error
