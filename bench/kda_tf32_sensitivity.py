@@ -325,7 +325,7 @@ def model_level(presets, dtypes, variants, draws, noise_draws, noise_eps):
     import k3.conformance.cases.model as model_cases
     from k3.conformance.registry import items
     from k3.conformance.runner import RunContext, run_item
-    from k3.plugin import select_platform
+    from k3.platform import select_platform
 
     cases = [i for i in items("full", ("model",)) if i.case.name == "model.greedy" and i.dtype in dtypes
              and any(f"{p}_" in i.sample.shape for p in presets)]

@@ -14,7 +14,7 @@ from k3.cache.pool import CachePool
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.model.metadata import CacheViews, ForwardMetadata
 
 from .inputs import poison_freed_memory
 

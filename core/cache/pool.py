@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, IndexKeyCacheView, KDAStateView, LatentCacheView
+from k3.model.metadata import CacheViews, IndexKeyCacheView, KDAStateView, LatentCacheView
 
 from .plan import RowLayout
 

@@ -23,7 +23,7 @@ from k3.checkpoint.dummy import load_dummy_weights
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.engine.stop import StopStringMatcher
-from k3.plugin import select_platform
+from k3.platform import select_platform
 from k3.tokenizer import IncrementalDetokenizer, load_tokenizer
 from k3.tokenizer.detokenize import NoDetokenizer
 

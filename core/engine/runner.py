@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata, leading_one_token_steps
+from k3.model.metadata import ForwardMetadata, leading_one_token_steps
 
 from .prompt_logprobs import PromptSpan, score_prompt_rows
 from .sampler import SamplingBatch, sample_batch

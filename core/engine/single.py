@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.model import K3ForCausalLM, contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 from k3.reference.sampling import sample
 
 PAGE_SIZE = 64

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from k3.config import K3Config
-from k3.plugin.types import KernelSet
+from k3.plugin.tables import KernelSet
 from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
-from k3.plugin.contract import ForwardMetadata, IndexKeyCacheView
-from k3.plugin.types import KernelSet
+from k3.model.metadata import ForwardMetadata, IndexKeyCacheView
+from k3.plugin.tables import KernelSet
 
 from .module import K3Module
 from .paging import gather_sequences

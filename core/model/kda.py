@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata
-from k3.plugin.types import KernelSet
+from k3.model.metadata import CacheViews, ForwardMetadata
+from k3.plugin.tables import KernelSet
 
 from .kda_verify import commit_records, is_verify, verify
 from .module import K3Module

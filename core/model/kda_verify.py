@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.model.metadata import CacheViews, ForwardMetadata
 
 
 def is_verify(meta: ForwardMetadata) -> bool:

@@ -17,8 +17,10 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView, LatentCacheView
-from k3.plugin.types import KernelSet
+from k3.model.metadata import (CacheViews, ForwardMetadata, IndexKeyCacheView, KDARecordView, KDAStateView,
+                               LatentCacheView)
+from k3.plugin.tables import KernelSet
+from k3.platforms.torch_kernels.tables import torch_tables
 
 from .decoder import DecoderLayer
 from .mla import MLAMixer
@@ -211,8 +213,6 @@ class K3ForCausalLM(K3Module):
 
     def allocate_records(self, *, slots: int, tokens: int, device=None) -> list:
         """Record buffers of the "recover" rollback: per KDA layer, `slots` x `tokens`."""
-        from k3.plugin.contract import KDARecordView
-
         la = self.cfg.linear_attn
         if la is None:
             return []
@@ -268,9 +268,8 @@ class K3ForCausalLM(K3Module):
 
 
 def reference_kernels() -> KernelSet:
-    """The reference ops as a KernelSet (what `Platform.kernels` resolves to on the reference)."""
-    from k3.plugin.reference_plugin import reference_tables
-
-    tables = reference_tables()
+    """The pure-torch kernel set as a KernelSet: what `Platform.kernels` resolves to on the
+    reference platform (torch fast paths, else the reference ops)."""
+    tables = torch_tables()
     providers = {f"{family}.{entry}": "reference" for family, table in tables.items() for entry in table.provided()}
     return KernelSet(**tables, providers=providers)

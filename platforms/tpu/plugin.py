@@ -25,15 +25,15 @@ def k3_detect_platform():
 
 
 @hookimpl
-def k3_capabilities(platform):
-    return capabilities.read() if platform.name == NAME else None
+def k3_capabilities():
+    return capabilities.read()
 
 
 @hookimpl
-def k3_config_defaults(platform):
-    return {"gpu_memory_utilization": 0.9} if platform.name == NAME else None
+def k3_config_defaults():
+    return {"gpu_memory_utilization": 0.9}
 
 
 @hookimpl
-def k3_conformance_expectations(platform):
-    return str(CONFORMANCE) if platform.name == NAME else None
+def k3_conformance_expectations():
+    return str(CONFORMANCE)

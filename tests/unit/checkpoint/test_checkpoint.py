@@ -15,7 +15,7 @@ from k3.quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
 
 def _logits(model, tokens=(5, 17, 200, 3, 99, 42, 7)):
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     cache = model.allocate_cache(num_state_rows=1, num_pages=1, page_size=16)
     batch = ForwardMetadata.build([list(tokens)], context_lens=[0], state_indices=[0],

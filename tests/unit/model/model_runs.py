@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from k3.model import K3ForCausalLM, contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 PAGE_SIZE = 16
 

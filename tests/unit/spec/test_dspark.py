@@ -91,7 +91,7 @@ def test_context_rows_are_the_targets_tapped_features(paths):
     assert ctx.observed == request.num_tokens - 1
     # the target run once over the same tokens, tapping the same layers
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     tokens = request.all_token_ids[: ctx.observed]
     cache = engine.model.allocate_cache(num_state_rows=1, num_pages=4, page_size=16)
