@@ -50,7 +50,8 @@ def kda_inputs(b: int, t: int, h: int, d: int, *, seed: int):
 def kda_prefill(ceil: dict, t: int = 8192, h: int = 96, d: int = 128) -> dict:
     q, k, v, g, beta, s0 = kda_inputs(1, t, h, d, seed=0)
     out = {"shape": f"B1 T{t} H{h} K=V{d}"}
-    o_ref, s_ref = ref.kda_chunked(q, k, v, g, beta, initial_state=s0)
+    want = ref.kda_chunked(q, k, v, g, beta, initial_state=s0)
+    o_ref, s_ref = want.o, want.state
     out["reference_ms"] = bench(lambda: ref.kda_chunked(q, k, v, g, beta, initial_state=s0), rep_ms=2000)
     try:
         from fla.ops.kda import chunk_kda
@@ -71,7 +72,8 @@ def kda_prefill(ceil: dict, t: int = 8192, h: int = 96, d: int = 128) -> dict:
 def kda_decode(ceil: dict, n: int = 64, h: int = 96, d: int = 128) -> dict:
     q, k, v, g, beta, s0 = kda_inputs(n, 1, h, d, seed=1)
     out = {"shape": f"N{n} T1 H{h} K=V{d}"}
-    o_ref, s_ref = ref.kda_recurrent(q, k, v, g, beta, initial_state=s0)
+    want = ref.kda_recurrent(q, k, v, g, beta, initial_state=s0)
+    o_ref, s_ref = want.o, want.state
     out["reference_ms"] = bench(lambda: ref.kda_recurrent(q, k, v, g, beta, initial_state=s0))
     try:
         from fla.ops.kda import fused_recurrent_kda

@@ -31,7 +31,8 @@ def make(n, context, hi, d, page, device, seed):
     g = torch.Generator(device=device).manual_seed(seed)
     pages_each = -(-context // page)
     keys = torch.randn(n * pages_each * page, d, device=device, generator=g)
-    values, scales = ref.indexer_quantize_keys(keys, fmt="fp8")
+    quantized = ref.indexer_quantize_keys(keys, fmt="fp8")
+    values, scales = quantized.values, quantized.scales
     values, scales = values.view(n * pages_each, page, d), scales.view(n * pages_each, page)
     table = torch.randperm(n * pages_each, device=device, generator=g).view(n, pages_each).int()
     lens = torch.full((n,), context, device=device)

@@ -258,9 +258,8 @@ def make_noise(eps, seed):
         out = blocked.kda_chunked(q, k, v, g, beta, **kw)
         if q.dtype == torch.float64:
             return out
-        o, s, *rest = out
         jitter = lambda x: x * (1 + eps * torch.randn(x.shape, generator=gen, dtype=torch.float32).to(x.dtype))  # noqa: E731
-        return (jitter(o), jitter(s), *rest)
+        return dataclasses.replace(out, o=jitter(out.o), state=jitter(out.state))
 
     return kda_chunked
 
@@ -307,9 +306,10 @@ def kernel_level(configs):
         g = args[3]
         for key, (label, mm1, mm2) in {**VARIANTS, **KERNEL_ONLY}.items():
             t0 = time.time()
-            o, s = make_variant(mm1, mm2)(*args, **kw)
+            out = make_variant(mm1, mm2)(*args, **kw)
+            o, s = out.o, out.state
             row = {"config": name, "lens": lens, "HV": hv, "K": d, "V": d, "variant": key, "label": label,
-                   "error_ratio_o": ratio(o, want[0]), "error_ratio_final_state": ratio(s, want[1]),
+                   "error_ratio_o": ratio(o, want.o), "error_ratio_final_state": ratio(s, want.state),
                    "seconds": round(time.time() - t0, 2)}
             rows.append(row)
             print(f"  kernel {name:>22} {key:>14}: o {row['error_ratio_o']:.2e}  state "

@@ -137,16 +137,18 @@ class K3Model(K3Module):
             l, starts_block = layer.layer, layer.layer % block == 0
             visible = math.ceil(l / block)
             query = self._attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
-            h, prefix = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
-                                      write_index=l // block if starts_block else None, eps=eps,
-                                      out_norm_weight=layer.input_layernorm, out_eps=eps)
-            a = self._mixer(layer, h, meta, cache, per_position, states)
+            step = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
+                                 write_index=l // block if starts_block else None, eps=eps,
+                                 out_norm_weight=layer.input_layernorm, out_eps=eps)
+            prefix = step.prefix
+            a = self._mixer(layer, step.h, meta, cache, per_position, states)
             prefix = a if starts_block else (prefix + a).to(x0.dtype)
             query = self._attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
-            h, prefix = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
-                                      write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
-                                      out_eps=eps)
-            delta = layer.ffn(h, decode=meta.max_q_len == 1)
+            step = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
+                                 write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
+                                 out_eps=eps)
+            prefix = step.prefix
+            delta = layer.ffn(step.h, decode=meta.max_q_len == 1)
             if l in tap_layers:
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)

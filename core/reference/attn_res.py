@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from k3.plugin.kernels import AttnResOut
+
 from ..dtypes import compute_dtype
 from .norms import rms_norm
 
@@ -50,7 +52,7 @@ def attn_res(
     eps: float,
     out_norm_weight: torch.Tensor | None,
     out_eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> AttnResOut:
     """The fused AttnRes step a kernel implements (vLLM's `attn_res` contract).
 
     prefix: [T, D] running partial block sum; delta: [T, D] last sublayer output not yet added,
@@ -72,4 +74,4 @@ def attn_res(
         h = attn_res_mix(sources, query, eps=eps)
     if out_norm_weight is not None:
         h = rms_norm(h, out_norm_weight, out_eps)
-    return h, prefix
+    return AttnResOut(h, prefix)

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from k3.plugin.kernels import ShortConvOut
+
 from ..dtypes import compute_dtype, upcast
 
 
@@ -95,7 +97,7 @@ def short_conv(
     cu_seqlens: torch.Tensor | None = None,
     activation: str | None = "silu",
     checkpoint_offsets: Sequence[int] | torch.Tensor | None = None,
-):
+) -> ShortConvOut:
     """Depthwise causal conv with cached history: y_t[c] = act(sum_j w[c, j] x_{t-W+1+j}[c]).
 
     x: [B, T, C] (with `cu_seqlens` [N+1]: B = 1, N sequences packed along T; else N = B).
@@ -159,9 +161,9 @@ def short_conv(
 
     final = torch.stack([window(n, e - b) for n, (b, e) in enumerate(bounds)]).to(x.dtype)
     if offsets is None:
-        return y.to(x.dtype), final
+        return ShortConvOut(y.to(x.dtype), final)
     n_ckpt = len(offsets[0])
-    checkpoints = [
+    checkpoints = tuple(
         torch.stack([window(n, offsets[n][c]) for n in range(N)]).to(x.dtype) for c in range(n_ckpt)
-    ]
-    return y.to(x.dtype), final, checkpoints
+    )
+    return ShortConvOut(y.to(x.dtype), final, checkpoints)

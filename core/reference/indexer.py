@@ -17,6 +17,8 @@ import torch
 
 from ..quant.fp8 import fp8_dequantize, fp8_quantize
 from ..quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
+from k3.plugin.kernels import QuantizedKeys
+
 from ..dtypes import compute_dtype, upcast
 from .hadamard import hadamard_transform
 from .mla import allowed_mask, varlen_spans
@@ -53,7 +55,7 @@ def index_key_record_bytes(head_dim: int, fmt: str) -> int:
 
 def indexer_quantize_keys(
     k: torch.Tensor, *, fmt: str = "fp8"
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> QuantizedKeys:
     """Quantise index keys k [S, D] (any float dtype) for the cache.
 
     fp8: (values float8_e4m3fn [S, D], scales fp32 [S]), scale = amax / 448 per token, division
@@ -66,9 +68,9 @@ def indexer_quantize_keys(
             f"got {k.dtype} {tuple(k.shape)}"
         )
     if fmt == "mxfp4":
-        return mxfp4_quantize(k)
+        return QuantizedKeys(*mxfp4_quantize(k))
     values, scales = fp8_quantize(k, block_size=k.shape[1], dtype=torch.float8_e4m3fn)
-    return values, scales.reshape(-1)  # [S, 1] -> [S]
+    return QuantizedKeys(values, scales.reshape(-1))  # [S, 1] -> [S]
 
 
 def indexer_dequantize_keys(

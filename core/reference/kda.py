@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from k3.plugin.kernels import KDAChunkedOut, KDARecurrentOut
+
 from ..dtypes import compute_dtype, upcast
 from .conv import checkpoint_offsets_per_sequence, sequence_bounds
 from .kda_gate import kda_gate
@@ -134,7 +136,7 @@ def kda_recurrent(
     cu_seqlens: torch.Tensor | None = None,
     output_per_position_states: bool = False,
     output_corrections: bool = False,
-):
+) -> KDARecurrentOut:
     """Token-serial KDA (the oracle), vectorised over sequences and heads.
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K]; beta: [B, T, HV] (any float
@@ -176,12 +178,9 @@ def kda_recurrent(
                 states[rows] = s
             if corrections is not None:
                 corrections[rows] = u
-    out = (o.view(B, T, HV, V).to(v.dtype), S)
-    if states is not None:
-        out = (*out, states.view(B, T, HV, K, V))
-    if corrections is not None:
-        out = (*out, corrections.view(B, T, HV, V))
-    return out
+    return KDARecurrentOut(o.view(B, T, HV, V).to(v.dtype), S,
+                           states=None if states is None else states.view(B, T, HV, K, V),
+                           corrections=None if corrections is None else corrections.view(B, T, HV, V))
 
 
 def kda_rebuild_state(
@@ -268,7 +267,7 @@ def kda_chunked(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = 64,
     checkpoint_offsets: Sequence[int] | torch.Tensor | None = None,
-):
+) -> KDAChunkedOut:
     """Chunked (WY/UT) KDA, equal to `kda_recurrent` up to rounding; one pass per sequence.
 
     Arguments as `kda_recurrent`; chunk_size: any positive int. checkpoint_offsets: ints [C]
@@ -304,9 +303,6 @@ def kda_chunked(
             at[z] = S
         finals.append(S)
         per_seq_ckpts.append([at[off] for off in wanted])
-    out = (o.view(B, T, HV, V).to(v.dtype), torch.stack(finals))
-    if offsets is None:
-        return out
     n_ckpt = len(offsets[0]) if offsets else 0
-    checkpoints = [torch.stack([c[i] for c in per_seq_ckpts]) for i in range(n_ckpt)]
-    return (*out, checkpoints)
+    checkpoints = tuple(torch.stack([c[i] for c in per_seq_ckpts]) for i in range(n_ckpt))
+    return KDAChunkedOut(o.view(B, T, HV, V).to(v.dtype), torch.stack(finals), checkpoints)

@@ -56,13 +56,13 @@ def kda_decode_step(
     rows = state_indices.long()
     conv_in = conv_state[rows].masked_fill(fresh[:, None, None], 0)                   # [N, 3HK, W-1]
     s0 = recurrent[rows].masked_fill(fresh[:, None, None, None], 0)                     # [N, H, K, V]
-    y, conv_out = short_conv(qkv.unsqueeze(1), conv_weight, conv_state=conv_in)         # [N, 1, 3HK]
-    conv_state[rows] = conv_out
-    yq, yk, v = y.reshape(n, 3, h, k).unbind(1)                                         # [N, H, K] each
+    conv = short_conv(qkv.unsqueeze(1), conv_weight, conv_state=conv_in)              # y [N, 1, 3HK]
+    conv_state[rows] = conv.state
+    yq, yk, v = conv.y.reshape(n, 3, h, k).unbind(1)                                         # [N, H, K] each
     q, kk = l2_norm(yq, l2_eps), l2_norm(yk, l2_eps)
     g = kda_gate(f, A_log, dt_bias, lower_bound=lower_bound)                           # [N, H, K] fp32
     beta = torch.sigmoid(b.to(g.dtype))                                                 # [N, H]
-    o, s1 = kda_recurrent(q[:, None], kk[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
-                          initial_state=s0)                                             # o [N, 1, H, V]
-    recurrent[rows] = s1.to(recurrent.dtype)
-    return gated_rms_norm(o[:, 0], out_gate, o_norm_weight, norm_eps)
+    out = kda_recurrent(q[:, None], kk[:, None], v[:, None], g[:, None], beta[:, None], scale=scale,
+                        initial_state=s0)                                               # o [N, 1, H, V]
+    recurrent[rows] = out.state.to(recurrent.dtype)
+    return gated_rms_norm(out.o[:, 0], out_gate, o_norm_weight, norm_eps)

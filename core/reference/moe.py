@@ -170,7 +170,7 @@ def latent_moe_routed_partial(
     _check_2d(fn, "gate_weight", gate_weight, (None, h.shape[1]))
     if down_weight is not None:
         _check_2d(fn, "down_weight", down_weight, (None, h.shape[1]))
-    weights, ids = select_experts(
+    chosen = select_experts(
         router_logits(h, gate_weight),
         top_k=top_k,
         correction_bias=correction_bias,
@@ -182,7 +182,7 @@ def latent_moe_routed_partial(
     )
     z = h if down_weight is None else _linear(h, down_weight)  # [T, L]
     return experts_forward(
-        z, w13, w2, weights, ids,
+        z, w13, w2, chosen.weights, chosen.ids,
         activation=activation, beta=beta, linear_beta=linear_beta, expert_start=expert_start,
     )  # fmt: skip
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from k3.plugin.kernels import ExpertSelection
+
 from ..dtypes import compute_dtype
 
 
@@ -52,7 +54,7 @@ def select_experts(
     routed_scaling_factor: float = 1.0,
     num_expert_group: int = 1,
     topk_group: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> ExpertSelection:
     """Choose top_k experts per token from logits [T, E].
 
     correction_bias: [E] or None, added to the scores for selection only.
@@ -95,4 +97,4 @@ def select_experts(
     weights = scores.gather(1, ids)  # [T, k] unbiased
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * routed_scaling_factor, ids
+    return ExpertSelection(weights * routed_scaling_factor, ids)

@@ -34,6 +34,7 @@ import functools
 import torch
 
 from k3 import reference as ref
+from k3.plugin.kernels import KDAChunkedOut
 from k3.reference.conv import checkpoint_offsets_per_sequence
 from k3.reference.kda import chunk_cuts, prepare_kda_inputs
 
@@ -238,9 +239,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
                                                                  capture)
     o = vf.new_empty(B * T + 1, HV, V)
     o[index.reshape(-1)] = o_chunks.permute(0, 2, 1, 3).reshape(-1, HV, V)   # padding lands on the last row
-    out = (o[:-1].view(B, T, HV, V).to(v.dtype), state)
+    o = o[:-1].view(B, T, HV, V).to(v.dtype)
     if wanted is None:
-        return out
+        return KDAChunkedOut(o, state)
     at = lambda n, t: p.state[n] if t == 0 else captured[slot_of[n, t]]    # noqa: E731  the state after t tokens
     count = len(wanted[0]) if wanted else 0
-    return (*out, [torch.stack([at(n, wanted[n][c]) for n in range(N)]) for c in range(count)])
+    return KDAChunkedOut(o, state, tuple(torch.stack([at(n, wanted[n][c]) for n in range(N)]) for c in range(count)))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from k3 import reference as ref
+from k3.plugin.kernels import KDAChunkedOut
 from k3.reference.conv import checkpoint_offsets_per_sequence
 
 from . import fla_configs
@@ -151,7 +152,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
              else initial_state.to(torch.float32))
     if plan.wanted is None:
         o, final = call(*flat, scale, state, plan.cu)
-        return o.reshape(B, T, HV, V).to(v.dtype), final
+        return KDAChunkedOut(o.reshape(B, T, HV, V).to(v.dtype), final)
 
     at = [{0: state[i]} for i in range(n)]                # state after `offset` tokens, per sequence
     o = flat[2].new_empty(1, B * T, HV, V)
@@ -162,6 +163,6 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         state = state.index_copy(0, seqs, s_part.to(torch.float32))
         for j, (i, a, z) in enumerate(pieces):
             at[i][z - plan.bounds[i][0]] = s_part[j]
-    checkpoints = [torch.stack([at[i][offs[c]] for i, offs in enumerate(plan.wanted)])
-                   for c in range(len(plan.wanted[0]) if plan.wanted else 0)]
-    return o.reshape(B, T, HV, V).to(v.dtype), state, checkpoints
+    checkpoints = tuple(torch.stack([at[i][offs[c]] for i, offs in enumerate(plan.wanted)])
+                        for c in range(len(plan.wanted[0]) if plan.wanted else 0))
+    return KDAChunkedOut(o.reshape(B, T, HV, V).to(v.dtype), state, checkpoints)

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from k3 import reference as ref
+from k3.plugin.kernels import ShortConvOut
 from k3.reference.conv import checkpoint_offsets_per_sequence, sequence_bounds
 
 
@@ -90,16 +91,12 @@ def short_conv(x, weight, *, conv_state=None, cu_seqlens=None, activation="silu"
             x2d, w, state, seq, pos, y, b * t, c, x2d.stride(0), *state.stride(), y.stride(0),
             W=width, SILU=activation == "silu", BLOCK_T=block_t, BLOCK_C=block_c)
     hist = state.transpose(1, 2).to(x.dtype)                                              # [N, W-1, C]
-    if width == 1:
-        final = x.new_zeros(n, c, 0)
-        out = (y.view(b, t, c), final)
-    else:
-        out = (y.view(b, t, c), _windows(x2d, hist, starts, lengths, width).contiguous())
+    final = x.new_zeros(n, c, 0) if width == 1 else _windows(x2d, hist, starts, lengths, width).contiguous()
     if checkpoint_offsets is None:
-        return out
+        return ShortConvOut(y.view(b, t, c), final)
     offsets = checkpoint_offsets_per_sequence(checkpoint_offsets, lengths.tolist(), "short_conv")
     checkpoints = []
     for col in range(len(offsets[0]) if offsets else 0):
         at = torch.tensor([row[col] for row in offsets], device=x.device)
         checkpoints.append(x.new_zeros(n, c, 0) if width == 1 else _windows(x2d, hist, starts, at, width).contiguous())
-    return (*out, checkpoints)
+    return ShortConvOut(y.view(b, t, c), final, tuple(checkpoints))

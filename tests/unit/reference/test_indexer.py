@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -59,7 +60,8 @@ def test_hadamard_bf16_and_bad_length():
 @pytest.mark.parametrize("S,D", [(17, 128), (5, 64)], ids=["S17xD128", "S5xD64"])
 def test_index_keys_round_trip(S, D):
     k = hadamard_transform(torch.randn(S, D, generator=torch.Generator().manual_seed(S), dtype=F64))
-    v8, s8 = indexer_quantize_keys(k, fmt="fp8")
+    keys = indexer_quantize_keys(k, fmt="fp8")
+    v8, s8 = keys.values, keys.scales
     assert v8.dtype == torch.float8_e4m3fn and v8.shape == (S, D)
     assert s8.dtype == torch.float32 and s8.shape == (S,)
     torch.testing.assert_close(s8.double(), k.abs().amax(-1) / 448, rtol=2**-23, atol=0)
@@ -67,7 +69,8 @@ def test_index_keys_round_trip(S, D):
     half_ulp = torch.maximum(k.abs() * 2**-4, s8.double()[:, None] * 2**-10)  # normals | subnormals
     assert err.le(half_ulp * (1 + 1e-6)).all()
 
-    v4, s4 = indexer_quantize_keys(k, fmt="mxfp4")
+    keys = indexer_quantize_keys(k, fmt="mxfp4")
+    v4, s4 = keys.values, keys.scales
     assert v4.dtype == torch.uint8 and v4.shape == (S, D // 2)
     assert s4.dtype == torch.uint8 and s4.shape == (S, D // 32)
     err = (indexer_dequantize_keys(v4, s4, fmt="mxfp4", dtype=F64) - k).abs()
@@ -81,7 +84,8 @@ def test_index_key_page_pack_unpack_exact(fmt, record):
     page_tokens, D = 64, 128
     assert index_key_record_bytes(D, fmt) == record
     k = torch.randn(page_tokens, D, generator=torch.Generator().manual_seed(record))
-    values, scales = indexer_quantize_keys(k, fmt=fmt)
+    keys = indexer_quantize_keys(k, fmt=fmt)
+    values, scales = keys.values, keys.scales
     page = pack_index_key_page(values, scales, fmt=fmt)
     assert page.dtype == torch.uint8 and page.shape == (page_tokens * record,)
     vbytes = values.view(torch.uint8).reshape(-1)
@@ -211,7 +215,7 @@ def test_dsa_end_to_end(topk, fmt):
     # indexer: rotated queries and keys, keys through the cache codec
     q_idx = hadamard_transform(torch.randn(T, Hi, D, generator=g))
     k_idx = hadamard_transform(torch.randn(S, D, generator=g))
-    keys = indexer_dequantize_keys(*indexer_quantize_keys(k_idx, fmt=fmt), fmt=fmt)
+    keys = indexer_dequantize_keys(*dataclasses.astuple(indexer_quantize_keys(k_idx, fmt=fmt)), fmt=fmt)
     w = torch.randn(T, Hi, generator=g) * Hi**-0.5 * D**-0.5
     cu_q, cu_kv = _cu(q_lens), _cu(kv_lens)
     scores = indexer_scores(q_idx, w, keys, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv)
@@ -247,5 +251,5 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="topk"):
         indexer_topk(torch.randn(2, 5), topk=0)
     with pytest.raises(ValueError, match="scales"):
-        values, _ = indexer_quantize_keys(torch.randn(3, 32))
+        values = indexer_quantize_keys(torch.randn(3, 32)).values
         pack_index_key_page(values, torch.ones(2), fmt="fp8")

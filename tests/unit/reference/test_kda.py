@@ -91,7 +91,8 @@ def test_worked_example_3_9(op):
     beta = torch.sigmoid(torch.zeros(1, 1, 1, dtype=F64))
     S_vk = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)  # the doc's V x K layout
     fn = kda_recurrent if op == "recurrent" else kda_chunked
-    o, S = fn(q, k, v, g, beta, initial_state=S_vk.T.reshape(1, 1, 2, 2))
+    out = fn(q, k, v, g, beta, initial_state=S_vk.T.reshape(1, 1, 2, 2))
+    o, S = out.o, out.state
     assert_close(o.view(2), torch.tensor([0.495, 0.09], dtype=F64), 1e-6, "o")
     new_vk = torch.tensor([[0.71, 0.28], [-0.78, 0.96]], dtype=F64)
     assert_close(S.view(2, 2), new_vk.T, 1e-6, "state (K x V = doc's transpose)")
@@ -99,9 +100,9 @@ def test_worked_example_3_9(op):
 
 def test_default_scale_is_inverse_sqrt_k():
     x, S0 = make_inputs(1, 5, 1, 1, 16, 4, seed=2)
-    o1, _ = kda_recurrent(**x, initial_state=S0)
-    o2, _ = kda_recurrent(**x, initial_state=S0, scale=16**-0.5)
-    o3, _ = kda_recurrent(**x, initial_state=S0, scale=1.0)
+    o1 = kda_recurrent(**x, initial_state=S0).o
+    o2 = kda_recurrent(**x, initial_state=S0, scale=16**-0.5).o
+    o3 = kda_recurrent(**x, initial_state=S0, scale=1.0).o
     assert_close(o1, o2, 1e-15, "scale=None")
     assert_close(o3 * 0.25, o1, 1e-13, "scale=1")
 
@@ -129,10 +130,12 @@ def test_chunked_equals_recurrent_fp64(case, with_state):
     cu_t = None if cu is None else torch.tensor(cu)
     x, S0 = make_inputs(B, T, H, HV, K, V, N=None if cu is None else len(cu) - 1, seed=3)
     S0 = S0 if with_state else None
-    o_r, s_r, states = kda_recurrent(
+    out = kda_recurrent(
         **x, initial_state=S0, cu_seqlens=cu_t, output_per_position_states=True
     )
-    o_c, s_c = kda_chunked(**x, initial_state=S0, cu_seqlens=cu_t, chunk_size=cs)
+    o_r, s_r, states = out.o, out.state, out.states
+    out = kda_chunked(**x, initial_state=S0, cu_seqlens=cu_t, chunk_size=cs)
+    o_c, s_c = out.o, out.state
     N = len(cu) - 1 if cu else B
     assert o_c.shape == (B, T, HV, V) and s_c.shape == s_r.shape == (N, HV, K, V)
     assert o_c.dtype == s_c.dtype == F64 and states.shape == (B, T, HV, K, V)
@@ -164,11 +167,13 @@ def test_checkpoints(case):
     per_seq = isinstance(offs[0], list)
     offsets = torch.tensor(offs) if per_seq else offs
     kw = dict(initial_state=S0, cu_seqlens=cu_t)
-    o, final, ckpts = kda_chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
-    o_plain, final_plain = kda_chunked(**x, **kw, chunk_size=cs)
+    out = kda_chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
+    o, final, ckpts = out.o, out.state, out.checkpoints
+    out = kda_chunked(**x, **kw, chunk_size=cs)
+    o_plain, final_plain = out.o, out.state
     assert_close(o, o_plain, 1e-12, "o with splits")
     assert_close(final, final_plain, 1e-12, "final with splits")
-    _, _, states = kda_recurrent(**x, **kw, output_per_position_states=True)
+    states = kda_recurrent(**x, **kw, output_per_position_states=True).states
     states = states.flatten(0, 1)  # [B*T, HV, K, V]
     bos = [n * T for n in range(N)] if cu is None else cu[:-1]
     C = len(offs[0]) if per_seq else len(offs)
@@ -185,7 +190,7 @@ def test_checkpoints(case):
             torch.tensor(bos + [B * T]),
             [(0, off) for off in col],
         )
-        _, trunc = kda_recurrent(**xp, initial_state=S0, cu_seqlens=cu_p)
+        trunc = kda_recurrent(**xp, initial_state=S0, cu_seqlens=cu_p).state
         assert_close(ckpts[c], trunc, 1e-10, f"checkpoint {c} vs truncated recurrence")
 
 
@@ -202,27 +207,35 @@ def test_split_calls_equal_one_call(op, packed):
         second = [(z, int(cu[n + 1] - cu[n])) for n, (_, z) in enumerate(first)]
         x1, cu1 = packed_rows(x, cu, first)
         x2, cu2 = packed_rows(x, cu, second)
-        o, s = fn(**x, initial_state=S0, cu_seqlens=cu)
-        o1, s1 = fn(**x1, initial_state=S0, cu_seqlens=cu1)
-        o2, s2 = fn(**x2, initial_state=s1, cu_seqlens=cu2)
+        out = fn(**x, initial_state=S0, cu_seqlens=cu)
+        o, s = out.o, out.state
+        out = fn(**x1, initial_state=S0, cu_seqlens=cu1)
+        o1, s1 = out.o, out.state
+        out = fn(**x2, initial_state=s1, cu_seqlens=cu2)
+        o2, s2 = out.o, out.state
         assert_close(o1, packed_rows({"o": o}, cu, first)[0]["o"], 1e-12, "o, first call")
         assert_close(o2, packed_rows({"o": o}, cu, second)[0]["o"], 1e-12, "o, second call")
     else:
         x, S0 = make_inputs(3, 40, H, HV, K, V, seed=5)
-        o, s = fn(**x, initial_state=S0)
-        o1, s1 = fn(**{k_: t[:, :13] for k_, t in x.items()}, initial_state=S0)
-        o2, s2 = fn(**{k_: t[:, 13:] for k_, t in x.items()}, initial_state=s1)
+        out = fn(**x, initial_state=S0)
+        o, s = out.o, out.state
+        out = fn(**{k_: t[:, :13] for k_, t in x.items()}, initial_state=S0)
+        o1, s1 = out.o, out.state
+        out = fn(**{k_: t[:, 13:] for k_, t in x.items()}, initial_state=s1)
+        o2, s2 = out.o, out.state
         assert_close(torch.cat([o1, o2], 1), o, 1e-12, "o")
     assert_close(s2, s, 1e-12, "final state")
 
 
 def test_decode_steps_equal_prefill():
     x, S0 = make_inputs(2, 12, 2, 4, 8, 8, seed=6)
-    o, s = kda_recurrent(**x, initial_state=S0)
+    out = kda_recurrent(**x, initial_state=S0)
+    o, s = out.o, out.state
     state, outs = S0, []
     for t in range(12):
         step = {name: v[:, t : t + 1] for name, v in x.items()}  # T = 1
-        o_t, state = kda_recurrent(**step, initial_state=state)
+        out = kda_recurrent(**step, initial_state=state)
+        o_t, state = out.o, out.state
         outs.append(o_t)
     assert_close(torch.cat(outs, 1), o, 1e-12, "o")
     assert_close(state, s, 1e-12, "state")
@@ -233,10 +246,12 @@ def test_strong_decay_long_chunks_fp32_finite():
     x, S0 = make_inputs(1, 256, 1, 2, 16, 8, seed=7, strong=True)
     assert float(x["g"].min()) < -4.9
     x32 = {k_: v.float() for k_, v in x.items()}
-    o_ref, s_ref = kda_recurrent(**x, initial_state=S0)
+    out = kda_recurrent(**x, initial_state=S0)
+    o_ref, s_ref = out.o, out.state
     for cs in (64, 256):
         kw = dict(initial_state=S0.float(), chunk_size=cs, checkpoint_offsets=[9])
-        o, s, _ = kda_chunked(**x32, **kw)
+        out = kda_chunked(**x32, **kw)
+        o, s = out.o, out.state
         assert torch.isfinite(o).all() and torch.isfinite(s).all()
         assert o.dtype == s.dtype == torch.float32
         assert_close(o, o_ref, 1e-5, f"fp32 o, chunk {cs}")
@@ -251,10 +266,12 @@ def test_bf16_inputs(op):
     fn = kda_recurrent if op == "recurrent" else kda_chunked
     cu = torch.tensor([0, 30, 100])
     for cu_t, xx in ((None, x), (cu, {k_: v.reshape(1, 100, *v.shape[2:]) for k_, v in x.items()})):
-        o, s = fn(**xx, initial_state=S0, cu_seqlens=cu_t)
+        out = fn(**xx, initial_state=S0, cu_seqlens=cu_t)
+        o, s = out.o, out.state
         assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
         x64 = {name: v.double() for name, v in xx.items()}
-        o64, s64 = kda_recurrent(**x64, initial_state=S0.double(), cu_seqlens=cu_t)
+        out = kda_recurrent(**x64, initial_state=S0.double(), cu_seqlens=cu_t)
+        o64, s64 = out.o, out.state
         assert_close(o, o64, 2**-8 * max(1.0, float(o64.abs().max())), "bf16 o")
         assert_close(s, s64, 1e-5, "fp32 state")
 
@@ -322,8 +339,9 @@ def test_rebuild_state_from_corrections_equals_per_position_states():
     g = -5 * torch.rand(n, length, hv, d, generator=g_, dtype=torch.float64)
     beta = torch.rand(n, length, hv, generator=g_, dtype=torch.float64)
     s0 = torch.randn(n, hv, d, d, generator=g_, dtype=torch.float64)
-    _, final, states, u = kda_recurrent(q, k, v, g, beta, initial_state=s0, output_per_position_states=True,
-                                        output_corrections=True)
+    out = kda_recurrent(q, k, v, g, beta, initial_state=s0, output_per_position_states=True,
+                        output_corrections=True)
+    final, states, u = out.state, out.states, out.corrections
     k_hv = k.repeat_interleave(hv // h, dim=2)
     for kept in ([0, 0, 0], [1, 3, 6], [6, 2, 4]):
         rebuilt = kda_rebuild_state(s0, k_hv, g, u, torch.tensor(kept))

@@ -29,9 +29,10 @@ def _logit(p: float) -> float:
 
 
 def test_router_worked_example():
-    w, ids = select_experts(
+    chosen = select_experts(
         torch.tensor([[2.0, 0.0, -1.0, 1.0]]), top_k=2, correction_bias=torch.tensor([0.0, 0.5, 2.0, 0.0])
     )
+    w, ids = chosen.weights, chosen.ids
     assert ids.dtype == torch.int64 and ids.tolist() == [[2, 1]]
     assert w.dtype == torch.float32
     assert w[0].tolist() == pytest.approx([0.3498, 0.6502], abs=1e-4)
@@ -66,7 +67,8 @@ def test_grouped_topk_noop_equals_plain_topk(e, k, groups):
     logits, bias = torch.randn(9, e, generator=g, dtype=F64), torch.randn(e, generator=g, dtype=F64) * 0.1
     want_w, want_ids = _plain_topk(logits, bias, k)
     # one group of everything, or every group kept: both are plain top-k
-    w, ids = select_experts(logits, top_k=k, correction_bias=bias, num_expert_group=groups, topk_group=groups)
+    chosen = select_experts(logits, top_k=k, correction_bias=bias, num_expert_group=groups, topk_group=groups)
+    w, ids = chosen.weights, chosen.ids
     assert ids.tolist() == want_ids
     assert torch.allclose(w, torch.tensor(want_w, dtype=F64), rtol=1e-12, atol=0)
 
@@ -75,14 +77,16 @@ def test_grouped_topk_hand_built():
     # 4 groups of 2. Group top-2 sums: g0 0.95+0.05, g1 0.70+0.65, g2 0.60+0.62, g3 0.1+0.1.
     p = [0.95, 0.05, 0.70, 0.65, 0.60, 0.62, 0.10, 0.10]
     logits = torch.tensor([[_logit(v) for v in p]], dtype=F64)
-    _, plain = select_experts(logits, top_k=3)
+    plain = select_experts(logits, top_k=3).ids
     assert plain.tolist() == [[0, 2, 3]]
-    w, ids = select_experts(logits, top_k=3, num_expert_group=4, topk_group=2)
+    chosen = select_experts(logits, top_k=3, num_expert_group=4, topk_group=2)
+    w, ids = chosen.weights, chosen.ids
     assert ids.tolist() == [[2, 3, 5]]  # group 0 is dropped although expert 0 scores highest
     assert w[0].tolist() == pytest.approx([0.70 / 1.97, 0.65 / 1.97, 0.62 / 1.97], rel=1e-12)
     # the bias acts on the group score too: lifting group 3 makes it a kept group
     bias = torch.tensor([0, 0, 0, 0, 0, 0, 0.7, 0.7], dtype=F64)  # selection 0.8, 0.8
-    w, ids = select_experts(logits, top_k=3, correction_bias=bias, num_expert_group=4, topk_group=2)
+    chosen = select_experts(logits, top_k=3, correction_bias=bias, num_expert_group=4, topk_group=2)
+    w, ids = chosen.weights, chosen.ids
     assert sorted(ids[0].tolist()[:2]) == [6, 7] and ids[0, 2].item() == 2
     assert w[0].tolist() == pytest.approx([0.1 / 0.9, 0.1 / 0.9, 0.7 / 0.9], rel=1e-12)
 
@@ -91,11 +95,13 @@ def test_softmax_scoring_and_scaling():
     g = _gen(3)
     logits = torch.randn(6, 16, generator=g, dtype=F64)
     probs = torch.softmax(logits, dim=-1)
-    w, ids = select_experts(logits, top_k=4, scoring="softmax", renormalize=False, routed_scaling_factor=2.5)
+    chosen = select_experts(logits, top_k=4, scoring="softmax", renormalize=False, routed_scaling_factor=2.5)
+    w, ids = chosen.weights, chosen.ids
     want_ids = probs.argsort(dim=-1, descending=True)[:, :4]
     assert torch.equal(ids, want_ids)
     assert torch.allclose(w, probs.gather(1, want_ids) * 2.5, rtol=1e-14, atol=0)
-    w2, ids2 = select_experts(logits, top_k=4, scoring="softmax", routed_scaling_factor=2.5)
+    chosen = select_experts(logits, top_k=4, scoring="softmax", routed_scaling_factor=2.5)
+    w2, ids2 = chosen.weights, chosen.ids
     assert torch.equal(ids2, want_ids)
     assert torch.allclose(w2.sum(-1), torch.full((6,), 2.5, dtype=F64), rtol=1e-14, atol=0)
 
@@ -103,7 +109,8 @@ def test_softmax_scoring_and_scaling():
 def test_sigmoid_without_renormalize_uses_unbiased_scores():
     g = _gen(4)
     logits, bias = torch.randn(4, 12, generator=g), torch.randn(12, generator=g)
-    w, ids = select_experts(logits, top_k=3, correction_bias=bias, renormalize=False)
+    chosen = select_experts(logits, top_k=3, correction_bias=bias, renormalize=False)
+    w, ids = chosen.weights, chosen.ids
     sel = torch.sigmoid(logits) + bias
     assert torch.equal(ids, sel.topk(3, dim=-1).indices)
     assert torch.equal(w, torch.sigmoid(logits).gather(1, ids))
@@ -291,7 +298,8 @@ def test_plain_moe_without_latent_projections():
     plain = {k: v for k, v in p.items() if k not in ("down_weight", "up_weight", "latent_norm_weight")}
     got = latent_moe(h, **plain, **dict(ROUTING, top_k=2))
     logits = router_logits(h, p["gate_weight"])
-    w, ids = select_experts(logits, top_k=2, correction_bias=p["correction_bias"], routed_scaling_factor=1.5)
+    chosen = select_experts(logits, top_k=2, correction_bias=p["correction_bias"], routed_scaling_factor=1.5)
+    w, ids = chosen.weights, chosen.ids
     want = experts_forward(h, p["w13"], p["w2"], w, ids, **ACT)
     want = want + glu_mlp(h, p["shared_gate_up"], p["shared_down"], **ACT)
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
