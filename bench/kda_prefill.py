@@ -36,6 +36,7 @@ from unittest import mock
 import torch
 
 from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked  # the reference platform's kernel
 from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 
@@ -61,7 +62,7 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     args, kw = make(lens)
     emit = {} if offsets is None else {"checkpoint_offsets": offsets}
     got = kda_chunked(*args, **kw, **emit)
-    want = ref.kda_chunked(*(a.float() for a in args), **kw, **emit)
+    want = torch_chunked.kda_chunked(*(a.float() for a in args), **kw, **emit)
     out = {"lens": lens, "offsets": offsets if not isinstance(offsets, torch.Tensor) else offsets.tolist(),
            "error_ratio_o": ratio(got.o, want.o), "error_ratio_final_state": ratio(got.state, want.state)}
     if offsets is not None:
@@ -75,7 +76,7 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     out["fla_direct_no_checkpoints_ms"] = bench_ms(
         lambda: chunk_kda(*args, initial_state=kw["initial_state"], output_final_state=True,
                           cu_seqlens=kw["cu_seqlens"]))
-    out["reference_ms"] = bench_ms(lambda: ref.kda_chunked(*args, **kw, **emit), rep_ms=1000)
+    out["reference_ms"] = bench_ms(lambda: torch_chunked.kda_chunked(*args, **kw, **emit), rep_ms=1000)
     # the batched torch kernel (experimental kda_chunked_torch): exact fp32, every chunk at once
     from k3.platforms.torch_kernels.kda_chunked_blocked import kda_chunked as torch_chunked
 

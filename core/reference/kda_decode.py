@@ -1,6 +1,5 @@
-"""One fused KDA decode step over the cache's state rows (the kernel contract of
-`KDAKernels.decode_step`), composed from the reference ops so it is exactly the layer's
-unfused decode path.
+"""One KDA decode step over the cache's state rows, the oracle of `KDADecodeStep`: the layer's
+unfused decode path composed from the reference ops themselves.
 
 Per one-token sequence n and head h, reading state row r = state_indices[n] (zeros when
 fresh[n]) and writing it back in place:
@@ -40,18 +39,7 @@ def kda_decode_step(
     l2_eps: float = 1e-6,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """KDA decode for N one-token sequences, state read and written in the cache rows.
-
-    qkv [N, 3*H*K] pre-conv q, k, v projections (activation dtype); conv_weight [3*H*K, W];
-    f [N, H, K] raw decay logits; A_log [H]; dt_bias [H, K]; b [N, H] raw beta logits;
-    out_gate [N, H, V] output-gate projection; o_norm_weight [V];
-    recurrent [rows, H, K, V] fp32 state rows (any strides: a `KDAStateView.recurrent`, in
-    either state layout); conv_state [rows, 3*H*K, W-1] pre-conv windows, oldest first;
-    state_indices [N] int rows; fresh [N] bool (start from a zero state and window).
-    lower_bound: K3's gate bound (-5.0), or None for Kimi-Linear's softplus gate.
-    Returns o [N, H, V] in qkv's dtype (normalised and gated, ready for o_proj). No host
-    synchronisation; rows not in state_indices are untouched.
-    """
+    """Oracle of `KDADecodeStep`: the composition in the module docstring."""
     n, h, k = f.shape
     rows = state_indices.long()
     conv_in = conv_state[rows].masked_fill(fresh[:, None, None], 0)                   # [N, 3HK, W-1]

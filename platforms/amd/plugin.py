@@ -2,7 +2,7 @@
 
 Backs detection, capabilities, serving defaults and conformance expectations. No kernel yet
 (Triton / AITER / FlyDSL kernels come with later issues): every kernel entry falls back to the
-reference ops on the ROCm device ("cuda" in torch).
+reference plugin's pure-torch kernels (k3.platforms.torch_kernels.tables) on the ROCm device ("cuda" in torch).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Backs detection, capabilities, serving defaults, conformance expectations, CUDA-
 and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
-falls back to the reference ops on device "cuda".
+falls back to the reference plugin's pure-torch kernels on device "cuda". A platform plugin's
+hooks are asked only while its platform is selected, so none checks the platform name.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def k3_conformance_expectations():
 def _kernel_table(family: str, table):
     """The `table` (a KernelTable class) of `family` holding every kernel of experimental.py for
     that family that is switched on and whose modules are installed; None when none is (the
-    reference ops serve every entry)."""
+    reference plugin serves every entry)."""
     entries = {}
     for name, kernel in {**experimental.PROMOTED, **experimental.KERNELS}.items():
         kernel_family, entry = kernel.entry.split(".")

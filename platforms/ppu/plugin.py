@@ -1,6 +1,6 @@
 """T-HEAD PPU platform plugin (entry point `ppu`): hook implementations only.
 
-The torch-native path: the reference ops on T-HEAD's CUDA-compatible torch device ("cuda"),
+The torch-native path: the reference plugin's pure-torch kernels on T-HEAD's CUDA-compatible torch device ("cuda"),
 no Triton. Forceable: `--platform ppu` runs the same path on any torch device (the CPU here),
 which is how it is tested without a PPU. Backs detection, capabilities, serving defaults and
 conformance expectations; every kernel entry is the reference's.

@@ -21,21 +21,24 @@ from k3.plugin.tables import (
     QuantKernels,
 )
 
+from . import hadamard, indexer_paged_decode, kda_chunked, kda_decode, kda_rebuild, kda_recurrent, mla_decode
+from . import moe_experts, short_conv
+
 
 def torch_tables() -> dict[str, KernelTable]:
     """family -> its table, every entry filled."""
     return {
-        "kda": KDAKernels(gate=ref.kda_gate, short_conv=ref.short_conv, chunked=ref.kda_chunked,
-                          recurrent=ref.kda_recurrent, rebuild_state=ref.kda_rebuild_state,
-                          decode_step=ref.kda_decode_step),
-        "mla": MLAKernels(prefill=ref.mla_prefill, decode=ref.mla_decode),
+        "kda": KDAKernels(gate=ref.kda_gate, short_conv=short_conv.short_conv, chunked=kda_chunked.kda_chunked,
+                          recurrent=kda_recurrent.kda_recurrent, rebuild_state=kda_rebuild.kda_rebuild_state,
+                          decode_step=kda_decode.kda_decode_step),
+        "mla": MLAKernels(prefill=ref.mla_prefill, decode=mla_decode.mla_decode),
         "indexer": IndexerKernels(quantize_keys=ref.indexer_quantize_keys,
                                   dequantize_keys=ref.indexer_dequantize_keys, scores=ref.indexer_scores,
                                   decode_scores=ref.indexer_decode_scores,
-                                  paged_decode_scores=ref.indexer_paged_decode_scores,
-                                  topk=ref.indexer_topk, hadamard=ref.hadamard_transform),
+                                  paged_decode_scores=indexer_paged_decode.indexer_paged_decode_scores,
+                                  topk=ref.indexer_topk, hadamard=hadamard.hadamard_transform),
         "moe": MoEKernels(router_logits=ref.router_logits, select_experts=ref.select_experts,
-                          experts=ref.experts_forward),
+                          experts=moe_experts.experts_forward),
         "attn_res": AttnResKernels(step=ref.attn_res, mix=ref.attn_res_mix),
         "elementwise": ElementwiseKernels(rms_norm=ref.rms_norm, gated_rms_norm=ref.gated_rms_norm,
                                           layer_norm=ref.layer_norm, l2_norm=ref.l2_norm,

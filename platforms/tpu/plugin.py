@@ -2,7 +2,7 @@
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
 serving defaults and conformance expectations. No kernel yet: every kernel entry falls back to
-the reference ops on the XLA device; docs/kernel-contract.md says which of them an XLA
+the reference plugin's pure-torch kernels on the XLA device; docs/kernel-contract.md says which of them an XLA
 backend must replace (host reads, CPU fallbacks).
 """
 

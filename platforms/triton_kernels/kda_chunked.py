@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from k3 import reference as ref
+from k3.ops_helpers import checkpoint_offsets_per_sequence
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked
 from k3.plugin.kernels import KDAChunkedOut
-from k3.reference.conv import checkpoint_offsets_per_sequence
 
 from . import fla_configs
 
@@ -140,7 +140,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     same function). fla_call: the per-round kernel, replaceable in tests.
     """
     if not covers(q, v):
-        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        return torch_chunked.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)
     call = fla_call or fla_chunk_kda
     B, T, H, K = q.shape

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import mla_decode as torch_decode
 
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -183,7 +183,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
     if operands not in ("fp32", "native"):
         raise ValueError(f"mla_decode: operands must be 'fp32' or 'native', got {operands!r}")
     if not covers(q_nope, q_pe, kv_cache, w_uk):
-        return ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
+        return torch_decode.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
                               cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices)
     is_fp8 = kv_cache.dtype == torch.float8_e4m3fn
     if is_fp8 and kv_cache_scale is None:

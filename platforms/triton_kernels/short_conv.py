@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.ops_helpers import checkpoint_offsets_per_sequence, sequence_bounds
+from k3.platforms.torch_kernels import short_conv as torch_conv
 from k3.plugin.kernels import ShortConvOut
-from k3.reference.conv import checkpoint_offsets_per_sequence, sequence_bounds
 
 
 @triton.jit
@@ -62,12 +62,12 @@ def short_conv(x, weight, *, conv_state=None, cu_seqlens=None, activation="silu"
     """`k3.reference.short_conv` with the convolution in Triton (same signature and contract)."""
     if x.dtype == torch.float64 or weight.dtype == torch.float64 or (
             conv_state is not None and conv_state.dtype == torch.float64) or activation not in ("silu", None):
-        return ref.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
+        return torch_conv.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
                               checkpoint_offsets=checkpoint_offsets)
     b, t, c = x.shape
     w = weight[:, 0] if weight.dim() == 3 else weight
     if w.dim() != 2 or w.shape[0] != c:
-        return ref.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
+        return torch_conv.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
                               checkpoint_offsets=checkpoint_offsets)
     width = w.shape[1]
     bounds = sequence_bounds(cu_seqlens, b, t, "short_conv")

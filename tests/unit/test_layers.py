@@ -99,3 +99,23 @@ def test_the_contract_imports_only_lower_layers():
     found = {package_of(t) for path in (ROOT / "core/plugin").rglob("*.py")
              for _, t in imported(path, module_name(path, "core", "k3"))}
     assert found <= allowed, f"k3.plugin imports {sorted(found - allowed)}"
+
+
+def test_vendor_hook_modules_import_only_the_contract_and_kernel_libraries():
+    """A vendor plugin's hook modules build on the contract (k3.plugin), the kernel libraries, the
+    number formats and their own package; only `serve.py`, a console script, reaches the CLI."""
+    allowed = {"k3.plugin", "k3.quant", "k3.dtypes", "k3.platforms.torch_kernels", "k3.platforms.triton_kernels",
+               "k3.platforms._probe"}
+    found = []
+    for path in sorted((ROOT / "platforms").glob("*/*.py")):
+        vendor = path.parent.name
+        if vendor in ("torch_kernels", "triton_kernels") or path.name == "serve.py":
+            continue
+        module = module_name(path, "platforms", "k3.platforms")
+        for line, target in imported(path, module):
+            own = target.startswith(f"k3.platforms.{vendor}")
+            # nvidia's detection tells a PPU apart with ppu's: another vendor's detect module is fine
+            own = own or (target.startswith("k3.platforms.") and target.endswith(".detect"))
+            if not own and not any(target == a or target.startswith(a + ".") for a in allowed):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {target}")
+    assert not found, "vendor hook modules importing more than the contract:\n" + "\n".join(found)

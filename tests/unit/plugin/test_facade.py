@@ -6,6 +6,7 @@ import torch
 
 from k3 import reference as ref
 from k3.config import K3Config
+from k3.platforms.torch_kernels.tables import torch_tables
 from k3.plugin import KERNEL_TABLES, Detection, ElementwiseKernels, KDAKernels, hookimpl
 from k3.platform import Platform, PlatformError, PluginRecord, discover, select, select_platform
 
@@ -18,7 +19,7 @@ def test_reference_is_always_there(monkeypatch):
         table = getattr(platform.kernels, table_cls.FAMILY)
         assert table.provided() == table_cls.entries()           # every entry resolves
     assert platform.kernels.providers["kda.chunked"] == "reference"
-    assert platform.kernels.kda.chunked is ref.kda_chunked
+    assert platform.kernels.kda.chunked is torch_tables()["kda"].chunked    # the pure-torch kernel set
 
 
 def test_unknown_platform_is_a_platform_error():
