@@ -20,6 +20,9 @@ import math
 import torch
 
 from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked  # the reference platform's kernel
+from k3.platforms.torch_kernels import kda_recurrent as torch_recurrent  # the reference platform's kernel
+from k3.platforms.torch_kernels import mla_decode as torch_mla  # the reference platform's kernel
 from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 
@@ -50,8 +53,9 @@ def kda_inputs(b: int, t: int, h: int, d: int, *, seed: int):
 def kda_prefill(ceil: dict, t: int = 8192, h: int = 96, d: int = 128) -> dict:
     q, k, v, g, beta, s0 = kda_inputs(1, t, h, d, seed=0)
     out = {"shape": f"B1 T{t} H{h} K=V{d}"}
-    o_ref, s_ref = ref.kda_chunked(q, k, v, g, beta, initial_state=s0)
-    out["reference_ms"] = bench(lambda: ref.kda_chunked(q, k, v, g, beta, initial_state=s0), rep_ms=2000)
+    want = torch_chunked.kda_chunked(q, k, v, g, beta, initial_state=s0)
+    o_ref, s_ref = want.o, want.state
+    out["reference_ms"] = bench(lambda: torch_chunked.kda_chunked(q, k, v, g, beta, initial_state=s0), rep_ms=2000)
     try:
         from fla.ops.kda import chunk_kda
 
@@ -71,8 +75,9 @@ def kda_prefill(ceil: dict, t: int = 8192, h: int = 96, d: int = 128) -> dict:
 def kda_decode(ceil: dict, n: int = 64, h: int = 96, d: int = 128) -> dict:
     q, k, v, g, beta, s0 = kda_inputs(n, 1, h, d, seed=1)
     out = {"shape": f"N{n} T1 H{h} K=V{d}"}
-    o_ref, s_ref = ref.kda_recurrent(q, k, v, g, beta, initial_state=s0)
-    out["reference_ms"] = bench(lambda: ref.kda_recurrent(q, k, v, g, beta, initial_state=s0))
+    want = torch_recurrent.kda_recurrent(q, k, v, g, beta, initial_state=s0)
+    o_ref, s_ref = want.o, want.state
+    out["reference_ms"] = bench(lambda: torch_recurrent.kda_recurrent(q, k, v, g, beta, initial_state=s0))
     try:
         from fla.ops.kda import fused_recurrent_kda
 
@@ -99,7 +104,7 @@ def mla_decode(ceil: dict, n: int = 64, context: int = 8192, h: int = 96) -> dic
     q_pe = torch.randn(n, h, dr, device="cuda", generator=gen).bfloat16()
     w_uk = (torch.randn(h, dn, r, device="cuda", generator=gen) / r ** 0.5).bfloat16()
     w_uv = (torch.randn(h, r, dv, device="cuda", generator=gen) / r ** 0.5).bfloat16()
-    call = lambda: ref.mla_decode(q_nope, q_pe, cache, table, seq_lens, w_uk, w_uv, scale=192 ** -0.5)  # noqa: E731
+    call = lambda: torch_mla.mla_decode(q_nope, q_pe, cache, table, seq_lens, w_uk, w_uv, scale=192 ** -0.5)  # noqa: E731
     ms = bench(call)
     nbytes = n * context * (r + dr) * 2
     return {"shape": f"N{n} context {context} H{h} latent {r}+{dr} bf16", "reference_ms": ms, "min_bytes": nbytes,

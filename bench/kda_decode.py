@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_decode as torch_kda_decode  # the reference platform's kernel
 from measure import bench_ms, copy_bandwidth_GBps, graph_replay_ms, ratio
 
 LOWER_BOUND, NORM_EPS, CONV_WIDTH = -5.0, 1e-5, 4
@@ -86,7 +86,7 @@ def check(kernel, n: int, h: int, k: int, layout: str, device: str, seed: int) -
         fresh = (torch.arange(n, device=device) % 3 == 0) & (step == 0)
         got = k3_step(kernel, mine, inputs, fresh)
         qkv, f, b, gate = (x.double() for x in inputs)
-        want = ref.kda_decode_step(qkv, mine.conv_weight.double(), f, mine.A_log.double(), mine.dt_bias.double(),
+        want = torch_kda_decode.kda_decode_step(qkv, mine.conv_weight.double(), f, mine.A_log.double(), mine.dt_bias.double(),
                                    b, gate, mine.o_norm_weight.double(), oracle_rec, oracle_conv,
                                    mine.state_indices, fresh, lower_bound=LOWER_BOUND, norm_eps=NORM_EPS)
         worst["o"] = max(worst["o"], ratio(got, want))
@@ -176,7 +176,7 @@ def measure(kernel, n: int, h: int, k: int, layout: str, copy_GBps: float, rep_m
         out["k3_fused_vs_fla_speedup"] = out["fla_recurrent_graph_us"] / out["k3_fused_default_graph_us"]
     except Exception as e:  # report, don't hide
         out["fla_error"] = f"{type(e).__name__}: {e}"
-    calls = [lambda layer=layer: k3_step(ref.kda_decode_step, layer, inputs, fresh) for layer in layers[:4]]
+    calls = [lambda layer=layer: k3_step(torch_kda_decode.kda_decode_step, layer, inputs, fresh) for layer in layers[:4]]
     out["reference_eager_us"] = timed(calls, rep_ms, False) * 1e3
     out["k3_fused_vs_reference_speedup"] = out["reference_eager_us"] / out["k3_fused_default_graph_us"]
     return out

@@ -36,6 +36,7 @@ from unittest import mock
 import torch
 
 from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked  # the reference platform's kernel
 from measure import bench_ms, copy_bandwidth_GBps, ratio
 
 
@@ -61,27 +62,27 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     args, kw = make(lens)
     emit = {} if offsets is None else {"checkpoint_offsets": offsets}
     got = kda_chunked(*args, **kw, **emit)
-    want = ref.kda_chunked(*(a.float() for a in args), **kw, **emit)
+    want = torch_chunked.kda_chunked(*(a.float() for a in args), **kw, **emit)
     out = {"lens": lens, "offsets": offsets if not isinstance(offsets, torch.Tensor) else offsets.tolist(),
-           "error_ratio_o": ratio(got[0], want[0]), "error_ratio_final_state": ratio(got[1], want[1])}
+           "error_ratio_o": ratio(got.o, want.o), "error_ratio_final_state": ratio(got.state, want.state)}
     if offsets is not None:
-        out["error_ratio_checkpoints"] = max(ratio(a, b) for a, b in zip(got[2], want[2]))
+        out["error_ratio_checkpoints"] = max(ratio(a, b) for a, b in zip(got.checkpoints, want.checkpoints))
     out["passed"] = all(v < 2e-2 for key, v in out.items() if key.startswith("error_ratio"))
     out["k3_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))
     with mock.patch.dict(os.environ, {OPERANDS_ENV: "bf16"}):     # fla-core on the model's bf16 operands
         bf16 = kda_chunked(*args, **kw, **emit)
-        out["error_ratio_o_bf16_operands"] = ratio(bf16[0], want[0])
+        out["error_ratio_o_bf16_operands"] = ratio(bf16.o, want.o)
         out["k3_bf16_operands_ms"] = bench_ms(lambda: kda_chunked(*args, **kw, **emit))
     out["fla_direct_no_checkpoints_ms"] = bench_ms(
         lambda: chunk_kda(*args, initial_state=kw["initial_state"], output_final_state=True,
                           cu_seqlens=kw["cu_seqlens"]))
-    out["reference_ms"] = bench_ms(lambda: ref.kda_chunked(*args, **kw, **emit), rep_ms=1000)
+    out["reference_ms"] = bench_ms(lambda: torch_chunked.kda_chunked(*args, **kw, **emit), rep_ms=1000)
     # the batched torch kernel (experimental kda_chunked_torch): exact fp32, every chunk at once
     from k3.platforms.torch_kernels.kda_chunked_blocked import kda_chunked as torch_chunked
 
     batched = torch_chunked(*args, **kw, **emit)
-    out["error_ratio_o_torch_batched"] = ratio(batched[0], want[0])
-    out["error_ratio_final_state_torch_batched"] = ratio(batched[1], want[1])
+    out["error_ratio_o_torch_batched"] = ratio(batched.o, want.o)
+    out["error_ratio_final_state_torch_batched"] = ratio(batched.state, want.state)
     out["torch_batched_ms"] = bench_ms(lambda: torch_chunked(*args, **kw, **emit), rep_ms=1000)
     out["torch_batched_vs_reference_speedup"] = out["reference_ms"] / out["torch_batched_ms"]
     # the same with its diagonal blocks in Triton, the recurrence still the torch loop (one round
@@ -108,10 +109,10 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
         out["phase_ms"] = phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence)
     for key, call in variants.items():
         res = call()
-        out[f"error_ratio_o_{key}"] = ratio(res[0], want[0])
-        out[f"error_ratio_final_state_{key}"] = ratio(res[1], want[1])
+        out[f"error_ratio_o_{key}"] = ratio(res.o, want.o)
+        out[f"error_ratio_final_state_{key}"] = ratio(res.state, want.state)
         if offsets is not None:
-            out[f"error_ratio_checkpoints_{key}"] = max(ratio(a, b) for a, b in zip(res[2], want[2]))
+            out[f"error_ratio_checkpoints_{key}"] = max(ratio(a, b) for a, b in zip(res.checkpoints, want.checkpoints))
         out[f"{key}_ms"] = bench_ms(call, rep_ms=1000)
         out[f"{key}_vs_reference_speedup"] = out["reference_ms"] / out[f"{key}_ms"]
     t, h, d = sum(lens), 96, 128

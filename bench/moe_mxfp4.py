@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import moe_experts as torch_experts  # the reference platform's kernel
 from k3.quant.mxfp4 import MXFP4Tensor
 from measure import bench_ms, graph_replay_ms, matmul_tflops, ratio, run_header, save
 
@@ -89,7 +89,7 @@ def check(kernel, w13, w2, t, k, device, seed) -> dict:
     x, weights, ids = make_tokens(t, e, l, k, device, seed)
     kw = {"activation": "situ", "beta": SITU_BETA}
     got = kernel(x, w13, w2, weights, ids, **kw)
-    want = ref.experts_forward(x.double(), w13, w2, weights.double(), ids, **kw)
+    want = torch_experts.experts_forward(x.double(), w13, w2, weights.double(), ids, **kw)
     err = ratio(got, want)
     return {"error_ratio": err, "finite": bool(got.isfinite().all()), "passed": err < 1e-2 and bool(got.isfinite().all())}
 
@@ -117,7 +117,7 @@ def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw) -> 
     entry["k3_default_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
     pick_best(entry)
     entry["fraction_of_matmul_rate"] = entry["matmul_floor_us"] / entry["k3_us"]
-    entry["reference_us"] = bench_ms(lambda: ref.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
+    entry["reference_us"] = bench_ms(lambda: torch_experts.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
     entry["speedup_vs_reference"] = entry["reference_us"] / entry["k3_us"]
     print(f"T{t}: k3 {entry['k3_us']:.0f} us ({entry['k3_best_variant']}; default {entry['k3_default_us']:.0f} us), "
           f"{100 * entry['fraction_of_matmul_rate']:.0f}% of the bf16 matmul rate, reference {entry['reference_us']:.0f} us")
@@ -175,7 +175,7 @@ def main() -> None:
             entry["k3_default_eager_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
             pick_best(entry)
             entry["fraction_of_roofline"] = entry["roofline_us"] / entry["k3_us"]
-            entry["reference_us"] = bench_ms(lambda: ref.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
+            entry["reference_us"] = bench_ms(lambda: torch_experts.experts_forward(x, w13, w2, weights, ids, **kw), 1000) * 1e3
             entry["speedup_vs_reference"] = entry["reference_us"] / entry["k3_us"]
         result[f"T{t}"] = entry
         rows.append((t, entry))

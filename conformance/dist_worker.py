@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
-    from k3.plugin import select_platform
+    from k3.platform import select_platform
 
     platform = select_platform(args.platform)
     device = torch.device(platform.info.device)

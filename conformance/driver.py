@@ -15,7 +15,7 @@ from k3.engine.runner import ModelRunner
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 from .inputs import poison_freed_memory
 

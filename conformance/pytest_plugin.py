@@ -36,7 +36,7 @@ def pytest_configure(config):
     name = config.getoption("k3_platform", None)
     if not name:
         return
-    from k3.plugin import PlatformError
+    from k3.platform import PlatformError
 
     from .expectations import ExpectationError
     from .session import ConformanceSession

@@ -9,6 +9,7 @@ kernel's dtype (the contract's output dtypes and shapes), and compares every out
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -57,11 +58,23 @@ def provider(platform, entry: str) -> str:
 
 
 def named_outputs(case, result, inputs: Inputs) -> dict[str, Any]:
-    """The case's outputs: its `outputs` function, else the returned tensor(s) out / out0, out1..."""
+    """The case's outputs: its `outputs` function, else the returned tensor as "out", a kernel's
+    named outputs by field (a tuple field as name0, name1...; None fields left out), or a
+    tuple's entries as out0, out1..."""
     if case.outputs is not None:
         return case.outputs(result, inputs.args, inputs.kwargs)
     if isinstance(result, torch.Tensor):
         return {"out": result}
+    if dataclasses.is_dataclass(result) or hasattr(result, "_fields"):
+        fields = result._asdict() if hasattr(result, "_fields") else {
+            f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        out: dict[str, Any] = {}
+        for name, value in fields.items():
+            if isinstance(value, (list, tuple)):
+                out.update({f"{name}{j}": v for j, v in enumerate(value)})
+            elif value is not None:
+                out[name] = value
+        return out
     out: dict[str, Any] = {}
     for i, value in enumerate(result):
         if isinstance(value, (list, tuple)):

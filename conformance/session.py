@@ -39,7 +39,7 @@ class ConformanceSession:
         the cases' tensors are tiny, and thread hand-offs made them ~10x slower on 2 cores."""
         import torch
 
-        from k3.plugin import select_platform
+        from k3.platform import select_platform
 
         platform = select_platform(name)
         if platform.info.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

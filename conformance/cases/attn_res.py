@@ -42,7 +42,7 @@ def _step(t, nb, d, *, filled, write, visible, delta=True, norm=True):
 
 register(Case(
     "attn_res.step", "attn_res", "attn_res.step", reference=ref.attn_res,
-    outputs=lambda o, a, k: {"h": o[0], "prefix": o[1], "blocks": a[2]},
+    outputs=lambda o, a, k: {"h": o.h, "prefix": o.prefix, "blocks": a[2]},
     samples=(
         Sample("T13_NB4_D64_delta_write1_visible1_norm", _step(13, 4, 64, filled=1, write=1, visible=1)),
         Sample("T13_NB4_D64_no_delta_visible2_norm", _step(13, 4, 64, filled=2, write=None, visible=2, delta=False)),

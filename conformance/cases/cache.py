@@ -26,7 +26,7 @@ from k3.model.indexer import DSAIndexer
 from k3.model.kda import KDAMixer
 from k3.model.paging import token_page_slots
 from k3.model.parallel import ParallelContext
-from k3.plugin.contract import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView
+from k3.model.metadata import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView
 
 from .. import compare as cmp
 from ..inputs import TORCH_DTYPES, poison_freed_memory, poisoned, randn, shuffled_pages, state_dtype

@@ -33,7 +33,7 @@ def _quantize_keys(s, d, fmt, *, representable):
 
 
 def _quantize_keys_outputs(result, args, kwargs):
-    values, scales = result
+    values, scales = result.values, result.scales
     return {"values": values, "scales": scales,
             "decoded": ref.indexer_dequantize_keys(values.cpu(), scales.cpu(), fmt=kwargs["fmt"], dtype=torch.float64)}
 
@@ -150,7 +150,8 @@ def _paged_decode_scores(lens, page, hi, d, fmt, *, quantize_query=True):
         for i, length in enumerate(lens):
             used = -(-length // page)
             table[i, :used] = perm[i * pages_each: i * pages_each + used].to(torch.int32)
-            v, sc = ref.indexer_quantize_keys(randn(g, (length, d), torch.float32), fmt=fmt)
+            keys = ref.indexer_quantize_keys(randn(g, (length, d), torch.float32), fmt=fmt)
+            v, sc = keys.values, keys.scales
             pos = torch.arange(length)
             values[table[i, pos // page].long(), pos % page] = v
             scales[table[i, pos // page].long(), pos % page] = sc

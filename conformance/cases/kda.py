@@ -60,19 +60,19 @@ def _conv(*, lens=None, batch=None, channels, width, state=True, activation="sil
     return make
 
 
-def _named(names):
-    """outputs() naming the returned tensors, then any checkpoint list as checkpoint{i}."""
+def _with_checkpoints(first: str):
+    """outputs() of a `ShortConvOut` / `KDAChunkedOut`: the output, the final state, then each
+    checkpoint as checkpoint{i}."""
     def outputs(result, args, kwargs):
-        out = dict(zip(names, result))
-        if len(result) > len(names):
-            out.update({f"checkpoint{i}": c for i, c in enumerate(result[len(names)])})
+        out = {first: getattr(result, first), "final_state": result.state}
+        out.update({f"checkpoint{i}": c for i, c in enumerate(result.checkpoints)})
         return out
     return outputs
 
 
 register(Case(
     "kda.short_conv", "kda", "kda.short_conv", reference=ref.short_conv,
-    outputs=_named(("y", "final_state")),
+    outputs=_with_checkpoints("y"),
     samples=(
         Sample("ragged4_T26_C96_W4_state_len1_seq", _conv(lens=(5, 1, 17, 3), channels=96, width=4)),
         Sample("decode_N3_T1_C192_W4", _conv(batch=(3, 1), channels=192, width=4)),
@@ -116,7 +116,7 @@ def _kda(*, lens=None, batch=None, h, hv, k, v, init=True, chunk=None, offsets=N
 
 register(Case(
     "kda.chunked", "kda", "kda.chunked", reference=ref.kda_chunked,
-    outputs=_named(("o", "final_state")),
+    outputs=_with_checkpoints("o"),
     samples=(
         Sample("ragged3_T101_H2_HV4_K16_V32_chunk16_init",
                _kda(lens=(37, 1, 63), h=2, hv=4, k=16, v=32, chunk=16)),
@@ -132,10 +132,13 @@ register(Case(
     doc="Chunked (WY/UT) KDA from initial states; outputs, final states and checkpoint states."))
 
 def _recurrent_outputs(result, args, kwargs):
-    """o, final_state, then states and corrections when asked for, in that order."""
-    names = ["o", "final_state"] + (["states"] if kwargs.get("output_per_position_states") else []) \
-        + (["corrections"] if kwargs.get("output_corrections") else [])
-    return dict(zip(names, result))
+    """A `KDARecurrentOut`: o, final_state, and states and corrections when they were asked for."""
+    out = {"o": result.o, "final_state": result.state}
+    if kwargs.get("output_per_position_states"):
+        out["states"] = result.states
+    if kwargs.get("output_corrections"):
+        out["corrections"] = result.corrections
+    return out
 
 
 register(Case(

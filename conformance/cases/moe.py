@@ -57,7 +57,7 @@ def _selection_scores(inputs: Inputs) -> torch.Tensor:
 
 
 def _select_outputs(result, args, kwargs):
-    weights, ids = result
+    weights, ids = result.weights, result.ids
     dense = torch.zeros(weights.shape[0], args[0].shape[1], dtype=torch.float64, device=weights.device)
     dense.scatter_(1, ids.long(), weights.double())            # [T, E]: each weight at its expert
     return {"ids": ids, "weights": weights, "weights_by_expert": dense}

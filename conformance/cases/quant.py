@@ -81,7 +81,7 @@ def _fp8_quantize(shape, *, block=None, representable=True, static_scale=None):
 
 
 def _fp8_quantize_outputs(result, args, kwargs):
-    q, scale = result
+    q, scale = result.values, result.scale
     return {"q": q, "scale": scale, "decoded": _fp8_decoded(q.cpu(), scale.cpu(), kwargs["block_size"])}
 
 
@@ -135,7 +135,7 @@ def _mxfp4_quantize(shape, *, representable=True):
 
 
 def _mxfp4_outputs(result, args, kwargs):
-    packed, scales = result
+    packed, scales = result.packed, result.scales
     return {"packed": packed, "scales": scales,
             "decoded": ref.mxfp4_dequantize(packed.cpu(), scales.cpu(), dtype=torch.float64)}
 
@@ -190,7 +190,7 @@ def _nvfp4_quantize(shape, *, representable=True, global_scale=None):
 
 
 def _nvfp4_outputs(result, args, kwargs):
-    packed, block_scales, gs = result
+    packed, block_scales, gs = result.packed, result.block_scales, result.global_scale
     return {"packed": packed, "block_scales": block_scales, "global_scale": gs,
             "decoded": ref.nvfp4_dequantize(packed.cpu(), block_scales.cpu(), gs.cpu(), dtype=torch.float64)}
 

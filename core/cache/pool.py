@@ -12,7 +12,7 @@ import torch
 
 from k3.config import K3Config
 from k3.dtypes import LATENT_DTYPES
-from k3.plugin.contract import CacheViews, IndexKeyCacheView, KDARecordView, KDAStateView, LatentCacheView
+from k3.model.metadata import CacheViews, IndexKeyCacheView, KDARecordView, KDAStateView, LatentCacheView
 
 from .format import CacheFormat
 

@@ -65,7 +65,7 @@ def pytest_command(args: argparse.Namespace, report_dir: Path, basetemp: Path) -
 def _check_platform(args: argparse.Namespace) -> str | None:
     """One sentence when the platform or its expectations cannot be used, else None."""
     from k3.conformance import expectations
-    from k3.plugin import PlatformError, select_platform
+    from k3.platform import PlatformError, select_platform
 
     try:
         platform = select_platform(args.platform)

@@ -58,7 +58,7 @@ def _engine(args: argparse.Namespace):
     from k3.checkpoint.loader import CheckpointError
     from k3.config import ConfigError
     from k3.engine.engine import EngineConfig, LLMEngine
-    from k3.plugin import PlatformError
+    from k3.platform import PlatformError
 
     try:
         platform = args.platform or os.environ.get("K3_PLATFORM") or "reference"

@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def local_gpu_memory_bytes() -> int:
     """The selected platform's accelerator memory, or the default when it reports none."""
-    from k3.plugin import PlatformError, select_platform
+    from k3.platform import PlatformError, select_platform
 
     try:
         platform = select_platform()

@@ -16,8 +16,9 @@ import sys
 import textwrap
 from typing import Any
 
-from k3.plugin import HOOKSPEC_VERSION, KERNEL_TABLES, Platform, PlatformError, select_platform
-from k3.plugin.reference_plugin import NAME as REFERENCE
+from k3.plugin import HOOKSPEC_VERSION, KERNEL_TABLES
+from k3.platform import Platform, PlatformError, select_platform
+from k3.platform.reference import NAME as REFERENCE
 from k3.plugin.types import Detection
 
 from .common import CliError

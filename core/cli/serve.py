@@ -154,7 +154,7 @@ def build_engine(args: argparse.Namespace):
     from k3.checkpoint.loader import CheckpointError
     from k3.config import ConfigError, K3Config
     from k3.engine.engine import EngineConfig, LLMEngine
-    from k3.plugin import PlatformError, select_platform
+    from k3.platform import PlatformError, select_platform
 
     try:
         platform = select_platform(args.platform)
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
 def vendor_main(vendor: str, argv: list[str] | None = None) -> int:
     """`k3-serve-<vendor>`: `k3 serve --platform <vendor>` with that vendor's defaults; exit 2
     with the platform's one-sentence reason when it cannot run here."""
-    from k3.plugin import PlatformError, select_platform
+    from k3.platform import PlatformError, select_platform
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--platform" or a.startswith("--platform=") for a in argv):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.plugin.contract import CheckpointMetadata, ForwardMetadata, SpecMetadata, leading_one_token_steps
+from k3.model.metadata import CheckpointMetadata, ForwardMetadata, SpecMetadata, leading_one_token_steps
 
 from .prompt_logprobs import PromptSpan
 from .sampler import SamplingBatch

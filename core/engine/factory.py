@@ -24,7 +24,7 @@ from k3.checkpoint.dummy import load_dummy_weights
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.dtypes import dtype_name, torch_dtype
-from k3.plugin import select_platform
+from k3.platform import select_platform
 from k3.tokenizer import load_tokenizer
 
 from .config import GIB, EngineConfig, default_cpu_cache_bytes

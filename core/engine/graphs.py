@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from k3.plugin.contract import ForwardMetadata, ForwardMode
+from k3.model.metadata import ForwardMetadata, ForwardMode
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:

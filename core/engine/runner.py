@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 from .batch import build_metadata, build_sampling
 from .prompt_logprobs import PromptScores, score_prompt_rows

@@ -21,8 +21,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from k3.plugin import select_platform
-from k3.plugin.contract import CheckpointMetadata, ForwardMetadata
+from k3.platform import select_platform
+from k3.model.metadata import CheckpointMetadata, ForwardMetadata
 
 from .engine import EngineConfig, LLMEngine
 

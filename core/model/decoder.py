@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from k3.config import K3Config
-from k3.plugin.types import KernelSet
+from k3.plugin.tables import KernelSet
 
 from .ffn import GLUMLP, MoE
 from .kda import KDAMixer

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from k3.config import K3Config
-from k3.plugin.types import KernelSet
+from k3.plugin.tables import KernelSet
 from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 
@@ -133,14 +133,14 @@ class MoE(K3Module):
         decode: dispatch without host synchronisation (every local expert, masked)."""
         cfg, k = self.cfg, self.kernels
         grouped = cfg.use_grouped_topk
-        weights, ids = k.moe.select_experts(
+        chosen = k.moe.select_experts(
             k.moe.router_logits(h, self.gate), top_k=cfg.num_experts_per_token,
             correction_bias=self.e_score_correction_bias, scoring=cfg.moe_router_activation_func,
             renormalize=cfg.moe_renormalize, routed_scaling_factor=cfg.routed_scaling_factor,
             num_expert_group=cfg.num_expert_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
         z = F.linear(h, self.routed_expert_down_proj) if cfg.uses_latent_moe else h          # [T, L]
         w13, w2 = self.expert_weights()
-        u = self.parallel.all_reduce(k.moe.experts(z, w13, w2, weights, ids, expert_start=self.expert_start,
+        u = self.parallel.all_reduce(k.moe.experts(z, w13, w2, chosen.weights, chosen.ids, expert_start=self.expert_start,
                                                    dense_dispatch=decode, **_activation(cfg)))   # [T, L]
         if cfg.latent_moe_use_norm:
             u = k.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
-from k3.plugin.contract import ForwardMetadata, ForwardMode, IndexKeyCacheView
-from k3.plugin.types import KernelSet
+from k3.model.metadata import ForwardMetadata, ForwardMode, IndexKeyCacheView
+from k3.plugin.tables import KernelSet
 
 from .module import K3Module
 from .paging import gather_sequences
@@ -45,9 +45,9 @@ class DSAIndexer(K3Module):
         q = k.hadamard(F.linear(c_q, self.wq_b).view(t, hi, dim))
         key = self.kernels.elementwise.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias,
                                                   INDEX_KEY_NORM_EPS)
-        values, scales = k.quantize_keys(k.hadamard(key), fmt=view.fmt)
-        view.values[pages, offsets] = values
-        view.scales[pages, offsets] = scales
+        quantized = k.quantize_keys(k.hadamard(key), fmt=view.fmt)
+        view.values[pages, offsets] = quantized.values
+        view.scales[pages, offsets] = quantized.scales
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
         if meta.mode is ForwardMode.DECODE:   # decode: every sequence's pages, padded and masked (no host sync)
             scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,

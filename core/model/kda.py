@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata, ForwardMode
-from k3.plugin.types import KernelSet
+from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
+from k3.plugin.tables import KernelSet
 
 from .kda_verify import commit_records, verify
 from .module import K3Module
@@ -180,25 +180,24 @@ class KDAMixer(K3Module):
         if per_position_states and checkpoints is not None:
             raise NotImplementedError("KDA checkpoints are emitted on the chunked path, not with per-position states")
         if decode:
-            y, conv_out = k.kda.short_conv(qkv.unsqueeze(1), conv_w, conv_state=conv_in)   # [N, 1, 3P]
-            conv_ckpts = [] if checkpoints is None else [[conv_in, conv_out]]          # offsets 0 and 1
+            conv = k.kda.short_conv(qkv.unsqueeze(1), conv_w, conv_state=conv_in)      # y [N, 1, 3P]
         else:
-            y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in,
-                                                         cu_seqlens=cu, **emit)
+            conv = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu, **emit)
+        conv_out = conv.state
         view.conv[rows] = conv_out
-        q, kk, v = self.heads(y)
+        q, kk, v = self.heads(conv.y)
         shape = (t, 1) if decode else (1, t)                                     # [B, T] of the op
         args = tuple(z.reshape(*shape, *z.shape[1:]) for z in (q, kk, v, g, beta))
         varlen = {} if decode else {"cu_seqlens": cu}
         states = None
         if per_position_states:
-            o, s1, states = k.kda.recurrent(*args, initial_state=s0, output_per_position_states=True, **varlen)
-            states = states.reshape(t, *states.shape[2:])
+            out = k.kda.recurrent(*args, initial_state=s0, output_per_position_states=True, **varlen)
+            states = out.states.reshape(t, *out.states.shape[2:])
         elif decode:
-            o, s1 = k.kda.recurrent(*args, initial_state=s0)
-            state_ckpts = [] if checkpoints is None else [[s0, s1]]
+            out = k.kda.recurrent(*args, initial_state=s0)
         else:
-            o, s1, *state_ckpts = k.kda.chunked(*args, initial_state=s0, **varlen, **emit)
+            out = k.kda.chunked(*args, initial_state=s0, **varlen, **emit)
+        o, s1 = out.o, out.state
         view.recurrent[rows] = s1.to(view.recurrent.dtype)
         if checkpoints is not None:     # prefix caching: states at unit boundaries, same pass
             offsets, valid, dest = checkpoints
@@ -207,11 +206,11 @@ class KDAMixer(K3Module):
                 if decode:              # a one-token step: offset 0 is the state before it, 1 after
                     pick = offsets[:, c] == 1
                     state = torch.where(pick[:, None, None, None], s1, s0)
-                    conv = torch.where(pick[:, None, None], conv_out, conv_in)
+                    window = torch.where(pick[:, None, None], conv_out, conv_in)
                 else:
-                    state, conv = state_ckpts[0][c], conv_ckpts[0][c]
+                    state, window = out.checkpoints[c], conv.checkpoints[c]
                 view.recurrent[dest[keep, c]] = state[keep].to(view.recurrent.dtype)
-                view.conv[dest[keep, c]] = conv[keep]
+                view.conv[dest[keep, c]] = window[keep]
         return o.reshape(t, self.num_heads, self.head_dim), states
 
     def commit_records(self, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor,

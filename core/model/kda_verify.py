@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from k3.plugin.contract import CacheViews, ForwardMetadata
+from k3.model.metadata import CacheViews, ForwardMetadata
 
 
 def verified_positions(meta: ForwardMetadata) -> torch.Tensor:
@@ -43,11 +43,13 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
         width = meta.spec.state_indices.shape[1]
         offsets = torch.minimum(torch.arange(1, width + 1, device=lens.device)[None, :], lens[:, None])
         emit = {"checkpoint_offsets": offsets}
-    y, conv_out, *conv_ckpts = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu, **emit)
-    q, kk, v = mixer.heads(y)
+    conv = k.kda.short_conv(qkv.unsqueeze(0), conv_w, conv_state=conv_in, cu_seqlens=cu, **emit)
+    conv_out = conv.state
+    q, kk, v = mixer.heads(conv.y)
     args = (q.unsqueeze(0), kk.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0))
-    o, s1, states, u = k.kda.recurrent(*args, initial_state=s0, cu_seqlens=cu, output_per_position_states=True,
-                                       output_corrections=True)
+    out = k.kda.recurrent(*args, initial_state=s0, cu_seqlens=cu, output_per_position_states=True,
+                          output_corrections=True)
+    o, s1, states, u = out.o, out.state, out.states, out.corrections
     keep = ~spec                                                                # sequences stored as usual
     view.conv[rows[keep]] = conv_out[keep]
     view.recurrent[rows[keep]] = s1[keep].to(view.recurrent.dtype)
@@ -58,7 +60,7 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
     if states_mode:
         dest = meta.spec.state_indices[seq, j]
         view.recurrent[dest] = states[0, src].to(view.recurrent.dtype)
-        view.conv[dest] = torch.stack(conv_ckpts[0], dim=1)[seq, j]             # [N, S, 3P, W-1] -> [M, ...]
+        view.conv[dest] = torch.stack(conv.checkpoints, dim=1)[seq, j]             # [N, S, 3P, W-1] -> [M, ...]
     else:
         rec = cache.kda_records[mixer.kda_index]
         longest = int(j.max()) + 1 if seq.numel() else 0    # a host read, in this rollback mode only

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from k3 import reference as ref
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
-from k3.plugin.contract import CacheViews, ForwardMetadata, ForwardMode
-from k3.plugin.types import KernelSet
+from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
+from k3.plugin.tables import KernelSet
 
 from .indexer import DSAIndexer
 from .module import K3Module

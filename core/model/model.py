@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
-from k3.plugin.contract import CacheViews, ForwardMetadata
-from k3.plugin.types import KernelSet
+from k3.model.metadata import CacheViews, ForwardMetadata
+from k3.plugin.tables import KernelSet
+from k3.platforms.torch_kernels.tables import torch_tables
 
 from .decoder import DecoderLayer
 from .mla import MLAMixer
@@ -135,16 +136,18 @@ class K3Model(K3Module):
             l, starts_block = layer.layer, layer.layer % block == 0
             visible = math.ceil(l / block)
             query = self._attn_res_query(layer.self_attention_res_norm, layer.self_attention_res_proj)
-            h, prefix = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
-                                      write_index=l // block if starts_block else None, eps=eps,
-                                      out_norm_weight=layer.input_layernorm, out_eps=eps)
-            a = self._mixer(layer, h, meta, cache, per_position, states)
+            step = attn_res.step(prefix, delta, bank, query=query, num_visible_blocks=visible,
+                                 write_index=l // block if starts_block else None, eps=eps,
+                                 out_norm_weight=layer.input_layernorm, out_eps=eps)
+            prefix = step.prefix
+            a = self._mixer(layer, step.h, meta, cache, per_position, states)
             prefix = a if starts_block else (prefix + a).to(x0.dtype)
             query = self._attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
-            h, prefix = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
-                                      write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
-                                      out_eps=eps)
-            delta = layer.ffn(h, decode=meta.max_q_len == 1)
+            step = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
+                                 write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
+                                 out_eps=eps)
+            prefix = step.prefix
+            delta = layer.ffn(step.h, decode=meta.max_q_len == 1)
             if l in tap_layers:
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)
@@ -211,9 +214,8 @@ class K3ForCausalLM(K3Module):
 
 
 def reference_kernels() -> KernelSet:
-    """The reference ops as a KernelSet (what `Platform.kernels` resolves to on the reference)."""
-    from k3.plugin.reference_plugin import reference_tables
-
-    tables = reference_tables()
+    """The pure-torch kernel set as a KernelSet: what `Platform.kernels` resolves to on the
+    reference platform (torch fast paths, else the reference ops)."""
+    tables = torch_tables()
     providers = {f"{family}.{entry}": "reference" for family, table in tables.items() for entry in table.provided()}
     return KernelSet(**tables, providers=providers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 
 def token_page_slots(meta: ForwardMetadata, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:

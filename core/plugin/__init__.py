@@ -1,33 +1,32 @@
-"""k3.plugin: the plugin contract (pluggy hookspecs, types, forward metadata, cache views)
-and the facade that selects a platform and resolves its kernels.
+"""k3.plugin: the vendor contract, and nothing else.
+
+What a plugin implements against: the pluggy markers (`hookimpl`, `hookspec`, the hookspec
+version), the hook specifications (`k3.plugin.hookspecs`), the value types (Detection,
+PlatformInfo, Capabilities, CollectiveBackend) and the kernel tables. The machinery that
+discovers plugins, selects a platform and resolves its kernels is `k3.platform`; this package
+imports nothing of k3 above the number formats (see docs/plugins.md, "Layers").
 
 Vendors implement hooks from `k3.plugin.hookspecs` with `@k3.hookimpl` and register the module
 under the `k3` entry-point group; see docs/plugins.md.
 """
 
-from .contract import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView, LatentCacheView
-from .facade import DispatchingCollectives, Platform, select_platform
-from .manager import PlatformError
 from .markers import HOOKSPEC_VERSION, hookimpl, hookspec
-from .types import (
+from .tables import (
     KERNEL_TABLES,
     AttnResKernels,
-    Capabilities,
-    CollectiveBackend,
-    Detection,
     ElementwiseKernels,
     IndexerKernels,
     KDAKernels,
     KernelSet,
+    KernelTable,
     MLAKernels,
     MoEKernels,
-    PlatformInfo,
     QuantKernels,
 )
+from .types import KDA_STATE_LAYOUTS, Capabilities, CollectiveBackend, Detection, PlatformInfo
 
 __all__ = [
-    "HOOKSPEC_VERSION", "KERNEL_TABLES", "AttnResKernels", "CacheViews", "Capabilities", "CollectiveBackend",
-    "Detection", "DispatchingCollectives", "ElementwiseKernels", "ForwardMetadata", "IndexKeyCacheView",
-    "IndexerKernels", "KDAKernels", "KDAStateView", "KernelSet", "LatentCacheView", "MLAKernels", "MoEKernels",
-    "Platform", "PlatformError", "PlatformInfo", "QuantKernels", "hookimpl", "hookspec", "select_platform",
+    "HOOKSPEC_VERSION", "KDA_STATE_LAYOUTS", "KERNEL_TABLES", "AttnResKernels", "Capabilities",
+    "CollectiveBackend", "Detection", "ElementwiseKernels", "IndexerKernels", "KDAKernels", "KernelSet",
+    "KernelTable", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "hookimpl", "hookspec",
 ]

@@ -1,15 +1,14 @@
 """k3 hook specifications, version 1 (`k3.plugin.HOOKSPEC_VERSION`).
 
 A plugin is a module (or object) registered under the `k3` entry-point group. It declares
-`K3_HOOKSPEC_VERSIONS = (1,)` and implements any of these hooks with `@k3.hookimpl`. Every
-hook receives the selected `platform` (a PlatformInfo) where it matters, so a plugin can
-decline (return None) on platforms it does not serve. The reference plugin implements every
-hook as `trylast`, so every table resolves. Hooks are resolved once, when the model is built,
-into plain callables: the hot path never calls the plugin manager.
-
-Ownership: kernels allocate and return their outputs unless a docstring says they write into
-an argument (cache views, the AttnRes block bank); they never keep references to inputs.
-Shapes and dtypes of every kernel entry are those of its reference op in docs/ops.md.
+`K3_HOOKSPEC_VERSIONS = (1,)` and implements any of these hooks with `@k3.hookimpl`, naming
+only the arguments it uses (pluggy passes those; arguments only grow within a version). A
+platform plugin's hooks are asked only while its platform is the selected one, so no hook checks
+the platform's name; a plugin without a platform (kernels only) is asked on every platform. The
+reference plugin implements every hook as `trylast`, so every table resolves. Hooks are
+resolved once, when the model is built, into plain callables: the hot path never calls the
+plugin manager. The kernel contract (signatures, shapes, dtypes, ownership) is the protocols of
+`k3.plugin.kernels` (docs/ops.md).
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ def k3_capabilities(platform):
     """Capabilities of the selected platform's device, read from the device (memory, arch,
     dtypes, fp8 flavour, native MXFP4/NVFP4, graph capture, symmetric memory, HIP IPC...).
 
-    Only the plugin that detected `platform` answers; others return None. Returns
-    `Capabilities`; the reference answers with the CPU's.
+    Asked only of the plugin that detected the selected platform. Returns `Capabilities`; the
+    reference answers with the CPU's.
     """
 
 
@@ -48,7 +47,7 @@ def k3_add_cli_options(parser, platform_name):
 @hookspec
 def k3_config_defaults(platform):
     """Vendor defaults for serving options (dict of option name -> value, e.g.
-    {"gpu_memory_utilization": 0.85}). Later plugins do not override earlier ones."""
+    {"gpu_memory_utilization": 0.85}). Merged in hook order: the first value of a key wins."""
 
 
 @hookspec
@@ -99,95 +98,51 @@ def k3_kda_state_layout(platform):
 
 
 # -------------------------------------------------------------------------------- kernels
+# Each returns the family's kernel table (`k3.plugin.tables`) with the entries the plugin backs,
+# or None. Every entry's signature, shapes, dtypes, outputs and ownership are its protocol's in
+# `k3.plugin.kernels` (docs/ops.md); the facade merges the tables entry by entry.
 
 
 @hookspec
 def k3_kda_kernels(platform):
-    """KDA kernels: a `KDAKernels` table with the entries the plugin backs, or None.
-
-    gate(f [.., HV, K], A_log [HV], dt_bias, lower_bound) -> g [.., HV, K] fp32 log decay (<= 0);
-    short_conv(x [B, T, C], weight [C, W], conv_state [N, C, W-1]) -> (y [B, T, C], state);
-    recurrent / chunked(q, k [B, T, H, K] L2-normalised, v [B, T, HV, V], g [B, T, HV, K],
-    beta [B, T, HV], initial_state [N, HV, K, V] fp32, cu_seqlens [N+1]) -> (o [B, T, HV, V]
-    v.dtype, final_state [N, HV, K, V] fp32, optional per-position states / corrections /
-    checkpoint states); rebuild_state(s0, k, g, u [N, L, HV, *], num_kept [N]) -> [N, HV, K, V];
-    decode_step(qkv [N, 3HK], conv_weight, f [N, H, K], A_log, dt_bias, b [N, H],
-    out_gate [N, H, V], o_norm_weight, recurrent, conv_state (cache views), state_indices [N],
-    fresh [N]) -> o [N, H, V]: the fused one-token step, reading and writing the state rows
-    in place (the only entry that writes the cache).
-    States passed as arguments are canonical [N, HV, K, V] whatever `k3_kda_state_layout` says.
-    Outputs are new tensors; the model writes the cache rows."""
+    """A `KDAKernels` table: gate, short_conv, chunked, recurrent, rebuild_state, decode_step
+    (protocols in `k3.plugin.kernels.kda`). States passed as arguments are canonical
+    [N, HV, K, V] whatever `k3_kda_state_layout` says; `decode_step` alone updates the cache's
+    state rows in place."""
 
 
 @hookspec
 def k3_mla_kernels(platform):
-    """MLA kernels: an `MLAKernels` table, or None.
-
-    prefill(q [T, H, Dn+Dr], latent [S, R], k_pe [S, Dr], kv_b_weight [H*(Dn+Dv), R],
-    cu_seqlens_q, cu_seqlens_kv [N+1], scale, topk_indices [T, k] or None) -> o [T, H, Dv];
-    decode(q_nope [T, H, Dn], q_pe [T, H, Dr], kv_cache [P, page, R+Dr] (bf16, or fp8 with
-    kv_cache_scale), block_table [N, max_pages] int32, seq_lens [N], w_uk [H, Dn, R],
-    w_uv [H, R, Dv], scale, cu_seqlens_q or None, topk_indices or None) -> o [T, H, Dv],
-    with no host synchronisation. Reads the cache view, never writes it."""
+    """An `MLAKernels` table: prefill, decode (protocols in `k3.plugin.kernels.mla`)."""
 
 
 @hookspec
 def k3_indexer_kernels(platform):
-    """DSA indexer kernels: an `IndexerKernels` table, or None.
-
-    quantize_keys(k [S, D], fmt) -> fp8: (e4m3 [S, D], fp32 [S]) | mxfp4: (uint8 [S, D/2],
-    E8M0 [S, D/32]); dequantize_keys(values, scales, fmt, dtype) -> [S, D];
-    scores(q [T, Hi, D], head_weights [T, Hi], keys [S, D], cu_seqlens_q, cu_seqlens_kv) ->
-    [T, max_kv] fp32 with -inf outside the causal window; decode_scores(q [N, Hi, D],
-    head_weights [N, Hi], keys [N, L, D], seq_lens [N]) -> [N, L] fp32, no host sync;
-    paged_decode_scores(q, head_weights, key_values [P, page, ...], key_scales, block_table
-    [N, max_pages], seq_lens, fmt) -> [N, max_pages * page]: the same, reading the cache's
-    quantised key pages directly (what decode calls);
-    topk(scores [T, L], topk) -> int32 [T, topk] (ties to the lower position, -1 padding);
-    hadamard(x [..., 2^n]) -> x.dtype."""
+    """An `IndexerKernels` table: quantize_keys, dequantize_keys, scores, decode_scores,
+    paged_decode_scores, topk, hadamard (protocols in `k3.plugin.kernels.indexer`)."""
 
 
 @hookspec
 def k3_moe_kernels(platform):
-    """MoE kernels: a `MoEKernels` table, or None.
-
-    router_logits(h [T, D], weight [E, D]) -> fp32 [T, E]; select_experts(logits, top_k,
-    correction_bias [E], scoring, renormalize, ...) -> (topk_weights fp32 [T, k], topk_ids
-    int [T, k]); experts(x [T, L],
-    w13 [E_local, 2I, L], w2 [E_local, L, I] (dense or MXFP4Tensor), topk_weights, topk_ids,
-    activation, beta, linear_beta, expert_start, dense_dispatch) -> x.dtype [T, L], this
-    rank's partial sum (experts outside its range contribute nothing); dense_dispatch=True
-    must not synchronise with the host (decode, graph capture)."""
+    """A `MoEKernels` table: router_logits, select_experts, experts (protocols in
+    `k3.plugin.kernels.moe`)."""
 
 
 @hookspec
 def k3_attn_res_kernels(platform):
-    """AttnRes kernels: an `AttnResKernels` table, or None.
-
-    step(prefix [T, D], delta [T, D] or None, blocks [T, NB, D], query [D], num_visible_blocks,
-    write_index, eps, out_norm_weight, out_eps) -> (h [T, D], prefix [T, D]): the fused prefix
-    update, block write (in place into `blocks`, the only argument written), mix and RMSNorm;
-    mix(sources [S, T, D], query [D], eps) -> [T, D] in sources.dtype."""
+    """An `AttnResKernels` table: step, mix (protocols in `k3.plugin.kernels.attn_res`)."""
 
 
 @hookspec
 def k3_elementwise_kernels(platform):
-    """Norm and activation kernels: an `ElementwiseKernels` table, or None.
-
-    rms_norm(x [.., D], weight [D] or None, eps) (normalise in fp32, cast, then x weight);
-    gated_rms_norm(x, gate [.., D], weight [D], eps, activation); layer_norm(x, weight, bias,
-    eps); l2_norm(x, eps) (eps inside the sqrt); glu_activation(x [.., 2I], activation, beta,
-    linear_beta) -> [.., I]. Each returns x.dtype, computed in fp32."""
+    """An `ElementwiseKernels` table: rms_norm, gated_rms_norm, layer_norm, l2_norm,
+    glu_activation (protocols in `k3.plugin.kernels.elementwise`)."""
 
 
 @hookspec
 def k3_quant_kernels(platform):
-    """Codecs for quantised cache pages and weights: a `QuantKernels` table, or None.
-
-    fp8_quantize(x, block_size, scale=None, dtype) -> (fp8 values, fp32 scales per block);
-    mxfp4_quantize(x [.., N]) -> (uint8 [.., N/2], E8M0 uint8 [.., N/32]); nvfp4_quantize(x,
-    global_scale=None) -> (uint8 [.., N/2], e4m3 scales [.., N/16], fp32 global scale); each *_dequantize(values,
-    scales, ..., dtype) inverts it. Bit-exact with the reference codecs (docs/ops.md)."""
+    """A `QuantKernels` table: fp8, MXFP4 and NVFP4 quantize / dequantize, bit-exact with
+    `k3.quant` (protocols in `k3.plugin.kernels.quant`)."""
 
 
 # ---------------------------------------------------------------------------- collectives
@@ -215,5 +170,4 @@ def k3_process_weights(platform, model):
 
 @hookspec
 def k3_conformance_expectations(platform):
-    """Path of this plugin's `conformance.toml` (expected failures with reasons) when it
-    serves `platform`, else None."""
+    """Path of this plugin's `conformance.toml` (expected failures with reasons), or None."""

@@ -9,6 +9,8 @@ per-tensor scale) and the DSA index keys (one scale per token, `block_size = hea
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..dtypes import compute_dtype
@@ -21,6 +23,14 @@ FP8_DTYPES = tuple(
 
 # vLLM's per-token-group quantiser floors amax at 1e-10; DeepSeek-V3.2's act_quant uses 1e-4.
 DEFAULT_AMAX_FLOOR = 1e-10
+
+
+class FP8Quantized(NamedTuple):
+    """What `fp8_quantize` returns: values of the fp8 dtype `[..., D]`, scale fp32 `[]` or
+    `[..., D/block_size]`."""
+
+    values: torch.Tensor
+    scale: torch.Tensor
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -49,7 +59,7 @@ def fp8_quantize(
     scale: torch.Tensor | float | None = None,
     dtype: torch.dtype = torch.float8_e4m3fn,
     amax_floor: float = DEFAULT_AMAX_FLOOR,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> FP8Quantized:
     """Quantise x to fp8 with fp32 scales.
 
     x: float tensor [..., D] (any float dtype).
@@ -60,7 +70,7 @@ def fp8_quantize(
         tensor broadcastable to the scale shape above. None = amax / fmax, amax floored at
         `amax_floor` so all-zero blocks do not divide by zero.
     dtype: the fp8 dtype (fmax = torch.finfo(dtype).max).
-    Returns (q [..., D] of `dtype`, scale fp32). The division runs in fp32 (fp64 for float64 x).
+    Returns FP8Quantized(q [..., D] of `dtype`, scale fp32). The division runs in fp32 (fp64 for float64 x).
     """
     fmax = fp8_max(dtype)
     if not x.is_floating_point():
@@ -82,7 +92,7 @@ def fp8_quantize(
             ) from None
     sb = s.to(cd) if block_size is None else s.to(cd).unsqueeze(-1)
     q = (xb / sb).clamp(-fmax, fmax).to(dtype).reshape(x.shape)
-    return q, s
+    return FP8Quantized(q, s)
 
 
 def fp8_dequantize(

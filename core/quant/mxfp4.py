@@ -18,6 +18,7 @@ tests/oracles/test_compressed_tensors.py pins each of these.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -41,10 +42,18 @@ def _e8m0_table(dtype: torch.dtype, device) -> torch.Tensor:
     return _E8M0_TABLES[key]
 
 
-def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+class MXFP4Packed(NamedTuple):
+    """What `mxfp4_quantize` returns: packed uint8 `[..., N/2]` (element 2i in the low nibble),
+    scales uint8 E8M0 `[..., N/32]`."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+
+def mxfp4_quantize(x: torch.Tensor) -> MXFP4Packed:
     """Quantise x [..., N] (N % 32 == 0, any float dtype) to MXFP4.
 
-    Returns (packed uint8 [..., N/2], scales uint8 [..., N/32]).
+    Returns MXFP4Packed(packed uint8 [..., N/2], scales uint8 [..., N/32]).
     OCP rule per 32-element block: shared_exp = floor(log2(amax)) - 2, clamped to E8M0's
     [-127, 127] (an all-zero block gets a valid scale and all-zero codes); codes =
     round-half-to-even(x / 2^shared_exp) onto the E2M1 grid, saturating at +-6 (the OCP rule
@@ -64,7 +73,7 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scaled = xb * torch.pow(2.0, -shared_exp.to(cd)).unsqueeze(-1)  # exact: power-of-two multiply
     codes = e2m1_encode(scaled).reshape(x.shape)  # uint8 [..., N]
     scales = (shared_exp + E8M0_BIAS).to(torch.uint8)
-    return pack_nibbles(codes), scales
+    return MXFP4Packed(pack_nibbles(codes), scales)
 
 
 def mxfp4_dequantize(

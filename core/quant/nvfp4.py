@@ -10,6 +10,8 @@ Packing is the shared FP4 one: element 2i in the low nibble.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .fp4 import E2M1_MAX, e2m1_decode, e2m1_encode, pack_nibbles, unpack_nibbles
@@ -18,12 +20,21 @@ NVFP4_BLOCK = 16
 E4M3_MAX = 448.0
 
 
+class NVFP4Packed(NamedTuple):
+    """What `nvfp4_quantize` returns: packed uint8 `[..., N/2]`, block_scales float8_e4m3fn
+    `[..., N/16]`, global_scale fp32 0-d."""
+
+    packed: torch.Tensor
+    block_scales: torch.Tensor
+    global_scale: torch.Tensor
+
+
 def nvfp4_quantize(
     x: torch.Tensor, *, global_scale: torch.Tensor | float | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> NVFP4Packed:
     """Quantise x [..., N] (N % 16 == 0, any float dtype) to NVFP4.
 
-    Returns (packed uint8 [..., N/2], block_scales float8_e4m3fn [..., N/16],
+    Returns NVFP4Packed(packed uint8 [..., N/2], block_scales float8_e4m3fn [..., N/16],
     global_scale fp32 0-d). global_scale defaults to amax(|x|) / (6 * 448) over the whole
     tensor (1.0 for an all-zero tensor). Per block: s = block_amax / (6 * global_scale),
     clamped to 448 and rounded to E4M3; codes = round-half-to-even(x / (s * global_scale))
@@ -53,7 +64,7 @@ def nvfp4_quantize(
     safe = torch.where(denom > 0, denom, torch.ones_like(denom))
     scaled = torch.where((denom > 0).unsqueeze(-1), xb / safe.unsqueeze(-1), torch.zeros_like(xb))
     codes = e2m1_encode(scaled).reshape(x.shape)  # uint8 [..., N]
-    return pack_nibbles(codes), block_scales, gs
+    return NVFP4Packed(pack_nibbles(codes), block_scales, gs)
 
 
 def nvfp4_dequantize(

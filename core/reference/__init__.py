@@ -1,8 +1,12 @@
-"""Pure-torch reference ops: the oracle every kernel is checked against.
+"""Pure-torch reference ops: the naive, obviously correct oracle every kernel is checked against.
 
-Each op runs on any torch device and computes in the dtype it is given, with half precision
-computed in fp32 (see `k3.dtypes`); float64 inputs make it the kernel oracle. The signature
-table of every op is docs/ops.md; kernel hooks mirror it.
+Each op is written the plain way (the KDA recurrence token by token, attention as an explicit
+masked softmax, the Hadamard transform as a matrix product), runs on any torch device and
+computes in the dtype it is given, with half precision computed in fp32 (`k3.dtypes`); float64
+inputs make it the kernel oracle. Each kernel entry's contract is its protocol in
+`k3.plugin.kernels` (docs/ops.md); nothing here is written for speed: the reference platform
+serves the torch kernels of `k3.platforms.torch_kernels`, and conformance checks those against
+these ops. Helpers kernels share with the reference are `k3.ops_helpers`.
 """
 
 from ..quant.fp8 import fp8_dequantize, fp8_quantize

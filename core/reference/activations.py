@@ -75,10 +75,8 @@ def silu_glu(x: torch.Tensor) -> torch.Tensor:
 def glu_activation(
     x: torch.Tensor, *, activation: str, beta: float | None = None, linear_beta: float | None = None
 ) -> torch.Tensor:
-    """Dispatch by config name: "situ" -> situ_glu(beta, linear_beta), "silu"/"swish" -> silu_glu.
-
-    x [..., 2I] -> [..., I] of x.dtype. beta is required for "situ" and ignored for "silu".
-    """
+    """Oracle of `GLUActivation`: "situ" -> `situ_glu(beta, linear_beta)` (beta required),
+    "silu" / "swish" -> `silu_glu`."""
     if activation == "situ":
         if beta is None:
             raise ValueError("glu_activation: beta is required for activation='situ' (K3: 4.0)")

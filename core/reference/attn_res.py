@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from k3.plugin.kernels import AttnResOut
+
 from ..dtypes import compute_dtype
 from .norms import rms_norm
 
@@ -20,14 +22,8 @@ def fold_attn_res_query(norm_weight: torch.Tensor, proj_weight: torch.Tensor) ->
 
 
 def attn_res_mix(sources: torch.Tensor, query: torch.Tensor, *, eps: float) -> torch.Tensor:
-    """Softmax mix over sources.
-
-    sources: [S, T, D] (S sources: blocks then the partial sum), activation dtype.
-    query:   [D], the folded pseudo-query `u`.
-    logit[s, t] = sum_c u[c] * V[s, t, c] / sqrt(mean_c V[s, t, c]^2 + eps); p = softmax over s;
-    returns sum_s p[s, t] * V[s, t] as [T, D], cast to sources.dtype (the official model rounds
-    the mix to bf16 before the following RMSNorm). fp32 inside (fp64 for float64).
-    """
+    """Oracle of `AttnResMix`: RMS-normalised keys, logits against the query, softmax over the
+    sources, weighted sum of the raw values, cast to the activation dtype."""
     if sources.dim() != 3 or query.shape != (sources.shape[-1],):
         raise ValueError(f"attn_res_mix: sources [S, T, D] and query [D] expected, got "
                          f"{tuple(sources.shape)} and {tuple(query.shape)}")
@@ -50,17 +46,8 @@ def attn_res(
     eps: float,
     out_norm_weight: torch.Tensor | None,
     out_eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused AttnRes step a kernel implements (vLLM's `attn_res` contract).
-
-    prefix: [T, D] running partial block sum; delta: [T, D] last sublayer output not yet added,
-    or None; blocks: [T, NB, D] the block bank (written in place at `write_index`).
-    1. prefix = prefix + delta, rounded to the activation dtype (as the reference's bf16 add);
-    2. if write_index is not None: blocks[:, write_index] = prefix;
-    3. h = prefix if num_visible_blocks == 0, else attn_res_mix(blocks[:, :n] + [prefix]);
-    4. h = rms_norm(h, out_norm_weight, out_eps) when out_norm_weight is given.
-    Returns (h [T, D], prefix [T, D]).
-    """
+) -> AttnResOut:
+    """Oracle of `AttnResStep`: the protocol's four steps, in order (vLLM's `attn_res` contract)."""
     if delta is not None:
         prefix = (prefix + delta).to(prefix.dtype)
     if write_index is not None:
@@ -72,4 +59,4 @@ def attn_res(
         h = attn_res_mix(sources, query, eps=eps)
     if out_norm_weight is not None:
         h = rms_norm(h, out_norm_weight, out_eps)
-    return h, prefix
+    return AttnResOut(h, prefix)

@@ -1,20 +1,25 @@
-"""Orthonormal Walsh-Hadamard transform (the DSA indexer's rotation before FP8)."""
+"""The orthonormal Walsh-Hadamard transform (the DSA indexer's rotation before FP8), the oracle:
+a product with the explicit Sylvester matrix. The contract is
+`k3.plugin.kernels.HadamardTransform`; the reference platform serves the butterfly form of
+`k3.platforms.torch_kernels.hadamard`."""
 
 from __future__ import annotations
 
 import torch
 
-from ..dtypes import compute_dtype
+from k3.dtypes import compute_dtype
+
+
+def sylvester(n: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """H_n [n, n] in natural order: H_1 = [1], H_2m = [[H_m, H_m], [H_m, -H_m]]."""
+    h = torch.ones(1, 1, dtype=dtype, device=device)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
-    """y = x H_n / sqrt(n) over the last axis, H_n the Sylvester Hadamard matrix.
-
-    x: [..., n], n a power of two. H_n = [[H, H], [H, -H]] (natural order, as DeepSeek-V3.2's
-    `fast_hadamard_transform`); H_n / sqrt(n) is symmetric and orthonormal, so the transform is
-    its own inverse. Fast butterfly form: log2(n) passes of (a + b, a - b) over pairs whose
-    indices differ in one bit. Computed in fp32 (fp64 for float64 input), returns x.dtype.
-    """
+    """Oracle of `HadamardTransform`: x H_n / sqrt(n) (H_n is symmetric)."""
     if not x.is_floating_point() or x.dim() == 0:
         raise ValueError(
             f"hadamard_transform: x must be a float tensor [..., n]; got {x.dtype} {tuple(x.shape)}"
@@ -22,11 +27,5 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     if n < 1 or n & (n - 1):
         raise ValueError(f"hadamard_transform: x must be [..., n] with n a power of two; got n={n}")
-    y = x.to(compute_dtype(x)).reshape(-1, n)
-    h = 1
-    while h < n:
-        pairs = y.reshape(-1, n // (2 * h), 2, h)  # index bit of weight h -> axis 2
-        a, b = pairs[:, :, 0], pairs[:, :, 1]
-        y = torch.stack([a + b, a - b], dim=2).reshape(-1, n)
-        h *= 2
-    return (y * n**-0.5).reshape(x.shape).to(x.dtype)
+    cd = compute_dtype(x)
+    return (x.to(cd) @ sylvester(n, cd, x.device) * n**-0.5).to(x.dtype)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ..quant.fp8 import fp8_dequantize, fp8_quantize
-from ..quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
-from ..dtypes import compute_dtype, upcast
+from k3.dtypes import compute_dtype, upcast
+from k3.ops_helpers import allowed_mask, index_query, varlen_spans
+from k3.plugin.kernels import QuantizedKeys
+from k3.quant.fp8 import fp8_dequantize, fp8_quantize
+from k3.quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
+
 from .hadamard import hadamard_transform
-from .mla import allowed_mask, varlen_spans
 
 __all__ = [
     "hadamard_transform",
@@ -53,12 +55,8 @@ def index_key_record_bytes(head_dim: int, fmt: str) -> int:
 
 def indexer_quantize_keys(
     k: torch.Tensor, *, fmt: str = "fp8"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantise index keys k [S, D] (any float dtype) for the cache.
-
-    fp8: (values float8_e4m3fn [S, D], scales fp32 [S]), scale = amax / 448 per token, division
-    in fp32 (fp64 for float64). mxfp4: (packed uint8 [S, D/2], scales uint8 E8M0 [S, D/32]).
-    """
+) -> QuantizedKeys:
+    """Oracle of `IndexerQuantizeKeys`: `k3.quant`'s fp8 codec with one block per token, or its MXFP4 codec."""
     _check_fmt(fmt, "indexer_quantize_keys")
     if k.dim() != 2 or not k.is_floating_point():
         raise ValueError(
@@ -66,20 +64,15 @@ def indexer_quantize_keys(
             f"got {k.dtype} {tuple(k.shape)}"
         )
     if fmt == "mxfp4":
-        return mxfp4_quantize(k)
+        return QuantizedKeys(*mxfp4_quantize(k))
     values, scales = fp8_quantize(k, block_size=k.shape[1], dtype=torch.float8_e4m3fn)
-    return values, scales.reshape(-1)  # [S, 1] -> [S]
+    return QuantizedKeys(values, scales.reshape(-1))  # [S, 1] -> [S]
 
 
 def indexer_dequantize_keys(
     values: torch.Tensor, scales: torch.Tensor, *, fmt: str, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """Inverse of `indexer_quantize_keys`: keys [S, D] in `dtype`.
-
-    Multiplied in fp32 (fp64 when dtype is float64).
-
-    fp8: values fp8 [S, D], scales fp32 [S]; mxfp4: packed uint8 [S, D/2], scales uint8 [S, D/32].
-    """
+    """Oracle of `IndexerDequantizeKeys`: the inverse codec."""
     _check_fmt(fmt, "indexer_dequantize_keys")
     if fmt == "mxfp4":
         return mxfp4_dequantize(values, scales, dtype=dtype)
@@ -136,18 +129,6 @@ def unpack_index_key_page(
     return values, scales.reshape(S, head_dim // 32)
 
 
-def index_query(q: torch.Tensor, head_weights: torch.Tensor, *, quantize_query: bool,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query side of every index score, in `dtype`: (q [.., Hi, D], w [.., Hi]). With
-    quantize_query, q rounded to fp8 e4m3fn per (token, head) (scale amax / 448) and the scale
-    folded into the head weight (DeepSeek-V3.2's `act_quant` + `fp8_index`); else both upcast."""
-    w = upcast(head_weights, dtype)
-    if not quantize_query:
-        return upcast(q, dtype), w
-    q8, q_scale = fp8_quantize(q, block_size=q.shape[-1], dtype=torch.float8_e4m3fn)   # scale [.., Hi, 1]
-    return q8.to(dtype), w * q_scale[..., 0].to(dtype)
-
-
 def indexer_scores(
     q: torch.Tensor,
     head_weights: torch.Tensor,
@@ -157,16 +138,8 @@ def indexer_scores(
     cu_seqlens_kv: torch.Tensor,
     quantize_query: bool = True,
 ) -> torch.Tensor:
-    """Index scores I(t, s) = sum_h w[t, h] * ReLU(q[t, h] . k[s]) over varlen sequences.
-
-    q [T, Hi, D] (already Hadamard-rotated); head_weights [T, Hi] (weights_proj(x), already times
-    Hi^-0.5 * D^-0.5); keys [S, D] dequantised keys; cu_seqlens_q / cu_seqlens_kv int [N+1] with
-    `mla_prefill`'s rule (queries are each sequence's last q_len tokens). quantize_query: round q
-    to fp8 e4m3fn per (token, head) with scale amax/448 and fold the scale into the head weight
-    (DeepSeek-V3.2's `act_quant` + `fp8_index`). Returns [T, max kv_len] in fp32 (fp64 when the
-    inputs are float64), -inf after the query's own position and past its sequence's kv.
-    Reads cu_seqlens on the host.
-    """
+    """Oracle of `IndexerScores`: per sequence and per head, ReLU dot products weighted and summed,
+    then the causal mask (one head at a time keeps memory at [Tq, Skv])."""
     op = "indexer_scores"
     if q.dim() != 3 or keys.dim() != 2 or keys.shape[1] != q.shape[2]:
         raise ValueError(
@@ -204,12 +177,8 @@ def indexer_decode_scores(
     *,
     quantize_query: bool = True,
 ) -> torch.Tensor:
-    """`indexer_scores` for one query per sequence over padded keys, with no host sync (decode).
-
-    q [N, Hi, D]; head_weights [N, Hi]; keys [N, L, D] (each sequence's dequantised keys in
-    position order, any padding after seq_lens[n]); seq_lens [N] (the query is the last token).
-    Returns [N, L] fp32 (fp64 for float64 inputs), -inf at positions >= seq_lens[n].
-    """
+    """Oracle of `IndexerDecodeScores`: the head-weighted ReLU dots against every padded key, then
+    the seq_lens mask."""
     if q.dim() != 3 or keys.dim() != 3 or keys.shape[0] != q.shape[0] or keys.shape[2] != q.shape[2]:
         raise ValueError(f"indexer_decode_scores: q must be [N, Hi, D] and keys [N, L, D]; got "
                          f"{tuple(q.shape)}, {tuple(keys.shape)}")
@@ -232,16 +201,8 @@ def indexer_paged_decode_scores(
     fmt: str,
     quantize_query: bool = True,
 ) -> torch.Tensor:
-    """`indexer_decode_scores` reading the quantised keys from the index-key cache pages.
-
-    q [N, Hi, D]; head_weights [N, Hi]; key_values / key_scales: the cache's pages as
-    `indexer_quantize_keys` writes them per token (fp8: values float8_e4m3fn [P, page, D],
-    scales fp32 [P, page]; mxfp4: uint8 [P, page, D/2] and [P, page, D/32]), any strides;
-    block_table int [N, max_pages] (sequence n's positions j*page.. in page block_table[n, j]);
-    seq_lens [N]. Returns [N, max_pages * page] fp32 (fp64 for float64 q), -inf at positions
-    >= seq_lens[n]; pages past a sequence may hold anything. No host synchronisation.
-    Keys are dequantised in the compute dtype of q and head_weights.
-    """
+    """Oracle of `IndexerPagedDecodeScores`: per sequence, its positions < seq_len read page by
+    page through the block table, dequantised, scored as `indexer_decode_scores`."""
     _check_fmt(fmt, "indexer_paged_decode_scores")
     if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or key_values.dim() != 3:
         raise ValueError(
@@ -249,21 +210,22 @@ def indexer_paged_decode_scores(
             f"key_values [P, page, ...]; got {tuple(block_table.shape)}, {tuple(key_values.shape)}"
         )
     n, pages = block_table.shape
-    page, d = key_values.shape[1], q.shape[-1]
-    rows = block_table.long()
-    values = key_values[rows].reshape(n * pages * page, -1)
-    scales = key_scales[rows].reshape(n * pages * page, *key_scales.shape[2:])
-    keys = indexer_dequantize_keys(values, scales, fmt=fmt, dtype=compute_dtype(q, head_weights))
-    return indexer_decode_scores(q, head_weights, keys.view(n, pages * page, d), seq_lens,
-                                 quantize_query=quantize_query)
+    page = key_values.shape[1]
+    cd = compute_dtype(q, head_weights)
+    out = torch.full((n, pages * page), float("-inf"), dtype=cd, device=q.device)
+    for i, length in enumerate(seq_lens.tolist()):                     # host reads (the oracle may)
+        pos = torch.arange(int(length), device=block_table.device)
+        slots = (block_table[i, pos // page].long(), pos % page)       # each position's page and offset
+        keys = indexer_dequantize_keys(key_values[slots], key_scales[slots], fmt=fmt, dtype=cd)   # [L_i, D]
+        scores = indexer_decode_scores(q[i: i + 1], head_weights[i: i + 1], keys[None], seq_lens[i: i + 1],
+                                       quantize_query=quantize_query)  # [1, L_i]
+        out[i, : int(length)] = scores[0]
+    return out
 
 
 def indexer_topk(scores: torch.Tensor, *, topk: int) -> torch.Tensor:
-    """Exact top-k of each row's finite scores: int32 [T, topk], -1 padded.
-
-    scores [T, L] (non-finite = not selectable). Order: descending score, ties by lower
-    position; a row with fewer than topk finite entries (a causal row t has t+1) ends in -1.
-    """
+    """Oracle of `IndexerTopK`: a stable descending sort (equal scores keep position order), the
+    first topk finite entries, -1 after them."""
     if scores.dim() != 2 or not scores.is_floating_point():
         raise ValueError(
             f"indexer_topk: scores must be a float tensor [T, L]; "

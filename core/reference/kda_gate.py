@@ -15,15 +15,7 @@ def kda_gate(
     *,
     lower_bound: float | None = None,
 ) -> torch.Tensor:
-    """Log decay g (<= 0) from the raw decay logits.
-
-    f: [..., HV, K] raw logits; A_log: [HV] (legacy [1, 1, HV, 1] accepted), per head;
-    dt_bias: [HV*K], [HV, K] or None. With a = exp(A_log[h]) and x = f + dt_bias:
-      lower_bound given (K3: -5.0, must be in [-5, 0)): g = lower_bound * sigmoid(a * x)
-      lower_bound None (Kimi-Linear):                   g = -a * softplus(x)  (threshold 20)
-    Computed in fp32 (fp64 if any input is float64). Returns g [..., HV, K] in that compute
-    dtype, not cast back: g feeds the recurrence.
-    """
+    """Oracle of `KDAGate`: the two gate formulas of the protocol, computed directly."""
     op = "kda_gate"
     if f.dim() < 2 or not f.is_floating_point():
         raise ValueError(

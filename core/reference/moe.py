@@ -91,19 +91,8 @@ def experts_forward(
     expert_start: int = 0,
     dense_dispatch: bool = False,
 ) -> torch.Tensor:
-    """Routed experts: out[t] = sum_i topk_weights[t, i] * W2_e act(W13_e x[t]), e = topk_ids[t, i].
-
-    x [T, L]; w13 [E_local, 2I, L] (rows 0..I-1 gate = checkpoint w1, rows I..2I-1 up = w3);
-    w2 [E_local, L, I]; either may be dense or an MXFP4Tensor (only experts that receive
-    tokens are dequantised, one at a time). topk_weights [T, k] float; topk_ids [T, k] int
-    (global expert ids). This rank holds global experts [expert_start, expert_start + E_local);
-    other ids contribute nothing, so the ranks' outputs sum to the full result.
-    activation: "situ" (needs beta; linear_beta optional) or "silu".
-    Matmuls, activation and the weighted sum in fp32 (fp64 if x or a dense weight is float64);
-    returns [T, L] of x.dtype. The default dispatch reads the used experts on the host;
-    dense_dispatch=True runs every local expert on every token and masks (no host
-    synchronisation: decode steps and graph capture; same result, more work).
-    """
+    """Oracle of `Experts`: token by token over its chosen experts, each dequantised once
+    (dense_dispatch changes nothing here: both dispatches of a kernel must give this)."""
     fn = "experts_forward"
     _check_2d(fn, "x", x, (None, None))
     t, l = x.shape
@@ -118,24 +107,18 @@ def experts_forward(
                          f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
     dense = [w for w in (w13, w2) if isinstance(w, torch.Tensor)]
     cd = compute_dtype(x, *dense)
-    xf = x.to(cd)
-    wf = topk_weights.to(cd)
-    local = topk_ids.long() - expert_start  # [T, k] local expert index
+    experts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}        # local expert -> dense (w13, w2)
     out = torch.zeros(t, l, dtype=cd, device=x.device)
-    if dense_dispatch:
-        for e in range(e_local):
-            gate = (wf * (local == e)).sum(-1, keepdim=True)  # [T, 1] routing weight of expert e
-            h13 = xf @ _expert(w13, e, cd).T  # [T, 2I]
-            a = glu_activation(h13, activation=activation, beta=beta, linear_beta=linear_beta)
-            out = out + (a @ _expert(w2, e, cd).T) * gate
-        return out.to(x.dtype)
-    used = local[(local >= 0) & (local < e_local)].unique()
-    for e in used.tolist():
-        tok, slot = (local == e).nonzero(as_tuple=True)  # [n], [n]
-        h13 = xf[tok] @ _expert(w13, e, cd).T  # [n, 2I]
-        a = glu_activation(h13, activation=activation, beta=beta, linear_beta=linear_beta)  # [n, I]
-        o = a @ _expert(w2, e, cd).T  # [n, L]
-        out.index_add_(0, tok, o * wf[tok, slot].unsqueeze(-1))
+    for i in range(t):
+        for slot in range(topk_ids.shape[1]):
+            e = int(topk_ids[i, slot]) - expert_start                  # local index; others belong elsewhere
+            if not 0 <= e < e_local:
+                continue
+            if e not in experts:
+                experts[e] = (_expert(w13, e, cd), _expert(w2, e, cd))
+            gate_up, down = experts[e]                                 # [2I, L], [L, I]
+            a = glu_activation(gate_up @ x[i].to(cd), activation=activation, beta=beta, linear_beta=linear_beta)
+            out[i] += topk_weights[i, slot].to(cd) * (down @ a)
     return out.to(x.dtype)
 
 
@@ -170,7 +153,7 @@ def latent_moe_routed_partial(
     _check_2d(fn, "gate_weight", gate_weight, (None, h.shape[1]))
     if down_weight is not None:
         _check_2d(fn, "down_weight", down_weight, (None, h.shape[1]))
-    weights, ids = select_experts(
+    chosen = select_experts(
         router_logits(h, gate_weight),
         top_k=top_k,
         correction_bias=correction_bias,
@@ -182,7 +165,7 @@ def latent_moe_routed_partial(
     )
     z = h if down_weight is None else _linear(h, down_weight)  # [T, L]
     return experts_forward(
-        z, w13, w2, weights, ids,
+        z, w13, w2, chosen.weights, chosen.ids,
         activation=activation, beta=beta, linear_beta=linear_beta, expert_start=expert_start,
     )  # fmt: skip
 

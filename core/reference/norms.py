@@ -9,10 +9,7 @@ from ..dtypes import compute_dtype
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """K3's RMSNorm (`KimiRMSNorm`): normalise in fp32, cast to x.dtype, then multiply by weight.
-
-    x: [..., D]; weight: [D] or None. Returns x.dtype.
-    """
+    """Oracle of `RMSNorm` (K3's `KimiRMSNorm` order: normalise in fp32, cast, then x weight)."""
     cd = compute_dtype(x)
     xf = x.to(cd)
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
@@ -27,11 +24,7 @@ def gated_rms_norm(
     *,
     activation: str = "sigmoid",
 ) -> torch.Tensor:
-    """KDA output norm: RMS_w(x) * act(gate), all in fp32, cast back once.
-
-    x, gate: [..., D] (D = head dim; heads on a leading axis); weight: [D].
-    activation: "sigmoid" (K3, Kimi-Linear) or "silu". Returns x.dtype.
-    """
+    """Oracle of `GatedRMSNorm`: RMS_w(x) * act(gate), all in fp32, cast back once."""
     cd = compute_dtype(x, gate)
     xf = x.to(cd)
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.to(cd)
@@ -48,7 +41,7 @@ def gated_rms_norm(
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
 ) -> torch.Tensor:
-    """LayerNorm with optional affine (DSA indexer `k_norm`), fp32 inside. Returns x.dtype."""
+    """Oracle of `LayerNorm`: torch's layer_norm in fp32."""
     cd = compute_dtype(x)
     xf = x.to(cd)
     y = F.layer_norm(
@@ -62,7 +55,7 @@ def layer_norm(
 
 
 def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last axis, fp32 inside (eps on the sum). Returns x.dtype."""
+    """Oracle of `L2Norm`: x / sqrt(sum(x^2) + eps) in fp32."""
     cd = compute_dtype(x)
     xf = x.to(cd)
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from k3.plugin.kernels import ExpertSelection
+
 from ..dtypes import compute_dtype
 
 
 def router_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Router logits h [T, D] x weight [E, D] -> [T, E].
-
-    Both operands are upcast to fp32 (fp64 if either is float64) before the matmul, like
-    vLLM's `GateLinear(out_dtype=float32)`; the result stays in that dtype.
-    """
+    """Oracle of `RouterLogits`: both operands upcast, one matmul (as vLLM's
+    `GateLinear(out_dtype=float32)`)."""
     if h.dim() != 2:
         raise ValueError(f"router_logits: h must be [T, D], got {tuple(h.shape)}")
     if weight.dim() != 2 or weight.shape[1] != h.shape[1]:
@@ -52,18 +51,9 @@ def select_experts(
     routed_scaling_factor: float = 1.0,
     num_expert_group: int = 1,
     topk_group: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Choose top_k experts per token from logits [T, E].
-
-    correction_bias: [E] or None, added to the scores for selection only.
-    scoring: "sigmoid" (K3) or "softmax" (over the E experts).
-    num_expert_group / topk_group: DeepSeek grouped top-k (E % num_expert_group == 0); experts
-    outside the topk_group best groups are masked to -inf before the top-k. 1 / 1 is plain top-k.
-    Returns (weights [T, top_k], ids [T, top_k] int64), ids ordered by descending selection
-    score; weights are the UNBIASED scores of those ids, divided by (their sum + 1e-20) when
-    renormalize, then multiplied by routed_scaling_factor. Everything in fp32 (fp64 if logits
-    are float64); weights are returned in that dtype.
-    """
+) -> ExpertSelection:
+    """Oracle of `SelectExperts`: scores, bias for the selection, DeepSeek's group mask, top-k,
+    the unbiased weights renormalised and scaled (the module docstring)."""
     if logits.dim() != 2:
         raise ValueError(f"select_experts: logits must be [T, E], got {tuple(logits.shape)}")
     t, e = logits.shape
@@ -95,4 +85,4 @@ def select_experts(
     weights = scores.gather(1, ids)  # [T, k] unbiased
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * routed_scaling_factor, ids
+    return ExpertSelection(weights * routed_scaling_factor, ids)

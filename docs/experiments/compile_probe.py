@@ -48,7 +48,7 @@ def decode_step():
     from k3.checkpoint.writer import write_checkpoint
     from k3.config import K3Config
     from k3.model import K3ForCausalLM
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     cfg = K3Config.preset("k3-tiny")
     model = K3ForCausalLM(cfg, dtype=torch.float32)

@@ -60,8 +60,8 @@ def main() -> int:
     from k3.checkpoint.random_init import random_checkpoint
     from k3.checkpoint.writer import write_checkpoint
     from k3.config import K3Config
-    from k3.plugin import select_platform
-    from k3.plugin.contract import ForwardMetadata
+    from k3.platform import select_platform
+    from k3.model.metadata import ForwardMetadata
 
     platform = select_platform("ppu")
     print(json.dumps({"platform": platform.name, "device": platform.info.device, "forced": platform.info.forced,

@@ -157,7 +157,7 @@ def model_decode(device, met, sync, results):
 
     from k3.config import K3Config
     from k3.model import K3ForCausalLM
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     import tempfile
 

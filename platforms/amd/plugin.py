@@ -2,7 +2,7 @@
 
 Backs detection, capabilities, serving defaults and conformance expectations. No kernel yet
 (Triton / AITER / FlyDSL kernels come with later issues): every kernel entry falls back to the
-reference ops on the ROCm device ("cuda" in torch).
+reference plugin's pure-torch kernels (k3.platforms.torch_kernels.tables) on the ROCm device ("cuda" in torch).
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ def k3_detect_platform():
 
 
 @hookimpl
-def k3_capabilities(platform):
-    return capabilities.read() if platform.name == NAME else None
+def k3_capabilities():
+    return capabilities.read()
 
 
 @hookimpl
-def k3_config_defaults(platform):
+def k3_config_defaults():
     # The AMD quick start of the Kimi K3.1 Pro release (MI355X): 16 sequences, 85 % of memory.
-    return {"max_num_seqs": 16, "gpu_memory_utilization": 0.85} if platform.name == NAME else None
+    return {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
 
 
 @hookimpl
-def k3_conformance_expectations(platform):
-    return str(CONFORMANCE) if platform.name == NAME else None
+def k3_conformance_expectations():
+    return str(CONFORMANCE)

@@ -4,7 +4,8 @@ Backs detection, capabilities, serving defaults, conformance expectations, CUDA-
 and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
-falls back to the reference ops on device "cuda".
+falls back to the reference plugin's pure-torch kernels on device "cuda". A platform plugin's
+hooks are asked only while its platform is selected, so none checks the platform name.
 """
 
 from __future__ import annotations
@@ -29,36 +30,32 @@ def k3_detect_platform():
 
 
 @hookimpl
-def k3_capabilities(platform):
-    return capabilities.read() if platform.name == NAME else None
+def k3_capabilities():
+    return capabilities.read()
 
 
 @hookimpl
-def k3_config_defaults(platform):
+def k3_config_defaults():
     # vLLM's default memory fraction, which the NVIDIA quick start keeps.
-    return {"gpu_memory_utilization": 0.9} if platform.name == NAME else None
+    return {"gpu_memory_utilization": 0.9}
 
 
 @hookimpl
-def k3_graph_runner(platform):
-    if platform.name != NAME:
-        return None
+def k3_graph_runner():
     from .graphs import CudaGraphCapturer
 
     return CudaGraphCapturer()
 
 
 @hookimpl
-def k3_conformance_expectations(platform):
-    return str(CONFORMANCE) if platform.name == NAME else None
+def k3_conformance_expectations():
+    return str(CONFORMANCE)
 
 
-def _kernel_table(platform, family: str, table):
+def _kernel_table(family: str, table):
     """The `table` (a KernelTable class) of `family` holding every kernel of experimental.py for
     that family that is switched on and whose modules are installed; None when none is (the
-    reference ops serve every entry)."""
-    if platform.name != NAME:
-        return None
+    reference plugin serves every entry)."""
     entries = {}
     for name, kernel in {**experimental.PROMOTED, **experimental.KERNELS}.items():
         kernel_family, entry = kernel.entry.split(".")
@@ -69,30 +66,30 @@ def _kernel_table(platform, family: str, table):
 
 
 @hookimpl
-def k3_kda_kernels(platform):
-    return _kernel_table(platform, "kda", KDAKernels)
+def k3_kda_kernels():
+    return _kernel_table("kda", KDAKernels)
 
 
 @hookimpl
-def k3_moe_kernels(platform):
-    return _kernel_table(platform, "moe", MoEKernels)
+def k3_moe_kernels():
+    return _kernel_table("moe", MoEKernels)
 
 
 @hookimpl
-def k3_mla_kernels(platform):
-    return _kernel_table(platform, "mla", MLAKernels)
+def k3_mla_kernels():
+    return _kernel_table("mla", MLAKernels)
 
 
 @hookimpl
-def k3_indexer_kernels(platform):
-    return _kernel_table(platform, "indexer", IndexerKernels)
+def k3_indexer_kernels():
+    return _kernel_table("indexer", IndexerKernels)
 
 
 @hookimpl
-def k3_attn_res_kernels(platform):
-    return _kernel_table(platform, "attn_res", AttnResKernels)
+def k3_attn_res_kernels():
+    return _kernel_table("attn_res", AttnResKernels)
 
 
 @hookimpl
-def k3_elementwise_kernels(platform):
-    return _kernel_table(platform, "elementwise", ElementwiseKernels)
+def k3_elementwise_kernels():
+    return _kernel_table("elementwise", ElementwiseKernels)

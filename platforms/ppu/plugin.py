@@ -1,6 +1,6 @@
 """T-HEAD PPU platform plugin (entry point `ppu`): hook implementations only.
 
-The torch-native path: the reference ops on T-HEAD's CUDA-compatible torch device ("cuda"),
+The torch-native path: the reference plugin's pure-torch kernels on T-HEAD's CUDA-compatible torch device ("cuda"),
 no Triton. Forceable: `--platform ppu` runs the same path on any torch device (the CPU here),
 which is how it is tested without a PPU. Backs detection, capabilities, serving defaults and
 conformance expectations; every kernel entry is the reference's.
@@ -26,14 +26,14 @@ def k3_detect_platform():
 
 @hookimpl
 def k3_capabilities(platform):
-    return capabilities.read(platform.device) if platform.name == NAME else None
+    return capabilities.read(platform.device)
 
 
 @hookimpl
-def k3_config_defaults(platform):
-    return {"gpu_memory_utilization": 0.9} if platform.name == NAME else None
+def k3_config_defaults():
+    return {"gpu_memory_utilization": 0.9}
 
 
 @hookimpl
-def k3_conformance_expectations(platform):
-    return str(CONFORMANCE) if platform.name == NAME else None
+def k3_conformance_expectations():
+    return str(CONFORMANCE)

@@ -33,9 +33,10 @@ import functools
 
 import torch
 
-from k3 import reference as ref
-from k3.reference.conv import checkpoint_offsets_per_sequence
-from k3.reference.kda import chunk_cuts, prepare_kda_inputs
+from k3.ops_helpers import checkpoint_offsets_per_sequence, chunk_cuts, prepare_kda_inputs
+from k3.plugin.kernels import KDAChunkedOut
+
+from . import kda_chunked as wy
 
 BLOCK = 16                    # the diagonal blocks' size: exact pairwise decays inside
 GROUP_ELEMENTS = 1 << 27      # floats of the diagonal decays built at once (512 MiB in fp32)
@@ -203,7 +204,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     and contract); None for the torch loop.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < BLOCK or chunk_size % BLOCK:
-        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        return wy.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)
     op = "kda_chunked"
     # the contract's errors; the inputs as rows [B*T + 1, HV, *] in the compute dtype, the last
@@ -238,9 +239,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
                                                                  capture)
     o = vf.new_empty(B * T + 1, HV, V)
     o[index.reshape(-1)] = o_chunks.permute(0, 2, 1, 3).reshape(-1, HV, V)   # padding lands on the last row
-    out = (o[:-1].view(B, T, HV, V).to(v.dtype), state)
+    o = o[:-1].view(B, T, HV, V).to(v.dtype)
     if wanted is None:
-        return out
+        return KDAChunkedOut(o, state)
     at = lambda n, t: p.state[n] if t == 0 else captured[slot_of[n, t]]    # noqa: E731  the state after t tokens
     count = len(wanted[0]) if wanted else 0
-    return (*out, [torch.stack([at(n, wanted[n][c]) for n in range(N)]) for c in range(count)])
+    return KDAChunkedOut(o, state, tuple(torch.stack([at(n, wanted[n][c]) for n in range(N)]) for c in range(count)))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from k3 import reference as ref
-from k3.reference.mla import mla_expand_kv, varlen_spans
+from k3.ops_helpers import varlen_spans
 
 
 def mla_prefill(q, latent, k_pe, kv_b_weight, *, cu_seqlens_q, cu_seqlens_kv, scale, qk_nope_head_dim, v_head_dim,
@@ -29,7 +29,7 @@ def mla_prefill(q, latent, k_pe, kv_b_weight, *, cu_seqlens_q, cu_seqlens_kv, sc
                                topk_indices=topk_indices)
     t, h, _ = q.shape
     spans = varlen_spans(cu_seqlens_q, cu_seqlens_kv, num_q=t, num_kv=latent.shape[0], op="mla_prefill")
-    k, v = mla_expand_kv(latent.to(q.dtype), k_pe.to(q.dtype), kv_b_weight.to(q.dtype), num_heads=h,
+    k, v = ref.mla_expand_kv(latent.to(q.dtype), k_pe.to(q.dtype), kv_b_weight.to(q.dtype), num_heads=h,
                          qk_nope_head_dim=qk_nope_head_dim, v_head_dim=v_head_dim)      # [S, H, Dqk], [S, H, Dv]
     o = q.new_zeros(t, h, v_head_dim)
     for q0, q1, k0, k1 in spans:

@@ -2,7 +2,7 @@
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
 serving defaults and conformance expectations. No kernel yet: every kernel entry falls back to
-the reference ops on the XLA device; docs/kernel-contract.md says which of them an XLA
+the reference plugin's pure-torch kernels on the XLA device; docs/kernel-contract.md says which of them an XLA
 backend must replace (host reads, CPU fallbacks).
 """
 
@@ -25,15 +25,15 @@ def k3_detect_platform():
 
 
 @hookimpl
-def k3_capabilities(platform):
-    return capabilities.read() if platform.name == NAME else None
+def k3_capabilities():
+    return capabilities.read()
 
 
 @hookimpl
-def k3_config_defaults(platform):
-    return {"gpu_memory_utilization": 0.9} if platform.name == NAME else None
+def k3_config_defaults():
+    return {"gpu_memory_utilization": 0.9}
 
 
 @hookimpl
-def k3_conformance_expectations(platform):
-    return str(CONFORMANCE) if platform.name == NAME else None
+def k3_conformance_expectations():
+    return str(CONFORMANCE)

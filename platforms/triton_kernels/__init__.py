@@ -2,9 +2,11 @@
 
 Importing this package does not import Triton: each kernel module does, and a plugin imports
 a kernel module only after its platform has been selected and Triton found. Every kernel has
-the signature of its k3.reference op, falls back to that op for inputs it does not cover
-(float64, shapes outside its constraints), and runs under `TRITON_INTERPRET=1` on CPU tensors
-so CI checks it at tiny shapes against the reference.
+its entry's protocol (`k3.plugin.kernels`), hands inputs it does not cover (float64, shapes
+outside its constraints) to the reference platform's torch kernel for the entry
+(`k3.platforms.torch_kernels`), or to the reference op where the reference platform serves
+that, and runs under `TRITON_INTERPRET=1` on CPU tensors so CI checks it at tiny shapes
+against the reference.
 """
 
 import os

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from k3 import reference as ref
+from k3.plugin.kernels import AttnResOut
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -144,7 +145,7 @@ def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, e
     h = torch.empty_like(prefix)
     prefix_out = torch.empty_like(prefix) if delta is not None else prefix
     if t == 0:
-        return h, prefix_out
+        return AttnResOut(h, prefix_out)
     nvis = int(num_visible_blocks)
     chosen = launch_options(t)
     _attn_res_kernel[(t,)](
@@ -157,4 +158,4 @@ def attn_res(prefix, delta, blocks, *, query, num_visible_blocks, write_index, e
         HAS_WRITE=write_index is not None, HAS_NORM=out_norm_weight is not None,
         BLOCK_D=min(block_d or chosen[0], triton.next_power_of_2(d)), num_warps=num_warps or chosen[1],
     )
-    return h, prefix_out
+    return AttnResOut(h, prefix_out)

@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
 from k3.dtypes import compute_dtype
-from k3.reference.indexer import index_query
+from k3.ops_helpers import index_query
+from k3.platforms.torch_kernels import indexer_paged_decode as torch_paged
 
 
 @triton.jit
@@ -76,7 +76,7 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
     """
     if not covers(q, head_weights, key_values, key_scales, fmt) or block_table.dim() != 2 \
             or block_table.shape[0] != q.shape[0]:
-        return ref.indexer_paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens,
+        return torch_paged.indexer_paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens,
                                                fmt=fmt, quantize_query=quantize_query)
     n, hi, d = q.shape
     cd = compute_dtype(q, head_weights)                   # fp32 here (float64 went to the reference)

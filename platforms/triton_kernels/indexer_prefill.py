@@ -26,8 +26,7 @@ import triton.language as tl
 
 from k3 import reference as ref
 from k3.dtypes import compute_dtype
-from k3.reference.indexer import index_query
-from k3.reference.mla import varlen_spans
+from k3.ops_helpers import index_query, varlen_spans
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from k3 import reference as ref
-from k3.reference.conv import checkpoint_offsets_per_sequence
+from k3.ops_helpers import checkpoint_offsets_per_sequence
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked
+from k3.plugin.kernels import KDAChunkedOut
 
 from . import fla_configs
 
@@ -139,7 +140,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     same function). fla_call: the per-round kernel, replaceable in tests.
     """
     if not covers(q, v):
-        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        return torch_chunked.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets)
     call = fla_call or fla_chunk_kda
     B, T, H, K = q.shape
@@ -151,7 +152,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
              else initial_state.to(torch.float32))
     if plan.wanted is None:
         o, final = call(*flat, scale, state, plan.cu)
-        return o.reshape(B, T, HV, V).to(v.dtype), final
+        return KDAChunkedOut(o.reshape(B, T, HV, V).to(v.dtype), final)
 
     at = [{0: state[i]} for i in range(n)]                # state after `offset` tokens, per sequence
     o = flat[2].new_empty(1, B * T, HV, V)
@@ -162,6 +163,6 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         state = state.index_copy(0, seqs, s_part.to(torch.float32))
         for j, (i, a, z) in enumerate(pieces):
             at[i][z - plan.bounds[i][0]] = s_part[j]
-    checkpoints = [torch.stack([at[i][offs[c]] for i, offs in enumerate(plan.wanted)])
-                   for c in range(len(plan.wanted[0]) if plan.wanted else 0)]
-    return o.reshape(B, T, HV, V).to(v.dtype), state, checkpoints
+    checkpoints = tuple(torch.stack([at[i][offs[c]] for i, offs in enumerate(plan.wanted)])
+                        for c in range(len(plan.wanted[0]) if plan.wanted else 0))
+    return KDAChunkedOut(o.reshape(B, T, HV, V).to(v.dtype), state, checkpoints)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_decode as torch_decode
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -178,7 +178,7 @@ def kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_wei
     block_v: state columns per step (default K: the whole row; a divisor of K processes the row
     in [K, block_v] tiles, which ptxas compiles without spills at K = 128)."""
     if not covers(qkv, conv_weight, f, b, recurrent, conv_state):
-        return ref.kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_weight, recurrent,
+        return torch_decode.kda_decode_step(qkv, conv_weight, f, A_log, dt_bias, b, out_gate, o_norm_weight, recurrent,
                                    conv_state, state_indices, fresh, lower_bound=lower_bound, norm_eps=norm_eps,
                                    l2_eps=l2_eps, scale=scale)
     n, h, k = f.shape

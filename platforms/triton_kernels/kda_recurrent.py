@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_recurrent as torch_recurrent
+from k3.plugin.kernels import KDARecurrentOut
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -98,7 +99,7 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlen
     block_v: state columns per program (a launch option for benchmarks).
     """
     if not covers(q, k, v, g, beta, initial_state):
-        return ref.kda_recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        return torch_recurrent.kda_recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                  output_per_position_states=output_per_position_states,
                                  output_corrections=output_corrections)
     b, t, h, kd = q.shape
@@ -124,9 +125,5 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlen
             K=kd, V=vd, BLOCK_V=block_v, VARLEN=cu_seqlens is not None, HAS_H0=initial_state is not None,
             STORE_STATES=output_per_position_states, STORE_U=output_corrections,
         )
-    out = (o, ht)
-    if output_per_position_states:
-        out = (*out, states)
-    if output_corrections:
-        out = (*out, u)
-    return out
+    return KDARecurrentOut(o, ht, states=states if output_per_position_states else None,
+                           corrections=u if output_corrections else None)

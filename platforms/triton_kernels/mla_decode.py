@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import mla_decode as torch_decode
 
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -183,7 +183,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
     if operands not in ("fp32", "native"):
         raise ValueError(f"mla_decode: operands must be 'fp32' or 'native', got {operands!r}")
     if not covers(q_nope, q_pe, kv_cache, w_uk):
-        return ref.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
+        return torch_decode.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
                               cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices)
     is_fp8 = kv_cache.dtype == torch.float8_e4m3fn
     if is_fp8 and kv_cache_scale is None:
@@ -262,11 +262,14 @@ def _merge_then_absorb(o_part: torch.Tensor, lse: torch.Tensor, w_uv: torch.Tens
     return (y[:t] + y[t:]).to(dtype)
 
 
-def mla_decode_native(*args, **kwargs):
+def mla_decode_native(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
+                      kv_cache_scale=None, topk_indices=None, merge="triton"):
     """`mla_decode` with operands="native", the nvidia platform's served `mla.decode`: bf16
     tensor-core products straight from bf16 and fp8 cache rows (fp32 caches keep fp32; on the
     H200 1.0-1.6x the fp32 operands, most on fp8 pages, BENCHMARKS.md)."""
-    return mla_decode(*args, operands="native", **kwargs)
+    return mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
+                      cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices,
+                      operands="native", merge=merge)
 
 
 def _per_head_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
+from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
@@ -257,7 +257,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     launch options for benchmarks (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
-        return ref.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+        return torch_experts.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                    linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
     if activation == "situ" and beta is None:
         raise ValueError("experts_forward: beta is required for activation='situ' (K3: 4.0)")

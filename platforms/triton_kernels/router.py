@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from k3 import reference as ref
+from k3.plugin.kernels import ExpertSelection
 
 
 LOGITS_MAX_TOKENS = 4       # the H200 (bench/router.py): 7.4 vs 13.6 us at T = 1, 10.6 vs 20.5 at 4; 24.0 vs 22.3 at 16
@@ -131,4 +132,4 @@ def select_experts(logits, *, top_k, correction_bias=None, scoring="sigmoid", re
             SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
             num_warps=num_warps or (1 if e <= 256 else 4 if e <= 1024 else 8),
         )
-    return weights, ids
+    return ExpertSelection(weights, ids)

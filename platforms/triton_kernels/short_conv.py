@@ -15,8 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from k3 import reference as ref
-from k3.reference.conv import checkpoint_offsets_per_sequence, sequence_bounds
+from k3.ops_helpers import checkpoint_offsets_per_sequence, sequence_bounds
+from k3.platforms.torch_kernels import short_conv as torch_conv
+from k3.plugin.kernels import ShortConvOut
 
 
 @triton.jit
@@ -61,12 +62,12 @@ def short_conv(x, weight, *, conv_state=None, cu_seqlens=None, activation="silu"
     """`k3.reference.short_conv` with the convolution in Triton (same signature and contract)."""
     if x.dtype == torch.float64 or weight.dtype == torch.float64 or (
             conv_state is not None and conv_state.dtype == torch.float64) or activation not in ("silu", None):
-        return ref.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
+        return torch_conv.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
                               checkpoint_offsets=checkpoint_offsets)
     b, t, c = x.shape
     w = weight[:, 0] if weight.dim() == 3 else weight
     if w.dim() != 2 or w.shape[0] != c:
-        return ref.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
+        return torch_conv.short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
                               checkpoint_offsets=checkpoint_offsets)
     width = w.shape[1]
     bounds = sequence_bounds(cu_seqlens, b, t, "short_conv")
@@ -90,16 +91,12 @@ def short_conv(x, weight, *, conv_state=None, cu_seqlens=None, activation="silu"
             x2d, w, state, seq, pos, y, b * t, c, x2d.stride(0), *state.stride(), y.stride(0),
             W=width, SILU=activation == "silu", BLOCK_T=block_t, BLOCK_C=block_c)
     hist = state.transpose(1, 2).to(x.dtype)                                              # [N, W-1, C]
-    if width == 1:
-        final = x.new_zeros(n, c, 0)
-        out = (y.view(b, t, c), final)
-    else:
-        out = (y.view(b, t, c), _windows(x2d, hist, starts, lengths, width).contiguous())
+    final = x.new_zeros(n, c, 0) if width == 1 else _windows(x2d, hist, starts, lengths, width).contiguous()
     if checkpoint_offsets is None:
-        return out
+        return ShortConvOut(y.view(b, t, c), final)
     offsets = checkpoint_offsets_per_sequence(checkpoint_offsets, lengths.tolist(), "short_conv")
     checkpoints = []
     for col in range(len(offsets[0]) if offsets else 0):
         at = torch.tensor([row[col] for row in offsets], device=x.device)
         checkpoints.append(x.new_zeros(n, c, 0) if width == 1 else _windows(x2d, hist, starts, at, width).contiguous())
-    return (*out, checkpoints)
+    return ShortConvOut(y.view(b, t, c), final, tuple(checkpoints))

@@ -5,7 +5,7 @@ import dataclasses
 
 from k3.conformance.registry import items
 from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from k3.platform import select_platform
 
 
 def samples(case: str, *, float64: bool = False) -> list:

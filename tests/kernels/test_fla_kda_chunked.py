@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked
 from k3.platforms.triton_kernels import kda_chunked as wrapper
 
 H, HV, K, V = 1, 2, 16, 8
@@ -17,7 +18,8 @@ def stand_in(calls):
         assert q.shape[0] == 1 and initial_state.dtype == torch.float32 and cu_seqlens.dtype == torch.int64
         assert int(cu_seqlens[-1]) == q.shape[1] and len(cu_seqlens) == initial_state.shape[0] + 1
         calls.append(cu_seqlens.tolist())
-        return ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+        out = ref.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+        return out.o, out.state                   # fla-core's chunk_kda returns (o, final state)
     return fla_call
 
 
@@ -56,13 +58,11 @@ def test_rounds_match_the_reference(offsets):
     calls = []
     got = wrapper.kda_chunked(*args, **kw, checkpoint_offsets=offsets, fla_call=stand_in(calls))
     want = ref.kda_chunked(*args, **kw, checkpoint_offsets=offsets)
-    assert len(got) == len(want)
-    close(got[0], want[0])
-    close(got[1], want[1])
-    if offsets is not None:
-        assert len(got[2]) == len(want[2]) == 3
-        for a, b in zip(got[2], want[2]):
-            close(a, b)
+    close(got.o, want.o)
+    close(got.state, want.state)
+    assert len(got.checkpoints) == len(want.checkpoints) == (0 if offsets is None else 3)
+    for a, b in zip(got.checkpoints, want.checkpoints):
+        close(a, b)
     assert len(calls) == (1 if offsets is None else 3)  # rounds = most pieces of any sequence
 
 
@@ -72,14 +72,14 @@ def test_a_single_sequence_is_cut_into_views_and_batches_flatten():
     got = wrapper.kda_chunked(*args, **kw, checkpoint_offsets=[16, 32], fla_call=stand_in(calls))
     want = ref.kda_chunked(*args, **kw, checkpoint_offsets=[16, 32])
     assert calls == [[0, 16], [0, 16], [0, 8]]
-    for a, b in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+    for a, b in zip([got.o, got.state, *got.checkpoints], [want.o, want.state, *want.checkpoints]):
         close(a, b)
     q, k, v, g, beta = (x.reshape(2, 20, *x.shape[2:]) for x in args)          # [B=2, T=20] without cu_seqlens
     s0 = kw["initial_state"].repeat(2, 1, 1, 1)
     got = wrapper.kda_chunked(q, k, v, g, beta, initial_state=s0, fla_call=stand_in([]))
     want = ref.kda_chunked(q, k, v, g, beta, initial_state=s0)
-    close(got[0], want[0])
-    close(got[1], want[1])
+    close(got.o, want.o)
+    close(got.state, want.state)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -91,8 +91,8 @@ def test_full_precision_goes_to_the_reference(monkeypatch, dtype):
         raise AssertionError(f"fla-core must not take {dtype} (float32: its dots round to TF32)")
 
     got = wrapper.kda_chunked(*args, **kw, fla_call=never)
-    want = ref.kda_chunked(*args, **kw)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    want = torch_chunked.kda_chunked(*args, **kw)           # the reference platform's kernel, bit for bit
+    assert torch.equal(got.o, want.o) and torch.equal(got.state, want.state)
 
 
 def test_the_plan_is_made_once_per_forward_and_shared_by_layers():

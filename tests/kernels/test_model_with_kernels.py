@@ -12,7 +12,7 @@ import pytest
 
 from k3.conformance.registry import items
 from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from k3.platform import select_platform
 
 moe_mxfp4 = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from k3.platforms.torch_kernels import mla_prefill_sdpa  # noqa: E402

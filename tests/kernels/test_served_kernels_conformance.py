@@ -8,7 +8,7 @@ import pytest
 
 from k3.conformance.registry import items
 from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
+from k3.platform import select_platform
 
 pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from kernel_tables import interpretable  # noqa: E402

@@ -25,7 +25,8 @@ def test_the_kernel_covers_the_k3_shapes_and_writes_only_its_rows():
     g = torch.Generator().manual_seed(3)
     n, hi, d, page, pages = 2, 16, 32, 8, 3                # 24 positions: a 64-position block straddles the end
     keys = torch.randn(n * pages, page, d, generator=g)
-    values, scales = ref.indexer_quantize_keys(keys.reshape(-1, d), fmt="fp8")
+    quantized = ref.indexer_quantize_keys(keys.reshape(-1, d), fmt="fp8")
+    values, scales = quantized.values, quantized.scales
     values, scales = values.view(n * pages, page, d), scales.view(n * pages, page)
     table = torch.randperm(n * pages, generator=g).view(n, pages).int()
     q, w, lens = torch.randn(n, hi, d, generator=g), torch.randn(n, hi, generator=g), torch.tensor([24, 9])

@@ -186,13 +186,13 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
                            chunk_size=chunk, checkpoint_offsets=offsets)
-    assert got[0].dtype == dtype and got[1].dtype == torch.float32 and len(got[2]) == 2
+    assert got.o.dtype == dtype and got.state.dtype == torch.float32 and len(got.checkpoints) == 2
     # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
     assert calls == [1] if form == "served" else (calls and (group_elements is None or len(calls) > 3))
-    for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
+    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got[0]) else 1e-5
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
         assert _ratio(a, b) < floor, _ratio(a, b)
 
 
@@ -207,7 +207,7 @@ def test_float64_and_a_cpu_without_the_interpreter_take_the_torch_diagonal(monke
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     got = wrapper.kda_chunked(*args, **kw, chunk_size=32)
     want = blocked.kda_chunked(*args, **kw, chunk_size=32)
-    for a, b in zip(got, want):
+    for a, b in ((got.o, want.o), (got.state, want.state)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -290,7 +290,7 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
                                                             for n, t in kw.items()},
                            chunk_size=chunk, checkpoint_offsets=offsets)
     assert calls == [1]
-    for a, b in zip((*got[:2], *got[2]), (*want[:2], *want[2])):
+    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got[0]) else 1e-5
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
         assert _ratio(a, b) < floor, _ratio(a, b)

@@ -35,15 +35,16 @@ def test_equal_lengths_in_bf16_with_a_scale():
     h0 = torch.randn(3, 4, 32, 64)
     got = kernel.kda_recurrent(*args, initial_state=h0, scale=0.3, output_per_position_states=True)
     want = ref.kda_recurrent(*args, initial_state=h0, scale=0.3, output_per_position_states=True)
-    assert got[0].dtype == torch.bfloat16 and got[1].dtype == got[2].dtype == torch.float32
-    for a, b in zip(got, want):
+    assert got.o.dtype == torch.bfloat16 and got.state.dtype == got.states.dtype == torch.float32
+    assert got.corrections is None and want.corrections is None
+    for a, b in ((got.o, want.o), (got.state, want.state), (got.states, want.states)):
         assert ((a.double() - b.double()).norm() / b.double().norm()) < 1e-2
 
 
 def test_float64_and_odd_head_sizes_go_to_the_reference():
     args = _inputs(1, 3, 1, 1, 16, 16, torch.float64)
     assert not kernel.covers(*args, None)
-    torch.testing.assert_close(kernel.kda_recurrent(*args)[0], ref.kda_recurrent(*args)[0])
+    torch.testing.assert_close(kernel.kda_recurrent(*args).o, ref.kda_recurrent(*args).o)
     assert not kernel.covers(*_inputs(1, 3, 1, 1, 24, 16, torch.float32), None)
 
 

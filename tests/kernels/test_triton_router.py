@@ -23,16 +23,16 @@ def test_matches_the_reference(t, e, k, kw):
     logits = torch.randn(t, e, generator=g)
     if kw.pop("correction_bias", False):
         kw["correction_bias"] = 0.1 * torch.randn(e, generator=g)
-    got_w, got_ids = kernel.select_experts(logits, top_k=k, **kw)
-    want_w, want_ids = ref.select_experts(logits, top_k=k, **kw)
+    got, want = kernel.select_experts(logits, top_k=k, **kw), ref.select_experts(logits, top_k=k, **kw)
+    got_w, got_ids, want_w, want_ids = got.weights, got.ids, want.weights, want.ids
     assert got_ids.dtype == torch.int64 and torch.equal(got_ids, want_ids)
     torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-7)
 
 
 def test_exact_ties_go_to_the_lower_expert_id():
     logits = torch.tensor([[0.5, 2.0, 2.0, -1.0, 2.0]])
-    w, ids = kernel.select_experts(logits, top_k=2)
-    assert ids.tolist() == [[1, 2]] and torch.allclose(w, torch.full((1, 2), 0.5))
+    chosen = kernel.select_experts(logits, top_k=2)
+    assert chosen.ids.tolist() == [[1, 2]] and torch.allclose(chosen.weights, torch.full((1, 2), 0.5))
 
 
 def test_grouped_and_float64_fall_back():
@@ -42,7 +42,7 @@ def test_grouped_and_float64_fall_back():
     assert not kernel.covers(logits, 8)
     for x in (logits, logits.double()):
         got, want = kernel.select_experts(x, **kw), ref.select_experts(x, **kw)
-        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+        assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights)
 
 
 @pytest.mark.parametrize("t, e, d, dtype, block_t, block_d", [

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from k3 import reference as ref
+from k3.platforms.torch_kernels import short_conv as torch_conv
 
 kernel = pytest.importorskip("k3.platforms.triton_kernels.short_conv")
 
@@ -26,9 +27,10 @@ def test_ragged_with_state_and_checkpoints(dtype, tol, width):
     offsets = torch.tensor([[0, 5, 13], [1, 2, 2], [30, 7, 0]])
     kw = dict(conv_state=state, cu_seqlens=_cu(lens), checkpoint_offsets=offsets)
     got, want = kernel.short_conv(x, w, **kw), ref.short_conv(x, w, **kw)
-    assert ((got[0].double() - want[0].double()).norm() / want[0].double().norm()) < tol
-    assert torch.equal(got[1], want[1])                     # windows are copies of inputs
-    for a, b in zip(got[2], want[2]):
+    assert ((got.y.double() - want.y.double()).norm() / want.y.double().norm()) < tol
+    assert torch.equal(got.state, want.state)               # windows are copies of inputs
+    assert len(got.checkpoints) == len(want.checkpoints) == 3
+    for a, b in zip(got.checkpoints, want.checkpoints):
         assert torch.equal(a, b)
 
 
@@ -37,11 +39,11 @@ def test_equal_lengths_without_state_and_without_activation():
     x, w = torch.randn(3, 11, 24, generator=g), torch.randn(24, 1, 4, generator=g)
     for activation in ("silu", None):
         got, want = kernel.short_conv(x, w, activation=activation), ref.short_conv(x, w, activation=activation)
-        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
-        assert torch.equal(got[1], want[1])
+        torch.testing.assert_close(got.y, want.y, rtol=1e-5, atol=1e-6)
+        assert torch.equal(got.state, want.state) and got.checkpoints == ()
 
 
-def test_float64_goes_to_the_reference():
+def test_float64_goes_to_the_reference_platforms_kernel():
     x, w = torch.randn(1, 5, 8, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
-    got, want = kernel.short_conv(x, w), ref.short_conv(x, w)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got, want = kernel.short_conv(x, w), torch_conv.short_conv(x, w)
+    assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)

@@ -26,7 +26,7 @@ def logits(checkpoint: Path) -> torch.Tensor:
     from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_model
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     model = load_model(checkpoint, dtype=torch.float64, progress=False)
     ids, page = prompt(), 16

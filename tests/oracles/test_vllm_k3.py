@@ -27,7 +27,7 @@ from k3.cache.pool import CachePool  # noqa: E402
 from k3.checkpoint.loader import load_model  # noqa: E402
 from k3.config import K3Config  # noqa: E402
 from k3.model import contiguous_block_table  # noqa: E402
-from k3.plugin.contract import ForwardMetadata  # noqa: E402
+from k3.model.metadata import ForwardMetadata  # noqa: E402
 
 SOURCES = ("vllm_k3.py", "dsa_indexer.py", "oracle_cache.py")
 PRESETS = ("k3-tiny", "k3.1-pro-tiny")

@@ -28,3 +28,20 @@ def test_each_module_imports_first():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 20
+
+
+def test_pyproject_lists_every_package():
+    """A non-editable install ships only the packages pyproject names: every folder with an
+    __init__.py under core/, platforms/ and conformance/ must be listed (an editable install
+    would import a missing one anyway, hiding the gap)."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for folder, package in (("core", "k3"), ("platforms", "k3.platforms"), ("conformance", "k3.conformance")):
+        for init in (root / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / folder).parts
+            found.add(".".join([package, *parts]))
+    assert found - listed == set(), f"packages missing from pyproject's [tool.setuptools] packages: {sorted(found - listed)}"

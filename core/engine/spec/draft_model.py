@@ -23,7 +23,7 @@ from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.engine.sampler import uniform_noise
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 from .ngram import Proposal
 from .rejection import target_probs

@@ -16,7 +16,7 @@ from k3.quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
 def _logits(model, tokens=(5, 17, 200, 3, 99, 42, 7)):
     from k3.cache.pool import CachePool
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     cache = CachePool.for_model(model, 2, block_size=16).views                # a state row, a page
     batch = ForwardMetadata.build([list(tokens)], context_lens=[0], state_indices=[0],

@@ -9,7 +9,7 @@ from k3.cache.pool import CachePool
 from k3.checkpoint.dummy import load_dummy_weights
 from k3.config import K3Config
 from k3.model import K3ForCausalLM
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 
 def test_dummy_weights_fill_everything_and_run(tmp_path):

@@ -16,7 +16,7 @@ from k3.checkpoint.writer import model_tensors, write_checkpoint
 from k3.config import ConfigError, K3Config
 from k3.model import contiguous_block_table
 from k3.model.ffn import MoE
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 from k3.quant.int4_pack import int4_quantize
 
 GROUP = 16

@@ -18,16 +18,15 @@ def test_every_kernel_entry_has_a_case():
 
 def test_kernel_cases_use_the_tables_reference_op():
     """A case named after an entry uses the reference op the kernel table names as its oracle."""
-    import dataclasses
-
     import k3.reference as ref
+    from k3.plugin.tables import entry_oracle
 
     for table in KERNEL_TABLES:
-        for f in dataclasses.fields(table):
-            name = f"{table.FAMILY}.{f.name}"
+        for entry in table.entries():
+            name = f"{table.FAMILY}.{entry}"
             case = next((c for c in all_cases() if c.name == name), None)
             assert case is not None, name
-            op = getattr(ref, f.metadata["reference"].rsplit(".", 1)[1])
+            op = getattr(ref, entry_oracle(table, entry))
             assert case.reference is op, f"{name}: oracle {case.reference} is not {op}"
 
 
@@ -81,3 +80,20 @@ def test_kernel_families_have_a_sample_maker():
     for case in all_cases():
         if case.family in KERNEL_FAMILIES and case.run is None:
             assert case.reference is not None and all(s.make for s in case.samples), case.name
+
+
+def test_named_kernel_outputs_are_compared_by_field_without_an_outputs_function():
+    """A case without `outputs` compares a kernel's named outputs field by field: tuple fields
+    entry by entry, fields the call did not ask for (None) left out."""
+    import torch
+
+    from k3.conformance.inputs import Inputs
+    from k3.conformance.registry import Case, Sample
+    from k3.conformance.runner import named_outputs
+    from k3.plugin.kernels import KDAChunkedOut, KDARecurrentOut
+
+    case = Case("x", "kda", "kda.chunked", samples=(Sample("T1"),))
+    o, s, c = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    assert named_outputs(case, KDAChunkedOut(o, s, (c, c)), Inputs((), {})).keys() == {"o", "state", "checkpoints0",
+                                                                                        "checkpoints1"}
+    assert named_outputs(case, KDARecurrentOut(o, s), Inputs((), {})).keys() == {"o", "state"}

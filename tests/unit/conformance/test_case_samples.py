@@ -54,7 +54,7 @@ def test_representable_codec_samples_round_trip_exactly(dtype):
                                                                       dtype=torch.float64),
               "quant.mxfp4_quantize": lambda o, kw: ref.mxfp4_dequantize(*o, dtype=torch.float64),
               "quant.nvfp4_quantize": lambda o, kw: ref.nvfp4_dequantize(*o, dtype=torch.float64),
-              "indexer.quantize_keys": lambda o, kw: ref.indexer_dequantize_keys(*o, fmt=kw["fmt"],
+              "indexer.quantize_keys": lambda o, kw: ref.indexer_dequantize_keys(o.values, o.scales, fmt=kw["fmt"],
                                                                                  dtype=torch.float64)}
     checked = 0
     for case in all_cases():
@@ -75,6 +75,10 @@ def _perturb(t):
         if t.is_floating_point():
             return (t.double() * 1.1 + 0.01).to(t.dtype)
         return t + 1
+    if dataclasses.is_dataclass(t):                         # named kernel outputs
+        return dataclasses.replace(t, **{f.name: _perturb(getattr(t, f.name)) for f in dataclasses.fields(t)})
+    if isinstance(t, tuple) and hasattr(t, "_fields"):        # the codecs' named tuples
+        return type(t)(*(_perturb(x) for x in t))
     if isinstance(t, (list, tuple)):
         return type(t)(_perturb(x) for x in t)
     return t

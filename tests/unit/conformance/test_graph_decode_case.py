@@ -6,8 +6,8 @@ import pytest
 
 from k3.conformance.registry import items
 from k3.conformance.runner import RunContext, run_item
-from k3.plugin import select_platform
-from k3.plugin.facade import Platform
+from k3.platform import select_platform
+from k3.platform.facade import Platform
 
 
 class Capturer:

@@ -10,7 +10,7 @@ from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.engine.sampler import SamplingBatch, sample_batch
 from k3.model import contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 
 def test_decode_step_captures_as_one_graph(tiny_checkpoint):

@@ -9,7 +9,7 @@ import torch
 from k3.engine.engine import EngineConfig, LLMEngine
 from k3.engine.graphs import DecodeGraphs, default_buckets
 from k3.engine.params import SamplingParams
-from k3.plugin.facade import Platform
+from k3.platform.facade import Platform
 
 PROMPTS = [[(11 * i + 5 * j) % 380 + 1 for j in range(n)] for i, n in enumerate((23, 4, 37, 9, 15))]
 
@@ -91,7 +91,7 @@ def test_rows_past_the_batch_return_to_padding():
     (they would step real requests' states twice)."""
     from types import SimpleNamespace
 
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     def model(meta, views, tap_layers):
         return SimpleNamespace(logits=meta.state_indices.double()[:, None].repeat(1, 3))

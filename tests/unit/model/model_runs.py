@@ -8,7 +8,7 @@ import torch
 from k3.cache.pool import CachePool
 from k3.engine.runner import ModelRunner
 from k3.model import K3ForCausalLM, contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 PAGE_SIZE = 16
 

@@ -7,7 +7,7 @@ import torch
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
-from k3.plugin.contract import CheckpointMetadata, ForwardMetadata
+from k3.model.metadata import CheckpointMetadata, ForwardMetadata
 
 PAGE = 16
 ROWS = 8                    # state rows 0..7, then 32 pages

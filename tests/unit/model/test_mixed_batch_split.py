@@ -12,8 +12,8 @@ from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
 from k3.model.kda import KDAMixer
 from k3.model.mla import MLAMixer
-from k3.plugin.contract import (CheckpointMetadata, ForwardMetadata, ForwardMode, SpecMetadata,
-                                leading_one_token_steps)
+from k3.model.metadata import (CheckpointMetadata, ForwardMetadata, ForwardMode, SpecMetadata,
+                               leading_one_token_steps)
 from model_runs import PAGE_SIZE, teacher_forced
 
 

@@ -6,7 +6,7 @@ import torch
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
 from k3.model import contiguous_block_table
-from k3.plugin.contract import ForwardMetadata
+from k3.model.metadata import ForwardMetadata
 
 
 def _run(model, tokens, **kw):

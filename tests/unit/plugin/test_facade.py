@@ -6,17 +6,9 @@ import torch
 
 from k3 import reference as ref
 from k3.config import K3Config
-from k3.plugin import (
-    KERNEL_TABLES,
-    Detection,
-    ElementwiseKernels,
-    KDAKernels,
-    Platform,
-    PlatformError,
-    hookimpl,
-    select_platform,
-)
-from k3.plugin.manager import PluginRecord, discover, select
+from k3.platforms.torch_kernels.tables import torch_tables
+from k3.plugin import KERNEL_TABLES, Detection, ElementwiseKernels, KDAKernels, hookimpl
+from k3.platform import Platform, PlatformError, PluginRecord, discover, select, select_platform
 
 
 def test_reference_is_always_there(monkeypatch):
@@ -27,7 +19,7 @@ def test_reference_is_always_there(monkeypatch):
         table = getattr(platform.kernels, table_cls.FAMILY)
         assert table.provided() == table_cls.entries()           # every entry resolves
     assert platform.kernels.providers["kda.chunked"] == "reference"
-    assert platform.kernels.kda.chunked is ref.kda_chunked
+    assert platform.kernels.kda.chunked is torch_tables()["kda"].chunked    # the pure-torch kernel set
 
 
 def test_unknown_platform_is_a_platform_error():
@@ -67,7 +59,7 @@ def test_entry_wise_fallback_and_model_runs_unchanged(tiny_checkpoint):
     from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_checkpoint
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     plugin = _OverridePlugin()
     platform = _platform_with(plugin)
@@ -144,7 +136,7 @@ def test_broken_third_party_plugins_are_recorded_not_fatal(monkeypatch):
     reason and left out; k3 keeps working."""
     import types
 
-    import k3.plugin.manager as manager
+    import k3.platform.discovery as manager
 
     raising = types.ModuleType("raising_plugin")
     raising.K3_HOOKSPEC_VERSIONS = (1,)

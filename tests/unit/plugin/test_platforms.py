@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from k3.plugin import PlatformError, PlatformInfo, select_platform
-from k3.plugin.manager import discover
+from k3.platform import PlatformError, discover, select_platform
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
@@ -20,10 +19,6 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_
                            "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
-
-
-def info(name, device="cpu"):
-    return PlatformInfo(name=name, plugin=name, distribution="k3", version="0", device=device, forced=False)
 
 
 def test_vendor_entry_points_are_installed():
@@ -43,10 +38,8 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     assert record.registered and record.distribution == "k3"
     # kernel hooks: NVIDIA's Triton kernels; every other entry falls back to the reference
     assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
-    path = Path(module.k3_conformance_expectations(platform=info(vendor)))
+    path = Path(module.k3_conformance_expectations())          # no platform argument: no name check
     assert tomllib.loads(path.read_text())["xfail"] == []
-    assert module.k3_conformance_expectations(platform=info("reference")) is None
-    assert module.k3_capabilities(platform=info("reference")) is None
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="needs a CPU-only torch build (the CI machine)")
@@ -165,8 +158,7 @@ def test_amd_capabilities_from_gfx_arch(monkeypatch, arch, fp8, mxfp4):
 def test_amd_defaults_follow_the_recipe():
     from k3.platforms.amd import plugin
 
-    assert plugin.k3_config_defaults(platform=info("amd")) == {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
-    assert plugin.k3_config_defaults(platform=info("nvidia")) is None
+    assert plugin.k3_config_defaults() == {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
 
 
 @pytest.mark.parametrize("pjrt, words", [("CPU", "PJRT_DEVICE=CPU"), ("", "libtpu")])
@@ -200,13 +192,12 @@ def test_detection_imports_no_vendor_sdk():
     assert done.returncode == 0, done.stderr
 
 
-def test_nvidia_backs_the_fused_kda_decode_with_triton_only_on_its_platform(monkeypatch):
+def test_nvidia_backs_the_fused_kda_decode_with_triton(monkeypatch):
     from k3.platforms.nvidia import plugin
 
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    assert plugin.k3_kda_kernels(platform=info("reference")) is None
-    table = plugin.k3_kda_kernels(platform=info("nvidia", "cuda"))
+    table = plugin.k3_kda_kernels()
     try:
         import triton  # noqa: F401
     except ImportError:                           # without Triton only the torch kernels serve
@@ -221,60 +212,55 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
     pytest.importorskip("triton")
     from k3.platforms.nvidia import plugin
 
-    nvidia = info("nvidia", "cuda")
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
-    assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "router_logits", "select_experts"]
-    assert plugin.k3_mla_kernels(platform=nvidia).decode.__name__ == "mla_decode_native"
-    assert plugin.k3_attn_res_kernels(platform=nvidia).provided() == ["step"]
-    assert sorted(plugin.k3_mla_kernels(platform=nvidia).provided()) == ["decode", "prefill"]
-    assert sorted(plugin.k3_indexer_kernels(platform=nvidia).provided()) == ["paged_decode_scores", "scores", "topk"]
-    assert sorted(plugin.k3_elementwise_kernels(platform=nvidia).provided()) == ["glu_activation", "rms_norm"]
-    for hook in (plugin.k3_moe_kernels, plugin.k3_attn_res_kernels, plugin.k3_mla_kernels, plugin.k3_kda_kernels):
-        assert hook(platform=info("reference")) is None
+    assert sorted(plugin.k3_moe_kernels().provided()) == ["experts", "router_logits", "select_experts"]
+    assert plugin.k3_mla_kernels().decode.__name__ == "mla_decode_native"
+    assert plugin.k3_attn_res_kernels().provided() == ["step"]
+    assert sorted(plugin.k3_mla_kernels().provided()) == ["decode", "prefill"]
+    assert sorted(plugin.k3_indexer_kernels().provided()) == ["paged_decode_scores", "scores", "topk"]
+    assert sorted(plugin.k3_elementwise_kernels().provided()) == ["glu_activation", "rms_norm"]
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, moe_router_logits, mla_prefill, rms_norm")
-    assert plugin.k3_moe_kernels(platform=nvidia).provided() == ["select_experts"]
-    assert plugin.k3_elementwise_kernels(platform=nvidia).provided() == ["glu_activation"]
-    assert plugin.k3_mla_kernels(platform=nvidia).provided() == ["decode"]
+    assert plugin.k3_moe_kernels().provided() == ["select_experts"]
+    assert plugin.k3_elementwise_kernels().provided() == ["glu_activation"]
+    assert plugin.k3_mla_kernels().provided() == ["decode"]
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "all")
-    assert plugin.k3_moe_kernels(platform=nvidia) is None and plugin.k3_attn_res_kernels(platform=nvidia) is None
-    assert plugin.k3_mla_kernels(platform=nvidia) is None and plugin.k3_kda_kernels(platform=nvidia) is None
+    assert plugin.k3_moe_kernels() is None and plugin.k3_attn_res_kernels() is None
+    assert plugin.k3_mla_kernels() is None and plugin.k3_kda_kernels() is None
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_router,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert sorted(plugin.k3_moe_kernels(platform=nvidia).provided()) == ["experts", "router_logits"]
+        assert sorted(plugin.k3_moe_kernels().provided()) == ["experts", "router_logits"]
 
 
 def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     pytest.importorskip("triton")
     from k3.platforms.nvidia import plugin
 
-    nvidia = info("nvidia", "cuda")
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
     kda = ["chunked", "decode_step", "recurrent", "short_conv"]
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == kda
-    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
+    assert sorted(plugin.k3_kda_kernels().provided()) == kda
+    assert plugin.k3_kda_kernels().chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "kda_chunked_blocked")        # the torch one without the Triton diagonal
-    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("torch_kernels.kda_chunked_blocked")
+    assert plugin.k3_kda_kernels().chunked.__module__.endswith("torch_kernels.kda_chunked_blocked")
     monkeypatch.delenv("K3_NVIDIA_DISABLE")
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")           # fla-core's, in place of the promoted one
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == kda
-    assert plugin.k3_kda_kernels(platform=nvidia).chunked.__module__.endswith("triton_kernels.kda_chunked")
+    assert sorted(plugin.k3_kda_kernels().provided()) == kda
+    assert plugin.k3_kda_kernels().chunked.__module__.endswith("triton_kernels.kda_chunked")
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
-    assert sorted(plugin.k3_kda_kernels(platform=nvidia).provided()) == ["chunked", "decode_step", "recurrent",
+    assert sorted(plugin.k3_kda_kernels().provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert "chunked" in plugin.k3_kda_kernels(platform=nvidia).provided()
+        assert "chunked" in plugin.k3_kda_kernels().provided()
 
 
-def test_nvidia_captures_decode_with_cuda_graphs_only_on_its_platform():
+def test_nvidia_captures_decode_with_cuda_graphs():
     from k3.platforms.nvidia import plugin
     from k3.platforms.nvidia.graphs import CudaGraphCapturer
 
-    assert plugin.k3_graph_runner(platform=info("reference")) is None
-    assert isinstance(plugin.k3_graph_runner(platform=info("nvidia", "cuda")), CudaGraphCapturer)
+    assert isinstance(plugin.k3_graph_runner(), CudaGraphCapturer)
 
 
 def test_every_experimental_nvidia_kernel_is_documented():

@@ -85,7 +85,7 @@ def test_selection_errors_are_one_line(capsys, name, words):
 
 
 class _FakeEntryPoint:
-    """What k3.plugin.manager reads from an importlib.metadata entry point."""
+    """What k3.platform.discovery reads from an importlib.metadata entry point."""
 
     def __init__(self, name, load):
         self.name, self._load = name, load
@@ -96,7 +96,7 @@ class _FakeEntryPoint:
 
 
 def test_unsupported_hookspec_version_and_broken_import_are_refused(capsys, monkeypatch):
-    import k3.plugin.manager as manager
+    import k3.platform.discovery as manager
 
     class FromTheFuture:
         K3_HOOKSPEC_VERSIONS = (2,)

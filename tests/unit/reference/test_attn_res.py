@@ -60,13 +60,15 @@ def _fused_contract(x0, sublayers, queries, norms, block, eps):
     for l, (mixer, ffn) in enumerate(sublayers):
         write = l // block if l % block == 0 else None
         n = math.ceil(l / block)
-        h, prefix = attn_res(prefix, delta, bank, query=queries[l][0], num_visible_blocks=n,
-                             write_index=write, eps=eps, out_norm_weight=norms[l][0], out_eps=eps)
+        step = attn_res(prefix, delta, bank, query=queries[l][0], num_visible_blocks=n,
+                        write_index=write, eps=eps, out_norm_weight=norms[l][0], out_eps=eps)
+        h, prefix = step.h, step.prefix
         a = mixer(h)
         prefix = a if l % block == 0 else prefix + a
         m = n + (1 if l % block == 0 else 0)
-        h, prefix = attn_res(prefix, None, bank, query=queries[l][1], num_visible_blocks=m,
-                             write_index=None, eps=eps, out_norm_weight=norms[l][1], out_eps=eps)
+        step = attn_res(prefix, None, bank, query=queries[l][1], num_visible_blocks=m,
+                        write_index=None, eps=eps, out_norm_weight=norms[l][1], out_eps=eps)
+        h, prefix = step.h, step.prefix
         delta = ffn(h)
         outs.append(delta)
     prefix = prefix + delta
@@ -97,8 +99,9 @@ def test_bf16_prefix_is_rounded_after_add():
     prefix = torch.randn(3, 8, generator=g).bfloat16()
     delta = torch.randn(3, 8, generator=g).bfloat16()
     bank = torch.empty(3, 1, 8, dtype=torch.bfloat16)
-    h, new_prefix = attn_res(prefix, delta, bank, query=torch.randn(8, generator=g), num_visible_blocks=0,
-                             write_index=0, eps=1e-5, out_norm_weight=None, out_eps=1e-5)
+    step = attn_res(prefix, delta, bank, query=torch.randn(8, generator=g), num_visible_blocks=0,
+                    write_index=0, eps=1e-5, out_norm_weight=None, out_eps=1e-5)
+    h, new_prefix = step.h, step.prefix
     assert new_prefix.dtype == torch.bfloat16
     torch.testing.assert_close(new_prefix, (prefix.float() + delta.float()).bfloat16(), rtol=0, atol=0)
     torch.testing.assert_close(bank[:, 0], new_prefix, rtol=0, atol=0)

@@ -1,14 +1,19 @@
-"""DSA indexer reference: Hadamard, key codecs and pages, scores, top-k, and DSA feeding MLA."""
+"""DSA indexer reference: Hadamard, key codecs and pages, scores, top-k, and DSA feeding MLA. The
+Hadamard transform is checked on both implementations: the oracle's explicit Sylvester matrix
+(k3.reference) and the butterfly the reference platform serves (k3.platforms.torch_kernels)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from k3 import reference as ref
+from k3.platforms.torch_kernels import hadamard as torch_hadamard
 from k3.reference.indexer import (
-    hadamard_transform,
     index_key_record_bytes,
     indexer_dequantize_keys,
     indexer_quantize_keys,
@@ -22,6 +27,13 @@ from k3.reference.mla import mla_absorb_weights, mla_decode, mla_prefill
 F64 = torch.float64
 H, DN, DR, DV, R = 4, 16, 8, 12, 32  # MLA dims for the end-to-end test
 SCALE = 1.0 / math.sqrt(DN + DR)
+IMPLS = {"reference": SimpleNamespace(hadamard_transform=ref.hadamard_transform),
+         "torch": SimpleNamespace(hadamard_transform=torch_hadamard.hadamard_transform)}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return IMPLS[request.param]
 
 
 def _cu(lens):
@@ -37,29 +49,30 @@ def _sylvester(n):
 
 # ---------------------------------------------------------------------------- Hadamard
 @pytest.mark.parametrize("n", [1, 2, 16, 128], ids=lambda n: f"n{n}")
-def test_hadamard_orthonormal_involution_sylvester(n):
-    m = hadamard_transform(torch.eye(n, dtype=F64))  # row i = H e_i
+def test_hadamard_orthonormal_involution_sylvester(n, impl):
+    m = impl.hadamard_transform(torch.eye(n, dtype=F64))  # row i = H e_i
     torch.testing.assert_close(m @ m.T, torch.eye(n, dtype=F64), rtol=0, atol=1e-12)
     torch.testing.assert_close(m, _sylvester(n), rtol=0, atol=1e-15)
     x = torch.randn(3, 5, n, generator=torch.Generator().manual_seed(n), dtype=F64)
-    torch.testing.assert_close(hadamard_transform(hadamard_transform(x)), x, rtol=0, atol=1e-12)
-    torch.testing.assert_close(hadamard_transform(x), x @ _sylvester(n), rtol=0, atol=1e-12)
+    torch.testing.assert_close(impl.hadamard_transform(impl.hadamard_transform(x)), x, rtol=0, atol=1e-12)
+    torch.testing.assert_close(impl.hadamard_transform(x), x @ _sylvester(n), rtol=0, atol=1e-12)
 
 
-def test_hadamard_bf16_and_bad_length():
+def test_hadamard_bf16_and_bad_length(impl):
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    y = hadamard_transform(x)
+    y = impl.hadamard_transform(x)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y.double(), x.double() @ _sylvester(64), rtol=1e-2, atol=1e-2)
     with pytest.raises(ValueError, match="power of two"):
-        hadamard_transform(torch.randn(2, 96))
+        impl.hadamard_transform(torch.randn(2, 96))
 
 
 # ---------------------------------------------------------------------------- key codecs and pages
 @pytest.mark.parametrize("S,D", [(17, 128), (5, 64)], ids=["S17xD128", "S5xD64"])
-def test_index_keys_round_trip(S, D):
-    k = hadamard_transform(torch.randn(S, D, generator=torch.Generator().manual_seed(S), dtype=F64))
-    v8, s8 = indexer_quantize_keys(k, fmt="fp8")
+def test_index_keys_round_trip(S, D, impl):
+    k = impl.hadamard_transform(torch.randn(S, D, generator=torch.Generator().manual_seed(S), dtype=F64))
+    keys = indexer_quantize_keys(k, fmt="fp8")
+    v8, s8 = keys.values, keys.scales
     assert v8.dtype == torch.float8_e4m3fn and v8.shape == (S, D)
     assert s8.dtype == torch.float32 and s8.shape == (S,)
     torch.testing.assert_close(s8.double(), k.abs().amax(-1) / 448, rtol=2**-23, atol=0)
@@ -67,7 +80,8 @@ def test_index_keys_round_trip(S, D):
     half_ulp = torch.maximum(k.abs() * 2**-4, s8.double()[:, None] * 2**-10)  # normals | subnormals
     assert err.le(half_ulp * (1 + 1e-6)).all()
 
-    v4, s4 = indexer_quantize_keys(k, fmt="mxfp4")
+    keys = indexer_quantize_keys(k, fmt="mxfp4")
+    v4, s4 = keys.values, keys.scales
     assert v4.dtype == torch.uint8 and v4.shape == (S, D // 2)
     assert s4.dtype == torch.uint8 and s4.shape == (S, D // 32)
     err = (indexer_dequantize_keys(v4, s4, fmt="mxfp4", dtype=F64) - k).abs()
@@ -81,7 +95,8 @@ def test_index_key_page_pack_unpack_exact(fmt, record):
     page_tokens, D = 64, 128
     assert index_key_record_bytes(D, fmt) == record
     k = torch.randn(page_tokens, D, generator=torch.Generator().manual_seed(record))
-    values, scales = indexer_quantize_keys(k, fmt=fmt)
+    keys = indexer_quantize_keys(k, fmt=fmt)
+    values, scales = keys.values, keys.scales
     page = pack_index_key_page(values, scales, fmt=fmt)
     assert page.dtype == torch.uint8 and page.shape == (page_tokens * record,)
     vbytes = values.view(torch.uint8).reshape(-1)
@@ -119,11 +134,11 @@ def _naive_scores(q, w, keys, q_lens, kv_lens, quantize_query):
 
 @pytest.mark.parametrize("quantize_query", [False, True], ids=["q-exact", "q-fp8"])
 @pytest.mark.parametrize("Hi,D", [(4, 32), (32, 128)], ids=["Hi4xD32", "Hi32xD128"])
-def test_scores_match_naive_loop(Hi, D, quantize_query):
+def test_scores_match_naive_loop(Hi, D, quantize_query, impl):
     q_lens, kv_lens = [3, 1, 4], [5, 6, 4]
     g = torch.Generator().manual_seed(Hi + D)
-    q = hadamard_transform(torch.randn(sum(q_lens), Hi, D, generator=g, dtype=F64))
-    keys = hadamard_transform(torch.randn(sum(kv_lens), D, generator=g, dtype=F64))
+    q = impl.hadamard_transform(torch.randn(sum(q_lens), Hi, D, generator=g, dtype=F64))
+    keys = impl.hadamard_transform(torch.randn(sum(kv_lens), D, generator=g, dtype=F64))
     w = torch.randn(sum(q_lens), Hi, generator=g, dtype=F64) * Hi**-0.5 * D**-0.5
     got = indexer_scores(q, w, keys, cu_seqlens_q=_cu(q_lens), cu_seqlens_kv=_cu(kv_lens),
                          quantize_query=quantize_query)
@@ -204,14 +219,14 @@ def _paged(rows, kv_lens, page_size, g):
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("topk", [4, 64], ids=["top4", "top64-covers-context"])
-def test_dsa_end_to_end(topk, fmt):
+def test_dsa_end_to_end(topk, fmt, impl):
     q_lens, kv_lens, Hi, D, page_size = [10, 3, 1], [10, 23, 17], 4, 32, 4
     g = torch.Generator().manual_seed(topk)
     T, S = sum(q_lens), sum(kv_lens)
     # indexer: rotated queries and keys, keys through the cache codec
-    q_idx = hadamard_transform(torch.randn(T, Hi, D, generator=g))
-    k_idx = hadamard_transform(torch.randn(S, D, generator=g))
-    keys = indexer_dequantize_keys(*indexer_quantize_keys(k_idx, fmt=fmt), fmt=fmt)
+    q_idx = impl.hadamard_transform(torch.randn(T, Hi, D, generator=g))
+    k_idx = impl.hadamard_transform(torch.randn(S, D, generator=g))
+    keys = indexer_dequantize_keys(*dataclasses.astuple(indexer_quantize_keys(k_idx, fmt=fmt)), fmt=fmt)
     w = torch.randn(T, Hi, generator=g) * Hi**-0.5 * D**-0.5
     cu_q, cu_kv = _cu(q_lens), _cu(kv_lens)
     scores = indexer_scores(q_idx, w, keys, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv)
@@ -247,5 +262,5 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="topk"):
         indexer_topk(torch.randn(2, 5), topk=0)
     with pytest.raises(ValueError, match="scales"):
-        values, _ = indexer_quantize_keys(torch.randn(3, 32))
+        values = indexer_quantize_keys(torch.randn(3, 32)).values
         pack_index_key_page(values, torch.ones(2), fmt="fp8")

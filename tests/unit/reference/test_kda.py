@@ -1,17 +1,36 @@
-"""KDA reference ops: gate, token-serial recurrence, chunked WY/UT form, checkpoints."""
+"""KDA: gate, recurrence, chunked form, checkpoints, rollback. Every property is checked on both
+implementations of each entry: the naive oracle (k3.reference) and the torch kernel the
+reference platform serves (k3.platforms.torch_kernels), and the two are compared directly."""
 
 from __future__ import annotations
 
 import math
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from k3.reference.kda import kda_chunked, kda_gate, kda_recurrent
+from k3 import reference as ref
+from k3.ops_helpers import prepare_kda_inputs
+from k3.platforms.torch_kernels import kda_chunked as torch_chunked
+from k3.platforms.torch_kernels import kda_rebuild as torch_rebuild
+from k3.platforms.torch_kernels import kda_recurrent as torch_recurrent
+from k3.reference.kda import kda_gate
 from k3.reference.norms import l2_norm
 
 F64 = torch.float64
+IMPLS = {
+    "reference": SimpleNamespace(recurrent=ref.kda_recurrent, chunked=ref.kda_chunked, rebuild_state=ref.kda_rebuild_state),
+    "torch": SimpleNamespace(recurrent=torch_recurrent.kda_recurrent, chunked=torch_chunked.kda_chunked,
+                             rebuild_state=torch_rebuild.kda_rebuild_state),
+}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    """The KDA entries of one implementation: the naive oracle or the reference platform's."""
+    return IMPLS[request.param]
 
 
 def make_inputs(B, T, H, HV, K, V, *, N=None, seed=0, dtype=F64, strong=False):
@@ -83,25 +102,26 @@ def test_gate_shapes_dtypes_and_formulas():
 
 # ------------------------------------------------------------------- worked example 3.9
 @pytest.mark.parametrize("op", ["recurrent", "chunked"])
-def test_worked_example_3_9(op):
+def test_worked_example_3_9(op, impl):
     q = l2_norm(torch.tensor([1.0, 1.0], dtype=F64)).view(1, 1, 1, 2)
     k = l2_norm(torch.tensor([3.0, 4.0], dtype=F64)).view(1, 1, 1, 2)
     v = torch.tensor([1.0, -1.0], dtype=F64).view(1, 1, 1, 2)
     g = torch.tensor([math.log(0.5), 0.0], dtype=F64).view(1, 1, 1, 2)
     beta = torch.sigmoid(torch.zeros(1, 1, 1, dtype=F64))
     S_vk = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=F64)  # the doc's V x K layout
-    fn = kda_recurrent if op == "recurrent" else kda_chunked
-    o, S = fn(q, k, v, g, beta, initial_state=S_vk.T.reshape(1, 1, 2, 2))
+    fn = impl.recurrent if op == "recurrent" else impl.chunked
+    out = fn(q, k, v, g, beta, initial_state=S_vk.T.reshape(1, 1, 2, 2))
+    o, S = out.o, out.state
     assert_close(o.view(2), torch.tensor([0.495, 0.09], dtype=F64), 1e-6, "o")
     new_vk = torch.tensor([[0.71, 0.28], [-0.78, 0.96]], dtype=F64)
     assert_close(S.view(2, 2), new_vk.T, 1e-6, "state (K x V = doc's transpose)")
 
 
-def test_default_scale_is_inverse_sqrt_k():
+def test_default_scale_is_inverse_sqrt_k(impl):
     x, S0 = make_inputs(1, 5, 1, 1, 16, 4, seed=2)
-    o1, _ = kda_recurrent(**x, initial_state=S0)
-    o2, _ = kda_recurrent(**x, initial_state=S0, scale=16**-0.5)
-    o3, _ = kda_recurrent(**x, initial_state=S0, scale=1.0)
+    o1 = impl.recurrent(**x, initial_state=S0).o
+    o2 = impl.recurrent(**x, initial_state=S0, scale=16**-0.5).o
+    o3 = impl.recurrent(**x, initial_state=S0, scale=1.0).o
     assert_close(o1, o2, 1e-15, "scale=None")
     assert_close(o3 * 0.25, o1, 1e-13, "scale=1")
 
@@ -124,15 +144,17 @@ def _eq_id(c):
 
 @pytest.mark.parametrize("case", EQ_CASES, ids=[_eq_id(c) for c in EQ_CASES])
 @pytest.mark.parametrize("with_state", [True, False], ids=["h0", "no_h0"])
-def test_chunked_equals_recurrent_fp64(case, with_state):
+def test_chunked_equals_recurrent_fp64(case, with_state, impl):
     B, T, H, HV, K, V, cu, cs = case
     cu_t = None if cu is None else torch.tensor(cu)
     x, S0 = make_inputs(B, T, H, HV, K, V, N=None if cu is None else len(cu) - 1, seed=3)
     S0 = S0 if with_state else None
-    o_r, s_r, states = kda_recurrent(
+    out = impl.recurrent(
         **x, initial_state=S0, cu_seqlens=cu_t, output_per_position_states=True
     )
-    o_c, s_c = kda_chunked(**x, initial_state=S0, cu_seqlens=cu_t, chunk_size=cs)
+    o_r, s_r, states = out.o, out.state, out.states
+    out = impl.chunked(**x, initial_state=S0, cu_seqlens=cu_t, chunk_size=cs)
+    o_c, s_c = out.o, out.state
     N = len(cu) - 1 if cu else B
     assert o_c.shape == (B, T, HV, V) and s_c.shape == s_r.shape == (N, HV, K, V)
     assert o_c.dtype == s_c.dtype == F64 and states.shape == (B, T, HV, K, V)
@@ -142,6 +164,24 @@ def test_chunked_equals_recurrent_fp64(case, with_state):
         assert_close(states[:, -1], s_r, 0.0, "last per-position state")
     if cu is not None and cu[2] == cu[3] and with_state:  # the empty sequence keeps its state
         assert_close(s_c[2], S0[2], 0.0, "empty sequence")
+
+
+@pytest.mark.parametrize("case", EQ_CASES, ids=[_eq_id(c) for c in EQ_CASES])
+def test_torch_kernels_equal_the_oracle_fp64(case):
+    B, T, H, HV, K, V, cu, cs = case
+    cu_t = None if cu is None else torch.tensor(cu)
+    x, S0 = make_inputs(B, T, H, HV, K, V, N=None if cu is None else len(cu) - 1, seed=12)
+    kw = dict(initial_state=S0, cu_seqlens=cu_t)
+    want = ref.kda_recurrent(**x, **kw, output_per_position_states=True, output_corrections=True)
+    got = torch_recurrent.kda_recurrent(**x, **kw, output_per_position_states=True, output_corrections=True)
+    for name in ("o", "state", "states", "corrections"):
+        assert_close(getattr(got, name), getattr(want, name), 1e-12, f"recurrent {name}")
+    lens = [T] * B if cu is None else [b - a for a, b in zip(cu, cu[1:])]
+    offsets = torch.tensor([[0, min(3, n), n] for n in lens])                 # [N, 3] per sequence
+    chunked = torch_chunked.kda_chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
+    oracle = ref.kda_chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
+    for a, b in zip((chunked.o, chunked.state, *chunked.checkpoints), (oracle.o, oracle.state, *oracle.checkpoints)):
+        assert_close(a, b, 1e-10, "chunked")
 
 
 # -------------------------------------------------------------------------- checkpoints
@@ -155,7 +195,7 @@ CKPT_CASES = [  # name, B, T, cu_seqlens, chunk_size, offsets (flat: shared; nes
 
 
 @pytest.mark.parametrize("case", CKPT_CASES, ids=[c[0] for c in CKPT_CASES])
-def test_checkpoints(case):
+def test_checkpoints(case, impl):
     _, B, T, cu, cs, offs = case
     H, HV, K, V = 1, 2, 8, 4
     N = B if cu is None else len(cu) - 1
@@ -164,11 +204,13 @@ def test_checkpoints(case):
     per_seq = isinstance(offs[0], list)
     offsets = torch.tensor(offs) if per_seq else offs
     kw = dict(initial_state=S0, cu_seqlens=cu_t)
-    o, final, ckpts = kda_chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
-    o_plain, final_plain = kda_chunked(**x, **kw, chunk_size=cs)
+    out = impl.chunked(**x, **kw, chunk_size=cs, checkpoint_offsets=offsets)
+    o, final, ckpts = out.o, out.state, out.checkpoints
+    out = impl.chunked(**x, **kw, chunk_size=cs)
+    o_plain, final_plain = out.o, out.state
     assert_close(o, o_plain, 1e-12, "o with splits")
     assert_close(final, final_plain, 1e-12, "final with splits")
-    _, _, states = kda_recurrent(**x, **kw, output_per_position_states=True)
+    states = impl.recurrent(**x, **kw, output_per_position_states=True).states
     states = states.flatten(0, 1)  # [B*T, HV, K, V]
     bos = [n * T for n in range(N)] if cu is None else cu[:-1]
     C = len(offs[0]) if per_seq else len(offs)
@@ -185,15 +227,15 @@ def test_checkpoints(case):
             torch.tensor(bos + [B * T]),
             [(0, off) for off in col],
         )
-        _, trunc = kda_recurrent(**xp, initial_state=S0, cu_seqlens=cu_p)
+        trunc = impl.recurrent(**xp, initial_state=S0, cu_seqlens=cu_p).state
         assert_close(ckpts[c], trunc, 1e-10, f"checkpoint {c} vs truncated recurrence")
 
 
 # ----------------------------------------------------------------- split calls, decode steps
 @pytest.mark.parametrize("op", ["recurrent", "chunked"])
 @pytest.mark.parametrize("packed", [False, True], ids=["dense_B3_T40", "cu3_T90"])
-def test_split_calls_equal_one_call(op, packed):
-    fn = kda_recurrent if op == "recurrent" else partial(kda_chunked, chunk_size=8)
+def test_split_calls_equal_one_call(op, packed, impl):
+    fn = impl.recurrent if op == "recurrent" else partial(impl.chunked, chunk_size=8)
     H, HV, K, V = 1, 2, 8, 4
     if packed:
         cu = torch.tensor([0, 12, 50, 90])
@@ -202,41 +244,51 @@ def test_split_calls_equal_one_call(op, packed):
         second = [(z, int(cu[n + 1] - cu[n])) for n, (_, z) in enumerate(first)]
         x1, cu1 = packed_rows(x, cu, first)
         x2, cu2 = packed_rows(x, cu, second)
-        o, s = fn(**x, initial_state=S0, cu_seqlens=cu)
-        o1, s1 = fn(**x1, initial_state=S0, cu_seqlens=cu1)
-        o2, s2 = fn(**x2, initial_state=s1, cu_seqlens=cu2)
+        out = fn(**x, initial_state=S0, cu_seqlens=cu)
+        o, s = out.o, out.state
+        out = fn(**x1, initial_state=S0, cu_seqlens=cu1)
+        o1, s1 = out.o, out.state
+        out = fn(**x2, initial_state=s1, cu_seqlens=cu2)
+        o2, s2 = out.o, out.state
         assert_close(o1, packed_rows({"o": o}, cu, first)[0]["o"], 1e-12, "o, first call")
         assert_close(o2, packed_rows({"o": o}, cu, second)[0]["o"], 1e-12, "o, second call")
     else:
         x, S0 = make_inputs(3, 40, H, HV, K, V, seed=5)
-        o, s = fn(**x, initial_state=S0)
-        o1, s1 = fn(**{k_: t[:, :13] for k_, t in x.items()}, initial_state=S0)
-        o2, s2 = fn(**{k_: t[:, 13:] for k_, t in x.items()}, initial_state=s1)
+        out = fn(**x, initial_state=S0)
+        o, s = out.o, out.state
+        out = fn(**{k_: t[:, :13] for k_, t in x.items()}, initial_state=S0)
+        o1, s1 = out.o, out.state
+        out = fn(**{k_: t[:, 13:] for k_, t in x.items()}, initial_state=s1)
+        o2, s2 = out.o, out.state
         assert_close(torch.cat([o1, o2], 1), o, 1e-12, "o")
     assert_close(s2, s, 1e-12, "final state")
 
 
-def test_decode_steps_equal_prefill():
+def test_decode_steps_equal_prefill(impl):
     x, S0 = make_inputs(2, 12, 2, 4, 8, 8, seed=6)
-    o, s = kda_recurrent(**x, initial_state=S0)
+    out = impl.recurrent(**x, initial_state=S0)
+    o, s = out.o, out.state
     state, outs = S0, []
     for t in range(12):
         step = {name: v[:, t : t + 1] for name, v in x.items()}  # T = 1
-        o_t, state = kda_recurrent(**step, initial_state=state)
+        out = impl.recurrent(**step, initial_state=state)
+        o_t, state = out.o, out.state
         outs.append(o_t)
     assert_close(torch.cat(outs, 1), o, 1e-12, "o")
     assert_close(state, s, 1e-12, "state")
 
 
 # --------------------------------------------------------------------------- precision
-def test_strong_decay_long_chunks_fp32_finite():
+def test_strong_decay_long_chunks_fp32_finite(impl):
     x, S0 = make_inputs(1, 256, 1, 2, 16, 8, seed=7, strong=True)
     assert float(x["g"].min()) < -4.9
     x32 = {k_: v.float() for k_, v in x.items()}
-    o_ref, s_ref = kda_recurrent(**x, initial_state=S0)
+    out = impl.recurrent(**x, initial_state=S0)
+    o_ref, s_ref = out.o, out.state
     for cs in (64, 256):
         kw = dict(initial_state=S0.float(), chunk_size=cs, checkpoint_offsets=[9])
-        o, s, _ = kda_chunked(**x32, **kw)
+        out = impl.chunked(**x32, **kw)
+        o, s = out.o, out.state
         assert torch.isfinite(o).all() and torch.isfinite(s).all()
         assert o.dtype == s.dtype == torch.float32
         assert_close(o, o_ref, 1e-5, f"fp32 o, chunk {cs}")
@@ -244,17 +296,19 @@ def test_strong_decay_long_chunks_fp32_finite():
 
 
 @pytest.mark.parametrize("op", ["recurrent", "chunked"])
-def test_bf16_inputs(op):
+def test_bf16_inputs(op, impl):
     """bf16 q/k/v/beta, fp32 g and state: o is bf16 and within 2^-8 * max(1, max|o|) (half a
     bf16 ulp at 1) of float64 run on the same bf16-rounded inputs; the fp32 state within 1e-5."""
     x, S0 = make_inputs(2, 50, 2, 4, 16, 16, seed=8, dtype=torch.bfloat16)
-    fn = kda_recurrent if op == "recurrent" else kda_chunked
+    fn = impl.recurrent if op == "recurrent" else impl.chunked
     cu = torch.tensor([0, 30, 100])
     for cu_t, xx in ((None, x), (cu, {k_: v.reshape(1, 100, *v.shape[2:]) for k_, v in x.items()})):
-        o, s = fn(**xx, initial_state=S0, cu_seqlens=cu_t)
+        out = fn(**xx, initial_state=S0, cu_seqlens=cu_t)
+        o, s = out.o, out.state
         assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
         x64 = {name: v.double() for name, v in xx.items()}
-        o64, s64 = kda_recurrent(**x64, initial_state=S0.double(), cu_seqlens=cu_t)
+        out = impl.recurrent(**x64, initial_state=S0.double(), cu_seqlens=cu_t)
+        o64, s64 = out.o, out.state
         assert_close(o, o64, 2**-8 * max(1.0, float(o64.abs().max())), "bf16 o")
         assert_close(s, s64, 1e-5, "fp32 state")
 
@@ -279,26 +333,26 @@ BAD = [  # name, mutation, expected message
 
 @pytest.mark.parametrize("op", ["recurrent", "chunked"])
 @pytest.mark.parametrize("name,mutate,match", BAD, ids=[b[0] for b in BAD])
-def test_bad_shapes_raise(op, name, mutate, match):
+def test_bad_shapes_raise(op, name, mutate, match, impl):
     x, S0 = make_inputs(2, 6, 2, 4, 8, 4, seed=9)
     x, kw = mutate(x, dict(initial_state=S0))
     with pytest.raises(ValueError, match=match):
-        (kda_recurrent if op == "recurrent" else kda_chunked)(**x, **kw)
+        (impl.recurrent if op == "recurrent" else impl.chunked)(**x, **kw)
 
 
-def test_bad_options_raise():
+def test_bad_options_raise(impl):
     x, S0 = make_inputs(1, 10, 1, 1, 4, 4, N=2, seed=10)
     cu = torch.tensor([0, 4, 10])
     with pytest.raises(ValueError, match=r"checkpoint offset 5 of sequence 0 .*\[0, 4\]"):
-        kda_chunked(**x, cu_seqlens=cu, checkpoint_offsets=[0, 5])
+        impl.chunked(**x, cu_seqlens=cu, checkpoint_offsets=[0, 5])
     with pytest.raises(ValueError, match=r"checkpoint offset 7 of sequence 1 .*\[0, 6\]"):
-        kda_chunked(**x, cu_seqlens=cu, checkpoint_offsets=torch.tensor([[1], [7]]))
+        impl.chunked(**x, cu_seqlens=cu, checkpoint_offsets=torch.tensor([[1], [7]]))
     with pytest.raises(ValueError, match=r"checkpoint_offsets tensor must be \[N=2, C\]"):
-        kda_chunked(**x, cu_seqlens=cu, checkpoint_offsets=torch.tensor([[1, 2, 3]]))
+        impl.chunked(**x, cu_seqlens=cu, checkpoint_offsets=torch.tensor([[1, 2, 3]]))
     with pytest.raises(ValueError, match=r"cu_seqlens must start at 0.*end at T=10"):
-        kda_recurrent(**x, cu_seqlens=torch.tensor([0, 4, 9]))
+        impl.recurrent(**x, cu_seqlens=torch.tensor([0, 4, 9]))
     with pytest.raises(ValueError, match="chunk_size must be a positive int"):
-        kda_chunked(**x, cu_seqlens=cu, chunk_size=0)
+        impl.chunked(**x, cu_seqlens=cu, chunk_size=0)
     f = torch.randn(3, 2, 4)
     with pytest.raises(ValueError, match=r"A_log must be \[HV\] = \[2\]"):
         kda_gate(f, torch.zeros(4))
@@ -309,11 +363,9 @@ def test_bad_options_raise():
             kda_gate(f, torch.zeros(2), lower_bound=lb)
 
 
-def test_rebuild_state_from_corrections_equals_per_position_states():
+def test_rebuild_state_from_corrections_equals_per_position_states(impl):
     """RecoverSSM-style rollback: the closed-form rebuild from recorded corrections equals the
     recurrence's per-position states at every kept length (0 = the initial state)."""
-    from k3.reference import kda_rebuild_state
-
     g_ = torch.Generator().manual_seed(11)
     n, length, h, hv, d = 3, 6, 2, 4, 8
     q = l2_norm(torch.randn(n, length, h, d, generator=g_, dtype=torch.float64))
@@ -322,22 +374,21 @@ def test_rebuild_state_from_corrections_equals_per_position_states():
     g = -5 * torch.rand(n, length, hv, d, generator=g_, dtype=torch.float64)
     beta = torch.rand(n, length, hv, generator=g_, dtype=torch.float64)
     s0 = torch.randn(n, hv, d, d, generator=g_, dtype=torch.float64)
-    _, final, states, u = kda_recurrent(q, k, v, g, beta, initial_state=s0, output_per_position_states=True,
-                                        output_corrections=True)
+    out = impl.recurrent(q, k, v, g, beta, initial_state=s0, output_per_position_states=True,
+                        output_corrections=True)
+    final, states, u = out.state, out.states, out.corrections
     k_hv = k.repeat_interleave(hv // h, dim=2)
     for kept in ([0, 0, 0], [1, 3, 6], [6, 2, 4]):
-        rebuilt = kda_rebuild_state(s0, k_hv, g, u, torch.tensor(kept))
+        rebuilt = impl.rebuild_state(s0, k_hv, g, u, torch.tensor(kept))
         for i, m in enumerate(kept):
             expected = s0[i] if m == 0 else states[i, m - 1]
             torch.testing.assert_close(rebuilt[i], expected, rtol=0, atol=1e-12)
-    torch.testing.assert_close(kda_rebuild_state(s0, k_hv, g, u, torch.full((n,), length)), final, rtol=0, atol=1e-12)
+    torch.testing.assert_close(impl.rebuild_state(s0, k_hv, g, u, torch.full((n,), length)), final, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("zero_row", [False, True])
 def test_prepared_inputs_rows_heads_scale_and_zero_row(dtype, zero_row):
-    from k3.reference.kda import prepare_kda_inputs
-
     gen = torch.Generator().manual_seed(3)
     B, T, H, HV, K, V = 2, 5, 2, 4, 8, 6
     q, k = (torch.randn(B, T, H, K, generator=gen).to(dtype) for _ in range(2))

@@ -1,23 +1,29 @@
-"""MLA reference: absorbed paged decode == expanded prefill; context, chunks, fp8, bf16, sparse."""
+"""MLA: absorbed paged decode == expanded prefill; context, chunks, fp8, bf16, sparse. Decode is
+checked on both implementations: the naive oracle (k3.reference) and the torch kernel the
+reference platform serves (k3.platforms.torch_kernels)."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from k3 import reference as ref
+from k3.platforms.torch_kernels import mla_decode as torch_decode
 from k3.quant.fp8 import fp8_dequantize, fp8_quantize
-from k3.reference.mla import (
-    mla_absorb_weights,
-    mla_decode,
-    mla_expand_kv,
-    mla_prefill,
-)
+from k3.reference.mla import mla_absorb_weights, mla_expand_kv, mla_prefill
 
 H, DN, DR, DV, R = 4, 16, 8, 12, 32
 SCALE = 1.0 / math.sqrt(DN + DR)
 F64 = torch.float64
+IMPLS = {"reference": SimpleNamespace(mla_decode=ref.mla_decode), "torch": SimpleNamespace(mla_decode=torch_decode.mla_decode)}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return IMPLS[request.param]
 
 
 def _inputs(seed, kv_lens, q_lens, dtype=F64):
@@ -56,12 +62,12 @@ def _paged(rows, kv_lens, page_size, seed, *, spare_pages=3):
     return cache, table
 
 
-def _decode(q, latent, k_pe, kv_b, cu_q, kv_lens, page_size, seed, **kw):
+def _decode(impl, q, latent, k_pe, kv_b, cu_q, kv_lens, page_size, seed, **kw):
     cache, table = _paged(torch.cat([latent, k_pe], -1), kv_lens, page_size, seed)
     w_uk, w_uv = mla_absorb_weights(kv_b, num_heads=H, qk_nope_head_dim=DN, v_head_dim=DV)
     single = all(b - a == 1 for a, b in zip(cu_q.tolist(), cu_q.tolist()[1:]))
-    return mla_decode(q[..., :DN], q[..., DN:], cache, table, torch.tensor(kv_lens), w_uk, w_uv,
-                      scale=SCALE, cu_seqlens_q=None if single else cu_q, **kw)
+    return impl.mla_decode(q[..., :DN], q[..., DN:], cache, table, torch.tensor(kv_lens), w_uk, w_uv,
+                           scale=SCALE, cu_seqlens_q=None if single else cu_q, **kw)
 
 
 def _prefill(q, latent, k_pe, kv_b, cu_q, cu_kv, **kw):
@@ -103,10 +109,10 @@ CASES = {  # id: (kv_lens, q_lens, page_size)
 
 
 @pytest.mark.parametrize("kv_lens,q_lens,page_size", CASES.values(), ids=CASES.keys())
-def test_absorbed_decode_equals_expanded_prefill(kv_lens, q_lens, page_size):
+def test_absorbed_decode_equals_expanded_prefill(kv_lens, q_lens, page_size, impl):
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(1, kv_lens, q_lens)
     ref = _prefill(q, latent, k_pe, kv_b, cu_q, cu_kv)
-    out = _decode(q, latent, k_pe, kv_b, cu_q, kv_lens, page_size, seed=2)
+    out = _decode(impl, q, latent, k_pe, kv_b, cu_q, kv_lens, page_size, seed=2)
     assert out.shape == (sum(q_lens), H, DV) and out.dtype == F64
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
     naive = _naive(q, latent, k_pe, kv_b, q_lens, kv_lens)
@@ -143,7 +149,7 @@ def test_chunked_prefill_two_steps_equals_one():
 @pytest.mark.parametrize(
     "fp8", [torch.float8_e4m3fn, torch.float8_e4m3fnuz], ids=["e4m3fn", "e4m3fnuz"]
 )
-def test_fp8_cache(fp8):
+def test_fp8_cache(fp8, impl):
     kv_lens, q_lens, ps = [7, 24, 15], [1, 3, 2], 8
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(6, kv_lens, q_lens, dtype=torch.float32)
     rows8, s = fp8_quantize(torch.cat([latent, k_pe], -1), dtype=fp8)  # one per-tensor scale
@@ -151,27 +157,27 @@ def test_fp8_cache(fp8):
     w_uk, w_uv = mla_absorb_weights(kv_b, num_heads=H, qk_nope_head_dim=DN, v_head_dim=DV)
     args = (q[..., :DN], q[..., DN:])
     tail = (table, torch.tensor(kv_lens), w_uk, w_uv)
-    out8 = mla_decode(*args, q8, *tail, scale=SCALE, cu_seqlens_q=cu_q, kv_cache_scale=s)
-    deq = mla_decode(*args, fp8_dequantize(q8, s), *tail, scale=SCALE, cu_seqlens_q=cu_q)
+    out8 = impl.mla_decode(*args, q8, *tail, scale=SCALE, cu_seqlens_q=cu_q, kv_cache_scale=s)
+    deq = impl.mla_decode(*args, fp8_dequantize(q8, s), *tail, scale=SCALE, cu_seqlens_q=cu_q)
     assert out8.dtype == torch.float32
     torch.testing.assert_close(out8, deq, rtol=1e-5, atol=1e-5)
     ref = _prefill(q.double(), latent.double(), k_pe.double(), kv_b.double(), cu_q, cu_kv)
     assert ((out8.double() - ref).norm() / ref.norm()).item() < 0.05
 
 
-def test_bf16_within_tolerance():
+def test_bf16_within_tolerance(impl):
     kv_lens, q_lens, ps = [10, 21], [2, 1], 4
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(8, kv_lens, q_lens, dtype=torch.bfloat16)
     ref = _prefill(q.double(), latent.double(), k_pe.double(), kv_b.double(), cu_q, cu_kv)
     pre = _prefill(q, latent, k_pe, kv_b, cu_q, cu_kv)
-    dec = _decode(q, latent, k_pe, kv_b, cu_q, kv_lens, ps, seed=9)
+    dec = _decode(impl, q, latent, k_pe, kv_b, cu_q, kv_lens, ps, seed=9)
     for out in (pre, dec):
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.double(), ref, rtol=1.6e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("k", [3, 40], ids=["top3", "top40"])
-def test_sparse_prefill_and_decode_match_masked_reference(k):
+def test_sparse_prefill_and_decode_match_masked_reference(k, impl):
     kv_lens, q_lens, ps = [9, 26, 5], [3, 2, 5], 4
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(10, kv_lens, q_lens)
     g = torch.Generator().manual_seed(11)
@@ -181,16 +187,16 @@ def test_sparse_prefill_and_decode_match_masked_reference(k):
     sel = torch.where(sel >= kv_len_of_row[:, None], -1, sel)
     ref = _naive(q, latent, k_pe, kv_b, q_lens, kv_lens, selected=sel)
     pre = _prefill(q, latent, k_pe, kv_b, cu_q, cu_kv, topk_indices=sel)
-    dec = _decode(q, latent, k_pe, kv_b, cu_q, kv_lens, ps, seed=12, topk_indices=sel.int())
+    dec = _decode(impl, q, latent, k_pe, kv_b, cu_q, kv_lens, ps, seed=12, topk_indices=sel.int())
     torch.testing.assert_close(pre, ref, rtol=0, atol=1e-12)
     torch.testing.assert_close(dec, ref, rtol=0, atol=1e-12)
 
 
-def test_nothing_selected_gives_zeros():
+def test_nothing_selected_gives_zeros(impl):
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(13, [6], [2])
     sel = torch.full((2, 4), -1)
     out = _prefill(q, latent, k_pe, kv_b, cu_q, cu_kv, topk_indices=sel)
-    dec = _decode(q, latent, k_pe, kv_b, cu_q, [6], 4, seed=14, topk_indices=sel)
+    dec = _decode(impl, q, latent, k_pe, kv_b, cu_q, [6], 4, seed=14, topk_indices=sel)
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(dec, torch.zeros_like(dec))
 
 
@@ -206,7 +212,7 @@ def test_expand_and_absorb_agree():
     torch.testing.assert_close(torch.einsum("sr,hrv->shv", latent, w_uv), v, rtol=0, atol=1e-12)
 
 
-def test_bad_inputs():
+def test_bad_inputs(impl):
     q, latent, k_pe, kv_b, cu_q, cu_kv = _inputs(16, [6, 4], [2, 1])
     with pytest.raises(ValueError, match="q must be"):
         _prefill(q[..., 1:], latent, k_pe, kv_b, cu_q, cu_kv)
@@ -222,17 +228,18 @@ def test_bad_inputs():
     cache, table = _paged(torch.cat([latent, k_pe], -1), [6, 4], 4, seed=0)
     w_uk, w_uv = mla_absorb_weights(kv_b, num_heads=H, qk_nope_head_dim=DN, v_head_dim=DV)
     with pytest.raises(ValueError, match="cu_seqlens_q"):
-        mla_decode(q[..., :DN], q[..., DN:], cache, table, torch.tensor([6, 4]), w_uk, w_uv,
+        impl.mla_decode(q[..., :DN], q[..., DN:], cache, table, torch.tensor([6, 4]), w_uk, w_uv,
                    scale=SCALE)  # T = 3 queries for N = 2 sequences needs cu_seqlens_q
     with pytest.raises(ValueError, match="kv_cache_scale"):
-        mla_decode(q[:2, :, :DN], q[:2, :, DN:], cache.to(torch.float8_e4m3fn), table,
+        impl.mla_decode(q[:2, :, :DN], q[:2, :, DN:], cache.to(torch.float8_e4m3fn), table,
                    torch.tensor([6, 4]), w_uk, w_uv, scale=SCALE)
 
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, imported by compile
 def test_decode_compiles_fullgraph():
-    """The absorbed decode has no host synchronisation: torch.compile(fullgraph=True) traces it."""
+    """The reference platform's decode (the torch kernel) has no host synchronisation:
+    torch.compile(fullgraph=True) traces it. (The naive oracle reads the block table on the host.)"""
     kv_lens, q_lens, ps = [9, 20, 4], [2, 3, 1], 8
     q, latent, k_pe, kv_b, cu_q, _ = _inputs(17, kv_lens, q_lens, dtype=torch.float32)
     cache, table = _paged(torch.cat([latent, k_pe], -1), kv_lens, ps, seed=18)
@@ -240,7 +247,7 @@ def test_decode_compiles_fullgraph():
     args = (q[..., :DN], q[..., DN:], cache, table, torch.tensor(kv_lens), w_uk, w_uv)
 
     def step(*a):
-        return mla_decode(*a, scale=SCALE, cu_seqlens_q=cu_q)
+        return torch_decode.mla_decode(*a, scale=SCALE, cu_seqlens_q=cu_q)
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(*args), step(*args), rtol=1e-5, atol=1e-5)

@@ -1,20 +1,31 @@
-"""Router, routed experts and Stable LatentMoE against independent straightforward loops."""
+"""Router, routed experts and Stable LatentMoE against independent straightforward loops. The
+routed experts are checked on both implementations: the naive oracle (k3.reference) and the
+torch kernel the reference platform serves (k3.platforms.torch_kernels)."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from k3 import reference as ref
+from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 from k3.reference.moe import (
-    experts_forward, glu_mlp, latent_moe, latent_moe_finish, latent_moe_routed_partial,
-    router_logits, select_experts,
+    glu_mlp, latent_moe, latent_moe_finish, latent_moe_routed_partial, router_logits, select_experts,
 )  # fmt: skip
 
 F64 = torch.float64
 ACT = dict(activation="situ", beta=4.0, linear_beta=25.0)  # K3's SiTU
+IMPLS = {"reference": SimpleNamespace(experts_forward=ref.experts_forward),
+         "torch": SimpleNamespace(experts_forward=torch_experts.experts_forward)}
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def impl(request):
+    return IMPLS[request.param]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -29,9 +40,10 @@ def _logit(p: float) -> float:
 
 
 def test_router_worked_example():
-    w, ids = select_experts(
+    chosen = select_experts(
         torch.tensor([[2.0, 0.0, -1.0, 1.0]]), top_k=2, correction_bias=torch.tensor([0.0, 0.5, 2.0, 0.0])
     )
+    w, ids = chosen.weights, chosen.ids
     assert ids.dtype == torch.int64 and ids.tolist() == [[2, 1]]
     assert w.dtype == torch.float32
     assert w[0].tolist() == pytest.approx([0.3498, 0.6502], abs=1e-4)
@@ -66,7 +78,8 @@ def test_grouped_topk_noop_equals_plain_topk(e, k, groups):
     logits, bias = torch.randn(9, e, generator=g, dtype=F64), torch.randn(e, generator=g, dtype=F64) * 0.1
     want_w, want_ids = _plain_topk(logits, bias, k)
     # one group of everything, or every group kept: both are plain top-k
-    w, ids = select_experts(logits, top_k=k, correction_bias=bias, num_expert_group=groups, topk_group=groups)
+    chosen = select_experts(logits, top_k=k, correction_bias=bias, num_expert_group=groups, topk_group=groups)
+    w, ids = chosen.weights, chosen.ids
     assert ids.tolist() == want_ids
     assert torch.allclose(w, torch.tensor(want_w, dtype=F64), rtol=1e-12, atol=0)
 
@@ -75,14 +88,16 @@ def test_grouped_topk_hand_built():
     # 4 groups of 2. Group top-2 sums: g0 0.95+0.05, g1 0.70+0.65, g2 0.60+0.62, g3 0.1+0.1.
     p = [0.95, 0.05, 0.70, 0.65, 0.60, 0.62, 0.10, 0.10]
     logits = torch.tensor([[_logit(v) for v in p]], dtype=F64)
-    _, plain = select_experts(logits, top_k=3)
+    plain = select_experts(logits, top_k=3).ids
     assert plain.tolist() == [[0, 2, 3]]
-    w, ids = select_experts(logits, top_k=3, num_expert_group=4, topk_group=2)
+    chosen = select_experts(logits, top_k=3, num_expert_group=4, topk_group=2)
+    w, ids = chosen.weights, chosen.ids
     assert ids.tolist() == [[2, 3, 5]]  # group 0 is dropped although expert 0 scores highest
     assert w[0].tolist() == pytest.approx([0.70 / 1.97, 0.65 / 1.97, 0.62 / 1.97], rel=1e-12)
     # the bias acts on the group score too: lifting group 3 makes it a kept group
     bias = torch.tensor([0, 0, 0, 0, 0, 0, 0.7, 0.7], dtype=F64)  # selection 0.8, 0.8
-    w, ids = select_experts(logits, top_k=3, correction_bias=bias, num_expert_group=4, topk_group=2)
+    chosen = select_experts(logits, top_k=3, correction_bias=bias, num_expert_group=4, topk_group=2)
+    w, ids = chosen.weights, chosen.ids
     assert sorted(ids[0].tolist()[:2]) == [6, 7] and ids[0, 2].item() == 2
     assert w[0].tolist() == pytest.approx([0.1 / 0.9, 0.1 / 0.9, 0.7 / 0.9], rel=1e-12)
 
@@ -91,11 +106,13 @@ def test_softmax_scoring_and_scaling():
     g = _gen(3)
     logits = torch.randn(6, 16, generator=g, dtype=F64)
     probs = torch.softmax(logits, dim=-1)
-    w, ids = select_experts(logits, top_k=4, scoring="softmax", renormalize=False, routed_scaling_factor=2.5)
+    chosen = select_experts(logits, top_k=4, scoring="softmax", renormalize=False, routed_scaling_factor=2.5)
+    w, ids = chosen.weights, chosen.ids
     want_ids = probs.argsort(dim=-1, descending=True)[:, :4]
     assert torch.equal(ids, want_ids)
     assert torch.allclose(w, probs.gather(1, want_ids) * 2.5, rtol=1e-14, atol=0)
-    w2, ids2 = select_experts(logits, top_k=4, scoring="softmax", routed_scaling_factor=2.5)
+    chosen = select_experts(logits, top_k=4, scoring="softmax", routed_scaling_factor=2.5)
+    w2, ids2 = chosen.weights, chosen.ids
     assert torch.equal(ids2, want_ids)
     assert torch.allclose(w2.sum(-1), torch.full((6,), 2.5, dtype=F64), rtol=1e-14, atol=0)
 
@@ -103,7 +120,8 @@ def test_softmax_scoring_and_scaling():
 def test_sigmoid_without_renormalize_uses_unbiased_scores():
     g = _gen(4)
     logits, bias = torch.randn(4, 12, generator=g), torch.randn(12, generator=g)
-    w, ids = select_experts(logits, top_k=3, correction_bias=bias, renormalize=False)
+    chosen = select_experts(logits, top_k=3, correction_bias=bias, renormalize=False)
+    w, ids = chosen.weights, chosen.ids
     sel = torch.sigmoid(logits) + bias
     assert torch.equal(ids, sel.topk(3, dim=-1).indices)
     assert torch.equal(w, torch.sigmoid(logits).gather(1, ids))
@@ -163,11 +181,11 @@ def _loop_experts(x, w13, w2, tw, ids, activation):
 @pytest.mark.parametrize("activation", ["situ", "silu"])
 @pytest.mark.parametrize("t,l,e,inter,k", [(7, 32, 6, 16, 3), (3, 16, 4, 8, 1)],
                          ids=["T7L32E6I16k3", "T3L16E4I8k1"])
-def test_experts_forward_vs_loop(t, l, e, inter, k, activation):
+def test_experts_forward_vs_loop(t, l, e, inter, k, activation, impl):
     x = torch.randn(t, l, generator=_gen(6), dtype=F64)
     w13, w2 = _experts(e, inter, l, seed=7)
     tw, ids = _routing(t, e, k, seed=8)
-    got = experts_forward(x, w13, w2, tw, ids, activation=activation, beta=4.0, linear_beta=25.0)
+    got = impl.experts_forward(x, w13, w2, tw, ids, activation=activation, beta=4.0, linear_beta=25.0)
     assert got.dtype == F64 and got.shape == (t, l)
     assert torch.allclose(got, _loop_experts(x, w13, w2, tw, ids, activation), rtol=1e-12, atol=1e-12)
 
@@ -180,58 +198,58 @@ class _RecordingMX(MXFP4Tensor):
         return super().dequantize(dtype, index=index)
 
 
-def test_mxfp4_experts_equal_their_dequantised_dense_weights():
+def test_mxfp4_experts_equal_their_dequantised_dense_weights(impl):
     t, l, e, inter, k = 6, 64, 8, 32, 2
     x = torch.randn(t, l, generator=_gen(9), dtype=F64)
     w13, w2 = _experts(e, inter, l, seed=10, dtype=torch.float32)
     q13, q2 = _RecordingMX.from_float(w13), _RecordingMX.from_float(w2)
     tw, ids = _routing(t, e - 1, k, seed=11)
     ids = ids + (ids >= 5).long()  # expert 5 receives no token
-    want = experts_forward(x, q13.dequantize(F64), q2.dequantize(F64), tw, ids, **ACT)
+    want = impl.experts_forward(x, q13.dequantize(F64), q2.dequantize(F64), tw, ids, **ACT)
     q13.seen, q2.seen = [], []
-    assert torch.equal(experts_forward(x, q13, q2, tw, ids, **ACT), want)
+    assert torch.equal(impl.experts_forward(x, q13, q2, tw, ids, **ACT), want)
     used = sorted(set(ids.reshape(-1).tolist()))
     assert sorted(q13.seen) == used and sorted(q2.seen) == used  # one expert at a time, 5 never
 
 
 @pytest.mark.parametrize("ranks", [2, 4], ids=lambda r: f"ep{r}")
-def test_expert_parallel_partials_sum_to_whole(ranks):
+def test_expert_parallel_partials_sum_to_whole(ranks, impl):
     t, l, e, inter, k = 9, 32, 8, 16, 3
     x = torch.randn(t, l, generator=_gen(12), dtype=F64)
     w13, w2 = _experts(e, inter, l, seed=13)
     tw, ids = _routing(t, e, k, seed=14)
-    whole = experts_forward(x, w13, w2, tw, ids, **ACT)
+    whole = impl.experts_forward(x, w13, w2, tw, ids, **ACT)
     n = e // ranks
     shard = [slice(r * n, (r + 1) * n) for r in range(ranks)]
-    parts = [experts_forward(x, w13[sl], w2[sl], tw, ids, expert_start=sl.start, **ACT) for sl in shard]
+    parts = [impl.experts_forward(x, w13[sl], w2[sl], tw, ids, expert_start=sl.start, **ACT) for sl in shard]
     assert torch.allclose(sum(parts), whole, rtol=1e-12, atol=1e-12)
-    far = experts_forward(x, w13[:n], w2[:n], tw, ids, expert_start=e, **ACT)  # holds no routed id
+    far = impl.experts_forward(x, w13[:n], w2[:n], tw, ids, expert_start=e, **ACT)  # holds no routed id
     assert (far == 0).all()
 
 
-def test_experts_bf16_close_to_fp32():
+def test_experts_bf16_close_to_fp32(impl):
     t, l, e, inter, k = 8, 64, 4, 32, 2
     x = torch.randn(t, l, generator=_gen(15)).bfloat16()
     w13, w2 = _experts(e, inter, l, seed=16, dtype=torch.bfloat16)
     tw, ids = _routing(t, e, k, seed=17)
-    out = experts_forward(x, w13, w2, tw.float(), ids, **ACT)
-    ref = experts_forward(x.double(), w13.double(), w2.double(), tw, ids, **ACT)
+    out = impl.experts_forward(x, w13, w2, tw.float(), ids, **ACT)
+    ref = impl.experts_forward(x.double(), w13.double(), w2.double(), tw, ids, **ACT)
     assert out.dtype == torch.bfloat16
     assert torch.allclose(out.double(), ref, rtol=1e-2, atol=1e-2)
 
 
-def test_experts_bad_inputs_raise():
+def test_experts_bad_inputs_raise(impl):
     x = torch.randn(4, 16, generator=_gen(18))
     w13, w2 = _experts(3, 8, 16, seed=19, dtype=torch.float32)
     tw, ids = _routing(4, 3, 2, seed=20)
     with pytest.raises(ValueError, match="w2"):
-        experts_forward(x, w13, w2[:, :, :4], tw, ids, activation="silu")
+        impl.experts_forward(x, w13, w2[:, :, :4], tw, ids, activation="silu")
     with pytest.raises(ValueError, match="w13"):
-        experts_forward(x, w13[:, :, :8], w2, tw, ids, activation="silu")
+        impl.experts_forward(x, w13[:, :, :8], w2, tw, ids, activation="silu")
     with pytest.raises(ValueError, match="topk_ids"):
-        experts_forward(x, w13, w2, tw, ids[:, :1], activation="silu")
+        impl.experts_forward(x, w13, w2, tw, ids[:, :1], activation="silu")
     with pytest.raises(ValueError, match="beta"):
-        experts_forward(x, w13, w2, tw, ids, activation="situ")
+        impl.experts_forward(x, w13, w2, tw, ids, activation="situ")
 
 
 # ---------------------------------------------------------------- LatentMoE
@@ -285,14 +303,15 @@ def test_latent_moe_vs_straightforward(t, d, l, e, inter, i_s):
     assert torch.allclose(got, _straightforward_latent_moe(h, p, **ROUTING), rtol=1e-10, atol=1e-10)
 
 
-def test_plain_moe_without_latent_projections():
+def test_plain_moe_without_latent_projections(impl):
     p = _block(32, 32, 6, 16, 8, seed=23)
     h = torch.randn(4, 32, generator=_gen(24), dtype=F64)
     plain = {k: v for k, v in p.items() if k not in ("down_weight", "up_weight", "latent_norm_weight")}
     got = latent_moe(h, **plain, **dict(ROUTING, top_k=2))
     logits = router_logits(h, p["gate_weight"])
-    w, ids = select_experts(logits, top_k=2, correction_bias=p["correction_bias"], routed_scaling_factor=1.5)
-    want = experts_forward(h, p["w13"], p["w2"], w, ids, **ACT)
+    chosen = select_experts(logits, top_k=2, correction_bias=p["correction_bias"], routed_scaling_factor=1.5)
+    w, ids = chosen.weights, chosen.ids
+    want = impl.experts_forward(h, p["w13"], p["w2"], w, ids, **ACT)
     want = want + glu_mlp(h, p["shared_gate_up"], p["shared_down"], **ACT)
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
 

@@ -92,7 +92,7 @@ def test_context_rows_are_the_targets_tapped_features(paths):
     # the target run once over the same tokens, tapping the same layers
     from k3.cache.pool import CachePool
     from k3.model import contiguous_block_table
-    from k3.plugin.contract import ForwardMetadata
+    from k3.model.metadata import ForwardMetadata
 
     tokens = request.all_token_ids[: ctx.observed]
     cache = CachePool.for_model(engine.model, 5, block_size=16).views         # a state row, then 4 pages

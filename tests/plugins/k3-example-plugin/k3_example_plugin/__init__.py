@@ -3,7 +3,9 @@ cache memory and KDA state-row layout.
 
 The module is the plugin (entry point `example` in the `k3` group). It declares the hookspec
 versions it supports and implements six hooks; every other hook and kernel entry falls back
-to the reference plugin.
+to the reference plugin. Its hooks answer only while the platform "example" is the selected one
+(k3 blocks the platform plugins that lost the selection), so none checks the platform's name,
+and each declares only the hook arguments it uses (pluggy passes just those).
 """
 
 from __future__ import annotations
@@ -39,30 +41,25 @@ def k3_detect_platform():
 
 
 @hookimpl
-def k3_capabilities(platform):
-    if platform.name != NAME:
-        return None
+def k3_capabilities():
     return Capabilities(vendor="example", arch=_host.machine(), device_name="CPU (k3-example-plugin)",
                         device_count=1, dtypes=frozenset({"bfloat16", "float16", "float32", "float64"}),
                         fp8_dtype="e4m3fn", cache_alignment_bytes=CACHE_ALIGNMENT)
 
 
 @hookimpl
-def k3_elementwise_kernels(platform):
-    # Only on its own platform: in a shared environment it never changes another platform's kernels.
-    return ElementwiseKernels(rms_norm=rms_norm) if platform.name == NAME else None
+def k3_elementwise_kernels():
+    return ElementwiseKernels(rms_norm=rms_norm)
 
 
 @hookimpl
-def k3_config_defaults(platform):
-    return {"max_num_seqs": 4} if platform.name == NAME else None
+def k3_config_defaults():
+    return {"max_num_seqs": 4}
 
 
 @hookimpl
-def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
+def k3_allocate_cache(num_rows, row_bytes, alignment):
     """An over-allocated buffer, sliced so the first row starts `alignment`-aligned."""
-    if platform.name != NAME:
-        return None
     calls["allocate_cache"] += 1
     raw = torch.full((num_rows * row_bytes + alignment,), 0xFF, dtype=torch.uint8)
     start = (-raw.data_ptr()) % alignment
@@ -70,6 +67,6 @@ def k3_allocate_cache(platform, num_rows, row_bytes, alignment):
 
 
 @hookimpl
-def k3_kda_state_layout(platform):
+def k3_kda_state_layout():
     # each head's state stored transposed: the core must work unchanged through the views
-    return "hvk" if platform.name == NAME else None
+    return "hvk"

@@ -1,10 +1,11 @@
-"""The kernel call contract (hookspec version 1): forward metadata and typed cache views.
+"""What one forward call reads: flat forward metadata and the typed cache views.
 
-The cache, the engine and speculative decoding all build on these types, so they only grow.
-Everything a kernel reads per step is a flat tensor (graph capture, XLA static shapes), plus
-one host integer (`max_q_len`) that selects the decode or prefill path before tracing. Cache
-tensors are views: the core planner owns the row format of the backing tensor and passes
-each layer's pages as strided views; kernels never see the row format.
+The engine builds these and the model reads them; kernels never see them (a kernel entry takes
+the plain tensors of its protocol in `k3.plugin.kernels`). They only grow. Everything the model
+reads per step is a flat tensor (graph capture, XLA static shapes), plus one host integer
+(`max_q_len`) that selects the decode or prefill path before tracing. Cache tensors are views:
+the core planner owns the row format of the backing tensor and passes each layer's pages as
+strided views; kernels never see the row format.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from k3.plugin.types import KDA_STATE_LAYOUTS
 
 
 def leading_one_token_steps(lens: Sequence[int]) -> int:
@@ -235,9 +238,6 @@ class IndexKeyCacheView:
     values: torch.Tensor
     scales: torch.Tensor
     fmt: str = "fp8"
-
-
-KDA_STATE_LAYOUTS = ("hkv", "hvk")
 
 
 @dataclass

@@ -3,6 +3,12 @@
 `select_platform()` discovers plugins, picks the platform and returns a `Platform`, whose
 kernel tables are resolved once (entry by entry: the first plugin in hook order that
 provides an entry wins, the reference last) into the plain callables the model calls.
+
+Every call goes through pluggy: `pm.hook.<name>(**kwargs)`, or, where answers are merged per
+plugin (kernel tables), each implementation called with only the arguments it declares
+(`k3.platform.calls`). After selection only the selected platform's plugin, kernel-only
+plugins and the reference fallback are registered, and the platform hook `k3_capabilities` is
+asked of the selected platform's own plugin only: no hook needs to check the platform's name.
 """
 
 from __future__ import annotations
@@ -13,31 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from .contract import KDA_STATE_LAYOUTS
-from .manager import Discovery, PluginRecord, allow_list, discover, select
-from .types import KERNEL_TABLES, Capabilities, KernelSet, PlatformInfo
+from k3.model import K3ForCausalLM, ParallelContext
+from k3.plugin.tables import KERNEL_TABLES, KernelSet
+from k3.plugin.types import KDA_STATE_LAYOUTS, Capabilities, PlatformInfo
 
-
-class DispatchingCollectives:
-    """Collectives that hand each call to the first backend accepting it."""
-
-    def __init__(self, backends: list):
-        if not backends:
-            raise ValueError("no collective backend: the reference torch.distributed backend is missing")
-        self.backends = backends
-
-    def _pick(self, op: str, x: torch.Tensor):
-        for backend in self.backends:
-            if backend.accepts(op, x):
-                return backend
-        raise RuntimeError(f"no collective backend accepts {op} on a {x.dtype} tensor of shape {tuple(x.shape)}")
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return self._pick("all_reduce", x).all_reduce(x)
-
-    def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        return self._pick("all_gather", x).all_gather(x, dim)
+from .calls import answers
+from .collectives import DispatchingCollectives
+from .discovery import Discovery, PluginRecord, allow_list, discover
+from .selection import select
 
 
 class Platform:
@@ -47,48 +38,42 @@ class Platform:
         self._pm = found.pm
         self.info = info
         self.records: dict[str, PluginRecord] = found.records
-        self.capabilities: Capabilities = self._pm.hook.k3_capabilities(platform=info) or Capabilities()
+        self.capabilities: Capabilities = self._platform_hook("k3_capabilities")(platform=info) or Capabilities()
         self.kernels = self._resolve_kernels()
 
     @property
     def name(self) -> str:
         return self.info.name
 
-    def _ordered(self, hook_name: str):
-        """Hook implementations in call order (tryfirst ... plain ... trylast)."""
-        return list(reversed(getattr(self._pm.hook, hook_name).get_hookimpls()))
+    def _platform_hook(self, hook_name: str):
+        """The hook caller of a platform hook: only the selected platform's own plugin answers."""
+        others = [plugin for name, plugin in self._pm.list_name_plugin() if name != self.info.plugin]
+        return self._pm.subset_hook_caller(hook_name, remove_plugins=others)
 
     def _resolve_kernels(self) -> KernelSet:
         tables, providers = {}, {}
         for table_cls in KERNEL_TABLES:
             family, merged = table_cls.FAMILY, {}
-            for impl in self._ordered(f"k3_{family}_kernels"):
-                table = impl.function(platform=self.info)
-                if table is None:
-                    continue
+            hook = getattr(self._pm.hook, f"k3_{family}_kernels")
+            for plugin, table in answers(hook, platform=self.info):
                 if not isinstance(table, table_cls):
-                    raise TypeError(f"plugin {impl.plugin_name!r}: k3_{family}_kernels returned "
+                    raise TypeError(f"plugin {plugin!r}: k3_{family}_kernels returned "
                                     f"{type(table).__name__}, expected {table_cls.__name__}")
                 for entry in table.provided():
                     if entry not in merged:
                         merged[entry] = getattr(table, entry)
-                        providers[f"{family}.{entry}"] = impl.plugin_name
+                        providers[f"{family}.{entry}"] = plugin
             tables[family] = table_cls(**merged)
         return KernelSet(**tables, providers=providers)
 
     def collectives(self, group=None) -> DispatchingCollectives:
-        backends = []
-        for impl in self._ordered("k3_collective_backends"):
-            backends.extend(impl.function(platform=self.info, group=group) or [])
+        """Every plugin's backends for `group`, in hook call order (torch.distributed last)."""
+        backends = [b for found in self._pm.hook.k3_collective_backends(platform=self.info, group=group) for b in found]
         return DispatchingCollectives(backends)
 
     def parallel_context(self, group=None):
         """ParallelContext of an initialised torch.distributed group, with this platform's
         collectives (world size 1 without torch.distributed)."""
-        import torch.distributed as dist
-
-        from k3.model.parallel import ParallelContext
-
         if not (dist.is_available() and dist.is_initialized()):
             return ParallelContext()
         return ParallelContext(rank=dist.get_rank(group), world_size=dist.get_world_size(group),
@@ -96,8 +81,6 @@ class Platform:
 
     def build_model(self, cfg, *, dtype: torch.dtype, parallel=None):
         """An uninitialised model for this rank on the platform's device, wired to its kernels."""
-        from k3.model import K3ForCausalLM
-
         return K3ForCausalLM(cfg, kernels=self.kernels, parallel=parallel or self.parallel_context(),
                              dtype=dtype, device=self.info.device)
 
@@ -149,17 +132,17 @@ class Platform:
         self._pm.hook.k3_process_weights(platform=self.info, model=model)
 
     def config_defaults(self) -> dict[str, Any]:
+        """Every plugin's serving defaults merged in hook call order: the first value of a key wins."""
         merged: dict[str, Any] = {}
-        for impl in self._ordered("k3_config_defaults"):
-            for key, value in (impl.function(platform=self.info) or {}).items():
+        for defaults in self._pm.hook.k3_config_defaults(platform=self.info):
+            for key, value in defaults.items():
                 merged.setdefault(key, value)
         return merged
 
     def validate_config(self, config, options) -> list[str]:
-        problems: list[str] = []
-        for impl in self._ordered("k3_validate_config"):
-            problems += impl.function(platform=self.info, config=config, options=options) or []
-        return problems
+        """Every plugin's problems with serving `config` with `options`, concatenated."""
+        found = self._pm.hook.k3_validate_config(platform=self.info, config=config, options=options)
+        return [problem for problems in found for problem in problems]
 
     def add_cli_options(self, parser) -> None:
         self._pm.hook.k3_add_cli_options(parser=parser, platform_name=self.info.name)

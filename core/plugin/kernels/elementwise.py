@@ -1,0 +1,45 @@
+"""Norm and activation kernel entries: `ElementwiseKernels`. Shapes `[..., D]` with any leading
+dimensions; each returns x.dtype, computed in fp32 (fp64 for float64) and cast back once."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor
+
+
+class RMSNorm(Protocol):
+    """`elementwise.rms_norm`: K3's RMSNorm (`KimiRMSNorm`): x / sqrt(mean(x^2) + eps) in fp32, cast
+    to x.dtype, then times weight `[D]` (None: no weight)."""
+
+    def __call__(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor: ...
+
+
+class GatedRMSNorm(Protocol):
+    """`elementwise.gated_rms_norm`: the KDA output norm RMS_w(x) * act(gate), all in fp32, cast
+    once. x, gate `[..., D]` (D the head dim); weight `[D]`; activation "sigmoid" (K3,
+    Kimi-Linear) or "silu"."""
+
+    def __call__(self, x: Tensor, gate: Tensor, weight: Tensor, eps: float, *, activation: str = "sigmoid") -> Tensor: ...
+
+
+class LayerNorm(Protocol):
+    """`elementwise.layer_norm`: LayerNorm with optional affine weight, bias `[D]` (the DSA
+    indexer's `k_norm`)."""
+
+    def __call__(self, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor: ...
+
+
+class L2Norm(Protocol):
+    """`elementwise.l2_norm`: x / sqrt(sum(x^2) + eps) over the last axis (eps inside the sqrt)."""
+
+    def __call__(self, x: Tensor, eps: float = 1e-6) -> Tensor: ...
+
+
+class GLUActivation(Protocol):
+    """`elementwise.glu_activation`: x `[..., 2I]` = `[gate | up]` -> `[..., I]`. activation
+    "situ": beta tanh(gate / beta) sigmoid(gate) times up, or linear_beta tanh(up / linear_beta)
+    when linear_beta is given (beta required, K3: 4.0); "silu": silu(gate) * up (beta ignored)."""
+
+    def __call__(self, x: Tensor, *, activation: str, beta: float | None = None,
+                 linear_beta: float | None = None) -> Tensor: ...
