@@ -62,6 +62,17 @@ def make_tree(dest: Path) -> Path:
     return dest
 
 
+def misplaced(mutants) -> list[str]:
+    """Mutants whose line to change does not occur exactly once in its file (the code moved)."""
+    out = []
+    for m in mutants:
+        path = ROOT / m.path
+        count = path.read_text().count(m.old) if path.is_file() else 0
+        if count != 1:
+            out.append(f"{m.name}: the line to change occurs {count} times in {m.path}")
+    return out
+
+
 def apply(tree: Path, mutant: Mutant) -> None:
     path = tree / mutant.path
     text = (ROOT / mutant.path).read_text()
@@ -145,6 +156,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the per-mutant rows here")
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if problems := misplaced(chosen):
+        print("fix mutants.py first:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="k3-mutants-") as tmp:
         work = Path(tmp)
