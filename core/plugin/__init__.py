@@ -4,7 +4,7 @@ What a plugin implements against: the pluggy markers (`hookimpl`, `hookspec`, th
 version), the hook specifications (`k3.plugin.hookspecs`), the value types (Detection,
 PlatformInfo, Capabilities, CollectiveBackend) and the kernel tables. The machinery that
 discovers plugins, selects a platform and resolves its kernels is `k3.platform`; this package
-imports nothing of k3 above the number formats (see docs/plugins.md, "Layers").
+imports nothing of k3 above the number formats (see docs/architecture.md, "Layers").
 
 Vendors implement hooks from `k3.plugin.hookspecs` with `@k3.hookimpl` and register the module
 under the `k3` entry-point group; see docs/plugins.md.

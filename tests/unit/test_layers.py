@@ -1,7 +1,7 @@
 """The import graph of k3 has no upward arrow: every module of core/ (and the kernel libraries
 under platforms/) imports only its own package and the layers below its own.
 
-The layers, lowest first (docs/plugins.md, "Layers", says what each is for). A package may
+The layers, lowest first (docs/architecture.md, "Layers", says what each is for). A package may
 import anything in its own layer or a lower one, never a higher one; lazy imports inside
 functions count the same as module-level ones.
 """
