@@ -160,6 +160,10 @@ def _start_local(config: EngineConfig, dcfg: DistributedConfig, ranks: list[int]
             for i, r in enumerate(ranks)}
     context = start_processes(name="k3", entrypoint=sys.executable, args=args, envs=envs,
                               logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.NONE, tee=Std.NONE))
+    pids = context.pids()
+    print(f"k3: node {dcfg.node_rank} of {dcfg.nnodes} started " + ", ".join(f"rank {r} (pid {pids[i]})"
+                                                                        for i, r in enumerate(ranks))
+          + f"; rendezvous {dcfg.master_addr}:{dcfg.master_port}", file=sys.stderr, flush=True)
     return context
 
 
@@ -269,8 +273,6 @@ def run_node(config: EngineConfig, dcfg: DistributedConfig) -> int:
     ranks = list(dcfg.node_ranks())
     log_dir = tempfile.mkdtemp(prefix="k3-ranks-")
     context = _start_local(config, dcfg, ranks, log_dir)
-    print(f"k3: node {dcfg.node_rank} of {dcfg.nnodes} started ranks {ranks[0]}-{ranks[-1]} "
-          f"(rendezvous {dcfg.master_addr}:{dcfg.master_port})", file=sys.stderr, flush=True)
 
     def stop(signum, frame):
         raise KeyboardInterrupt
