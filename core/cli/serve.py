@@ -77,6 +77,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accepted for vLLM command lines; k3 never runs code from a checkpoint")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"])
+    group = parser.add_argument_group("distributed serving (docs/distributed.md)")
+    group.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                       help="DP ranks, each with its own scheduler and cache (data-parallel attention); the server on "
+                            "rank 0 sends each request to the least-loaded one. World = DP x TP processes (default 1)")
+    group.add_argument("--enable-expert-parallel", action="store_true",
+                       help="split the routed experts over all DP x TP ranks instead of holding all of them on every "
+                            "DP rank (not available yet: needs the model's expert-parallel layers)")
+    group.add_argument("--expert-parallel-size", type=int, default=None, metavar="N",
+                       help="ranks the experts are split over (k3 extra; default and only value for now: the world size; "
+                            "must divide num_experts)")
+    group.add_argument("--nnodes", type=int, default=1, metavar="N",
+                       help="nodes the DP x TP ranks are spread over, evenly (default 1); run one `k3 serve` per node "
+                            "with the same flags and its --node-rank")
+    group.add_argument("--node-rank", type=int, default=0, metavar="R",
+                       help="this node (default 0); node 0 runs global rank 0 and the only API server, the others "
+                            "run their ranks and no server")
+    group.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR",
+                       help="node 0's address for the env:// rendezvous (default 127.0.0.1)")
+    group.add_argument("--master-port", type=int, default=None, metavar="PORT",
+                       help="rendezvous port on node 0 (default: a free one; several nodes need it)")
+    group.add_argument("--distributed-timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
+                            "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
+                            "each process joins as $RANK and only rank 0 serves HTTP")
     for action in parser._actions:
         action.help = SERVE_HELP.get(action.dest, action.help)
         if action.dest in PLATFORM_TUNABLE:  # let platform defaults tell unset options from set ones
@@ -88,7 +112,7 @@ SERVE_HELP = {
     "max_model_len": "context limit, prompt + output (default: the smaller of the config's and what the cache holds)",
     "gpu_memory": "a `k3 plan` option: refused (the server reads the accelerator's memory)",
     "decode_context_parallel_size": "not implemented yet: only 1",
-    "tensor_parallel_size": "ranks, one process each (default 1)",
+    "tensor_parallel_size": "TP ranks per DP rank, one process each (default 1)",
     "gpu_memory_utilization": "fraction of accelerator memory for weights + cache (default 0.9)",
 }
 
@@ -128,7 +152,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise CliError(f"--port must be in [0, 65535], got {args.port}")
     for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--max-num-seqs", args.max_num_seqs),
-                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens),
+                        ("--data-parallel-size", args.data_parallel_size), ("--nnodes", args.nnodes)):
         if isinstance(value, int) and value < 1:
             raise CliError(f"{flag} must be at least 1, got {value}")
     if args.api_key == "":
@@ -149,39 +174,103 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build_engine(args: argparse.Namespace):
-    """The LLMEngine for the flags (platform defaults applied), or CliError."""
+def _startup_errors():
     from k3.checkpoint.loader import CheckpointError
-    from k3.config import ConfigError, K3Config
-    from k3.engine.engine import EngineConfig, LLMEngine
-    from k3.platform import PlatformError, select_platform
+    from k3.config import ConfigError
+    from k3.engine.distributed import DistributedError
+    from k3.platform import PlatformError
+
+    return PlatformError, ConfigError, CheckpointError, OSError, ValueError, NotImplementedError, DistributedError
+
+
+def distributed_config(args: argparse.Namespace, config):
+    """The DistributedConfig of the flags."""
+    from k3.engine.tensor_parallel import distributed_config as from_engine
+
+    return from_engine(config, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                       master_port=args.master_port)
+
+
+def is_distributed(args: argparse.Namespace) -> bool:
+    from k3.engine.distributed.config import torchrun_rank
+
+    return (args.tensor_parallel_size * args.data_parallel_size > 1 or args.nnodes > 1
+            or torchrun_rank() is not None)
+
+
+def build_engine(args: argparse.Namespace):
+    """The engine for the flags (platform defaults applied): an LLMEngine, or with several
+    ranks rank 0's DistributedEngine (the other ranks launched); CliError when it cannot start."""
+    from k3.engine.engine import LLMEngine
 
     try:
-        platform = select_platform(args.platform)
-        apply_defaults(args, platform.config_defaults())
-        config = EngineConfig(
-            model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
-            tensor_parallel_size=args.tensor_parallel_size, max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-            block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
-            kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
-            seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
-            prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
-            speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
-            async_scheduling=args.async_scheduling,
-            graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
-        problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
-        if problems:
-            raise CliError(f"platform {platform.name}: {'; '.join(problems)}")
-        if platform.info.forced:
-            print(f"k3: platform {platform.name} was not detected; running its forced path on {platform.info.device}",
-                  file=sys.stderr)
-        if args.tensor_parallel_size > 1:
-            from k3.engine.tensor_parallel import start_tensor_parallel
+        config, platform = engine_config(args)
+        if is_distributed(args):
+            from k3.engine.distributed.launch import start_rank0
 
-            return start_tensor_parallel(config)
+            return start_rank0(config, distributed_config(args, config), exit_on_failure=True)
         return LLMEngine(config, platform=platform)
-    except (PlatformError, ConfigError, CheckpointError, OSError, ValueError, NotImplementedError) as e:
+    except _startup_errors() as e:
+        raise CliError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
+def engine_config(args: argparse.Namespace):
+    """(EngineConfig, platform) for the flags, platform defaults applied (PlatformError,
+    ConfigError, CliError, ...)."""
+    from k3.config import K3Config
+    from k3.engine.engine import EngineConfig
+    from k3.platform import select_platform
+
+    platform = select_platform(args.platform)
+    apply_defaults(args, platform.config_defaults())
+    config = EngineConfig(
+        model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
+        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel, expert_parallel_size=args.expert_parallel_size,
+        distributed_timeout=args.distributed_timeout, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
+        kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
+        prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
+        speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
+        async_scheduling=args.async_scheduling,
+        graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
+    problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
+    if problems:
+        raise CliError(f"platform {platform.name}: {'; '.join(problems)}")
+    if platform.info.forced:
+        print(f"k3: platform {platform.name} was not detected; running its forced path on {platform.info.device}",
+              file=sys.stderr)
+    return config, platform
+
+
+def run_without_server(args: argparse.Namespace) -> int | None:
+    """Processes that serve no HTTP: a node with --node-rank > 0 (its agent: start its ranks,
+    wait) or a non-zero rank under torchrun. None for the process that serves."""
+    from k3.engine.distributed.config import torchrun_rank
+
+    started = torchrun_rank()
+    if not (args.node_rank > 0 or (started is not None and started[0] != 0)):
+        return None
+    try:
+        config, _ = engine_config(args)
+        dcfg = distributed_config(args, config)
+        if started is not None:
+            from dataclasses import replace
+
+            from k3.engine.distributed.launch import check, run_rank
+
+            dcfg = replace(dcfg, master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]))
+            check(config, dcfg)
+            if started[1] != dcfg.world_size:
+                raise CliError(f"torchrun started {started[1]} processes, but --data-parallel-size x "
+                               f"--tensor-parallel-size is {dcfg.world_size}")
+            return run_rank(config, dcfg, started[0])
+        from k3.engine.distributed.launch import run_node
+
+        return run_node(config, dcfg)
+    except _startup_errors() as e:
         raise CliError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
@@ -203,6 +292,9 @@ def run(args: argparse.Namespace) -> int:
     from k3.serve import build_app, generation_defaults
 
     _check_flags(args)
+    code = run_without_server(args)
+    if code is not None:
+        return code
     sock = _listen(args.host, args.port)
     async_engine = None
     try:

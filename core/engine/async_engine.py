@@ -44,6 +44,10 @@ def _settle(future: asyncio.Future, error: BaseException | None) -> None:
 
 
 class AsyncEngine:
+    """engine: an LLMEngine, or anything with its request interface (add_request,
+    abort_request, has_unfinished_requests, step, snapshot, shutdown, tokenizer), such as the
+    data-parallel front-end `k3.engine.distributed.dp_frontend.DistributedEngine`."""
+
     def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.05):
         self.engine = engine
         self._inbox: collections.deque = collections.deque()   # ("add", ...) / ("abort", request_id)
@@ -106,10 +110,7 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ engine thread
     def _read_stats(self) -> dict:
-        e = self.engine
-        return {**e.stats, "running": len(e.scheduler.running), "waiting": len(e.scheduler.waiting),
-                "preemptions_total": e.scheduler.num_preemptions, "cache_rows": e.pool.num_rows,
-                "cache_rows_free": e.pool.num_free, **e.prefix_cache_stats(), **e.spec_stats()}
+        return self.engine.snapshot()
 
     def _deliver(self, request_id: str, item) -> None:
         target = self._streams.get(request_id)

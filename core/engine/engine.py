@@ -69,6 +69,14 @@ class LLMEngine:
         """Requests and tokens since start-up."""
         return self.outputs.stats
 
+    def snapshot(self) -> dict:
+        """Counters and load in one dict (what the server's /metrics and the DP front-end's
+        balancing read): requests and tokens, running / waiting, preemptions, cache rows and free
+        rows, prefix caching, speculation."""
+        return {**self.stats, "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "preemptions_total": self.scheduler.num_preemptions, "cache_rows": self.pool.num_rows,
+                "cache_rows_free": self.pool.num_free, **self.prefix_cache_stats(), **self.spec_stats()}
+
     @property
     def num_lookahead_steps(self) -> int:
         """Decode steps launched before the previous step's tokens were read (async_scheduling)."""

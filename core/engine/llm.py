@@ -20,14 +20,18 @@ class LLM:
 
     model: checkpoint directory; platform: force a platform (default: detection);
     dtype: "auto" (the checkpoint's), "bfloat16", "float32" or "float64";
-    tensor_parallel_size: ranks, one process each. Other EngineConfig fields as keywords.
+    tensor_parallel_size, data_parallel_size: TP ranks per DP rank and DP ranks, one process
+    each; the caller is global rank 0 and launches the others (k3.engine.distributed; idle
+    ranks wait at most distributed_timeout seconds, default 600, for the next step). Other
+    EngineConfig fields as keywords.
     """
 
     def __init__(self, model: str, *, platform: str | None = None, dtype: str | None = "auto",
-                 tensor_parallel_size: int = 1, **engine_options):
+                 tensor_parallel_size: int = 1, data_parallel_size: int = 1, **engine_options):
         config = EngineConfig(model=str(model), platform=platform, dtype=dtype,
-                              tensor_parallel_size=tensor_parallel_size, **engine_options)
-        if tensor_parallel_size > 1:
+                              tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
+                              **engine_options)
+        if tensor_parallel_size * data_parallel_size > 1:
             from .tensor_parallel import start_tensor_parallel
 
             self.engine = start_tensor_parallel(config)

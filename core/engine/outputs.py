@@ -42,10 +42,9 @@ class OutputProcessor:
         self.stats = {"requests_total": 0, "prompt_tokens_total": 0, "generation_tokens_total": 0}
 
     # ------------------------------------------------------------------ requests
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids."""
-        if request_id in self.groups:
-            raise ValueError(f"request id {request_id!r} is already in use")
+    def check(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """The prompt's token ids, or ValueError for a prompt this engine refuses (no tokenizer for
+        text, empty, ids outside the vocabulary, too long). Changes nothing."""
         if self.tokenizer is None and (isinstance(prompt, str) or params.stop):
             raise ValueError("the engine runs without a tokenizer (skip_tokenizer_init): pass the prompt as token ids "
                              "and stop with stop_token_ids, not stop strings")
@@ -58,6 +57,13 @@ class OutputProcessor:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is {self.max_model_len} "
                              "tokens (prompt + output)")
+        return ids
+
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids."""
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.check(prompt, params)
         children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
