@@ -1,7 +1,9 @@
 """Capacity of the packed cache for a memory budget: every term of the sum, stated.
 
 usable = HBM per GPU x gpu_memory_utilization
-cache  = usable - weights per GPU (from the config and its quantisation, exact per rank)
+cache  = usable - weights per GPU (from the config and its quantisation, exact per rank;
+                  `WeightTerms`: attention, routed experts, shared experts / dense,
+                  embedding + lm_head, other)
                 - workspace (fixed 2 GiB + the prefill activations of the largest forward
                   the scheduler may run: max(max_num_batched_tokens, the adaptive limit of a
                   lone request), the AttnRes block bank included)
@@ -13,6 +15,14 @@ row, so concurrent = rows // that; the token capacity is what the attention rows
 those state rows hold, times DCP (each DCP rank stores every DCP-th token). Prefix caching
 reserves nothing: its KDA checkpoints take rows from the token capacity and are evicted
 least-recently-used with the blocks they belong to.
+
+Distributed topologies (`k3.cache.topology`): TP shards the attention, dense and shared
+experts, embedding and lm_head; the routed experts are split over TP, or over EP with expert
+parallelism; DP replicates everything else. Each DP rank is an engine with its own cache:
+`capacity_tokens` is one engine's, `capacity_tokens_total` all DP ranks'. The plan fits
+(`FITS_CRITERION`) when weights + workspace fit the usable memory and the cache holds at least
+one max-length request; when it does not, `smallest_fitting_topology` searches the smallest
+topology that does with the same memory per GPU and max-model-len.
 """
 
 from __future__ import annotations
@@ -26,10 +36,43 @@ from k3.dtypes import torch_dtype
 from .format import CacheFormat
 from .plan import default_block_size, plan_cache
 from .records import attention_bytes_per_token, kda_state_bytes
+from .topology import DEFAULT_GPUS_PER_NODE, Topology, candidate_topologies
 
 GIB = 1024 ** 3
 FIXED_WORKSPACE = 2 * GIB
 DEFAULT_GPU_MEMORY_GIB = 80.0
+FITS_CRITERION = ("weights + workspace <= usable memory (HBM x gpu_memory_utilization) and the cache holds "
+                  "at least one max-length request (concurrent_max_len_requests >= 1)")
+
+
+@dataclass(frozen=True)
+class WeightTerms:
+    """One GPU's weights once loaded, by part (bytes; they add up to `total`).
+
+    attention:         KDA and MLA mixers (the DSA indexer included) and MLA's absorbed decode
+                       weights folded at load; sharded over TP (latent / index-key projections
+                       replicated, as the model holds them)
+    routed_experts:    experts_per_rank routed experts (MXFP4 planes and their scales)
+    shared_dense:      the shared experts and the dense layers' MLPs; sharded over TP
+    embedding_lm_head: the embedding and lm_head, vocabulary-sharded over TP
+    other:             the router (fp32 gate, correction bias), the LatentMoE down / up
+                       projections and norm, every RMSNorm, AttnRes weights and the AttnRes
+                       logit weights folded at load; replicated
+    """
+
+    attention: int
+    routed_experts: int
+    shared_dense: int
+    embedding_lm_head: int
+    other: int
+    experts_per_rank: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.routed_experts + self.shared_dense + self.embedding_lm_head + self.other
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
 
 
 @dataclass(frozen=True)
@@ -59,24 +102,96 @@ class CapacityReport:
     kv_cache_dtype: str
     index_cache_dtype: str
     notes: list[str] = field(default_factory=list)
+    # distributed topology (k3.cache.topology); the fields above are one GPU's / one engine's
+    data_parallel_size: int = 1
+    expert_parallel_size: int | None = None        # None: expert parallelism off
+    nnodes: int = 1
+    gpus_per_node: int = 1
+    world_size: int = 1
+    weight_terms: WeightTerms | None = None        # weight_bytes_per_gpu by part
+    capacity_tokens_total: int = 0                 # capacity_tokens x data_parallel_size (one cache per DP rank)
+    fits: bool = False                             # FITS_CRITERION
+    fits_criterion: str = FITS_CRITERION
+    suggested: dict | None = None                  # when it does not fit: the smallest fitting topology
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["weight_terms"] = self.weight_terms.to_dict() if self.weight_terms else None
+        return out
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(tensor_parallel_size=self.tensor_parallel_size, data_parallel_size=self.data_parallel_size,
+                        expert_parallel_size=self.expert_parallel_size, nnodes=self.nnodes,
+                        gpus_per_node=self.gpus_per_node)
 
 
-def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int) -> int:
-    """Exact bytes of rank 0's parameters and buffers once loaded (W4A16 experts dense, their
+def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None) -> int:
+    """Exact bytes of one GPU's parameters and buffers once loaded (W4A16 experts dense, their
     packed planes freed), plus the weights the engine folds from them at load
-    (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights); meta
-    device: nothing is allocated."""
-    from k3.model import K3ForCausalLM, ParallelContext
+    (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights); the sum of
+    `weight_terms_per_gpu`. expert_parallel_size: None, the experts split over TP."""
+    return weight_terms_per_gpu(cfg, tensor_parallel_size, expert_parallel_size).total
 
-    model = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=tensor_parallel_size),
-                          dtype=torch_dtype(cfg.dtype), device="meta")
-    # W4A16 experts: the packed planes are freed once dequantised at load (`MoE.dequantize_int4_experts`)
-    freed = ("w13_packed", "w13_scale", "w2_packed", "w2_scale") if cfg.experts_int4 else ()
-    tensors = list(model.parameters()) + [b for name, b in model.named_buffers() if not name.endswith(freed)]
-    return sum(t.numel() * t.element_size() for t in tensors) + model.model.folded_weight_bytes()
+
+_ROUTED = ("w13", "w13_packed", "w13_scale", "w2", "w2_packed", "w2_scale")
+_TP_TERMS: dict[tuple[str, int], tuple[dict[str, int], int]] = {}
+
+
+def _term_of(name: str) -> str:
+    """The WeightTerms part of a parameter / buffer of K3ForCausalLM."""
+    if name.startswith(("lm_head", "model.embed_tokens")):
+        return "embedding_lm_head"
+    if ".self_attn." in name:
+        return "attention"
+    if ".shared_experts." in name or ".mlp." in name:
+        return "shared_dense"
+    if ".block_sparse_moe." in name and name.rsplit(".", 1)[-1] in _ROUTED:
+        return "routed_experts"
+    return "other"
+
+
+def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, int], int]:
+    """(bytes by part, routed experts held) of TP rank 0 as the model builds it, on the meta
+    device (nothing is allocated); memoised, the topology search asks for few TP sizes."""
+    import json
+
+    key = (json.dumps(cfg.to_dict(), sort_keys=True, default=str), tensor_parallel_size)
+    if key not in _TP_TERMS:
+        from k3.model import K3ForCausalLM, ParallelContext
+
+        model = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=tensor_parallel_size),
+                              dtype=torch_dtype(cfg.dtype), device="meta")
+        # W4A16 experts: the packed planes are freed once dequantised at load (`MoE.dequantize_int4_experts`)
+        freed = ("w13_packed", "w13_scale", "w2_packed", "w2_scale") if cfg.experts_int4 else ()
+        terms = dict.fromkeys(("attention", "routed_experts", "shared_dense", "embedding_lm_head", "other"), 0)
+        named = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if not n.endswith(freed)]
+        for name, t in named:
+            terms[_term_of(name)] += t.numel() * t.element_size()
+        # folded at load: MLA's absorbed w_uk / w_uv (as many elements as kv_b_proj), the rest AttnRes
+        absorbed = sum(t.numel() * t.element_size() for n, t in named if n.endswith("self_attn.kv_b_proj"))
+        terms["attention"] += absorbed
+        terms["other"] += model.model.folded_weight_bytes() - absorbed
+        held = cfg.num_experts // tensor_parallel_size if cfg.num_experts else 0
+        _TP_TERMS[key] = (terms, held)
+    terms, held = _TP_TERMS[key]
+    return dict(terms), held
+
+
+def weight_terms_per_gpu(cfg: K3Config, tensor_parallel_size: int,
+                         expert_parallel_size: int | None = None) -> WeightTerms:
+    """One GPU's weights by part (see WeightTerms): everything but the routed experts as TP
+    rank 0 holds it (every TP rank holds the same bytes), the routed experts num_experts / TP
+    of them without expert parallelism, num_experts / EP with it (every expert the same size)."""
+    topology = Topology(tensor_parallel_size=tensor_parallel_size, data_parallel_size=1,
+                        expert_parallel_size=expert_parallel_size)
+    per_rank = topology.experts_per_rank(cfg.num_experts)
+    terms, held = _tp_rank_terms(cfg, tensor_parallel_size)
+    if held:
+        per_expert, rest = divmod(terms["routed_experts"], held)
+        assert not rest, "routed experts of unequal sizes"
+        terms["routed_experts"] = per_expert * per_rank
+    return WeightTerms(**terms, experts_per_rank=per_rank)
 
 
 # Activations one forward may hold while a lone request prefills with a larger chunk than
@@ -120,17 +235,26 @@ def workspace_bytes(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: 
 
 def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dtype: str = "fp8",
                   tensor_parallel_size: int = 1, decode_context_parallel_size: int = 1,
+                  data_parallel_size: int = 1, expert_parallel_size: int | None = None,
+                  nnodes: int | None = None, gpus_per_node: int | None = None, suggest: bool = True,
                   gpu_memory_bytes: int = int(DEFAULT_GPU_MEMORY_GIB * GIB), gpu_memory_utilization: float = 0.9,
                   max_model_len: int | None = None, block_size: int | None = None,
                   max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, num_speculative_tokens: int = 0,
                   kda_rollback: str = "states", prefix_caching: bool = False, kda_checkpoint_interval: int = 0,
                   activation_dtype: str | None = None, alignment: int = 256) -> CapacityReport:
+    """One GPU's and one engine's cache capacity under a topology (module docstring: every
+    term). expert_parallel_size: None, off (experts split over TP); it must divide TP x DP.
+    suggest: when the plan does not fit, search the smallest topology that does
+    (`smallest_fitting_topology`, same memory per GPU, max-model-len and cache settings)."""
     tp, dcp = tensor_parallel_size, decode_context_parallel_size
+    topology = Topology.build(tp, data_parallel_size, expert_parallel_size=expert_parallel_size, nnodes=nnodes,
+                              gpus_per_node=gpus_per_node)
     if tp < 1 or dcp < 1 or tp % dcp:
         raise ValueError(f"decode context parallel size {dcp} must divide tensor parallel size {tp}")
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu memory utilization must be in (0, 1], got {gpu_memory_utilization}")
     max_len = max_model_len or cfg.max_position_embeddings
+    block_size_arg = block_size
     if block_size is None:
         block_size = default_block_size(cfg, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype,
                                         index_cache_dtype=index_cache_dtype)
@@ -143,13 +267,15 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         notes.append(f"block size {block_size} leaves attention rows {layout.state_bytes - layout.attention_bytes:,} "
                      "bytes short of a state: rows are sized for the state")
     usable = int(gpu_memory_bytes * gpu_memory_utilization)
-    weights = weight_bytes_per_gpu(cfg, tp)
+    terms = weight_terms_per_gpu(cfg, tp, topology.expert_parallel_size)
+    weights = terms.total
     workspace = workspace_bytes(cfg, max_num_batched_tokens)
     cache = usable - weights - workspace
+    weights_fit = cache >= 0
     if cache < 0:
         notes.append(f"the weights ({weights / GIB:,.1f} GiB per GPU) and workspace ({workspace / GIB:,.1f} GiB) "
                      f"exceed the usable memory ({usable / GIB:,.1f} GiB) by {-cache / GIB:,.1f} GiB: "
-                     "raise the tensor-parallel size or the memory")
+                     "raise the tensor-parallel size, enable expert parallelism over more GPUs, or raise the memory")
         cache = 0
     chunk = prefill_token_limit(cfg, max_num_batched_tokens, accelerator=True) if prefix_caching else 0
     plan = plan_cache(cfg, fmt, cache_bytes=cache, max_num_seqs=max_num_seqs,
@@ -169,6 +295,18 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         notes.append(f"prefix caching reserves nothing: each cached KDA checkpoint takes one row from the token "
                      f"capacity (evicted least-recently-used); a prefill chunk of up to {chunk:,} tokens takes "
                      f"up to {checkpoint_rows:,} such rows as it runs")
+    fits = weights_fit and concurrent >= 1
+    suggested = None
+    if not fits and suggest:
+        found = smallest_fitting_topology(
+            cfg, gpus_per_node=topology.gpus_per_node if gpus_per_node is not None else DEFAULT_GPUS_PER_NODE,
+            kv_cache_dtype=kv_cache_dtype, index_cache_dtype=index_cache_dtype,
+            decode_context_parallel_size=dcp, gpu_memory_bytes=gpu_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len, block_size=block_size_arg,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            num_speculative_tokens=num_speculative_tokens, kda_rollback=kda_rollback, prefix_caching=prefix_caching,
+            kda_checkpoint_interval=kda_checkpoint_interval, activation_dtype=activation_dtype, alignment=alignment)
+        suggested = found.to_dict() if found else None
     return CapacityReport(
         bytes_per_token_per_gpu=attention_bytes_per_token(cfg, kv_cache_dtype=kv_cache_dtype,
                                                           index_cache_dtype=index_cache_dtype),
@@ -182,4 +320,31 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         max_model_len=max_len, state_rows_per_request=state_rows, rows_per_max_len_request=per_request,
         concurrent_max_len_requests=concurrent, capacity_tokens=capacity, tensor_parallel_size=tp,
         decode_context_parallel_size=dcp, kv_cache_dtype=kv_cache_dtype, index_cache_dtype=index_cache_dtype,
-        notes=notes)
+        notes=notes, data_parallel_size=topology.data_parallel_size,
+        expert_parallel_size=topology.expert_parallel_size, nnodes=topology.nnodes,
+        gpus_per_node=topology.gpus_per_node, world_size=topology.world_size, weight_terms=terms,
+        capacity_tokens_total=capacity * topology.data_parallel_size, fits=fits, suggested=suggested)
+
+
+# The search stops here: no K3-architecture model needs more (K3 fits on 16 H200s).
+MAX_SUGGESTED_GPUS = 1024
+
+
+def smallest_fitting_topology(cfg: K3Config, *, gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+                              max_gpus: int = MAX_SUGGESTED_GPUS, **plan_kwargs) -> Topology | None:
+    """The first topology of `candidate_topologies` (fewest GPUs, then more EP, then fewer TP;
+    TP in 1, 2, 4, 8 within a node) whose plan fits with `plan_kwargs` (memory per GPU,
+    max-model-len, cache settings: everything but the topology); None when none up to
+    `max_gpus` does. Candidates the model cannot split (heads, vocabulary, experts; a DCP size
+    that does not divide TP) are skipped."""
+    for topology in candidate_topologies(gpus_per_node=gpus_per_node, max_gpus=max_gpus):
+        try:
+            report = plan_capacity(cfg, tensor_parallel_size=topology.tensor_parallel_size,
+                                   data_parallel_size=topology.data_parallel_size,
+                                   expert_parallel_size=topology.expert_parallel_size, nnodes=topology.nnodes,
+                                   gpus_per_node=topology.gpus_per_node, suggest=False, **plan_kwargs)
+        except ValueError:
+            continue
+        if report.fits:
+            return topology
+    return None

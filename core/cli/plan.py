@@ -1,4 +1,5 @@
-"""`k3 plan`: the packed cache plan and its capacity for a memory budget (every term shown)."""
+"""`k3 plan`: the packed cache plan and its capacity for a memory budget and a distributed
+topology (every term shown), whether it fits, and the smallest topology that does when not."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import sys
 
 from k3.cache.capacity import DEFAULT_GPU_MEMORY_GIB, GIB, CapacityReport, plan_capacity
+from k3.cache.topology import DEFAULT_GPUS_PER_NODE, Topology
 from k3.dtypes import INDEX_CACHE_DTYPES, KV_CACHE_DTYPES, resolve_kv_cache_dtype
 
 from .common import CliError, add_model_arguments, load_config
@@ -42,9 +44,38 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
                              "its scratch state rows")
 
 
+def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    """Distributed-topology flags beside add_cache_arguments' --tensor-parallel-size (vLLM's
+    spelling; `k3.cache.topology` states what each shards). `topology_from_args` checks them."""
+    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                        help="engines, each with the whole model (experts aside) and its own cache (default 1)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="split the routed experts over TP x DP ranks instead of TP")
+    parser.add_argument("--expert-parallel-size", type=int, default=None, metavar="N",
+                        help="expert-parallel size, a divisor of TP x DP (implies --enable-expert-parallel; "
+                             "default TP x DP)")
+    parser.add_argument("--nnodes", type=int, default=None, metavar="N",
+                        help="nodes (default: TP x DP / --gpus-per-node)")
+    parser.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                        help=f"GPUs per node (default min(TP x DP, {DEFAULT_GPUS_PER_NODE}))")
+
+
+def topology_from_args(args: argparse.Namespace) -> Topology:
+    """The topology of add_cache_arguments' and add_topology_arguments' flags; CliError names
+    the wrong flag."""
+    try:
+        return Topology.build(args.tensor_parallel_size, args.data_parallel_size,
+                              enable_expert_parallel=args.enable_expert_parallel,
+                              expert_parallel_size=args.expert_parallel_size, nnodes=args.nnodes,
+                              gpus_per_node=args.gpus_per_node)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_cache_arguments(parser)
+    add_topology_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 
@@ -63,6 +94,7 @@ def local_gpu_memory_bytes() -> int:
 def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
     from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 
+    topology = topology_from_args(args)
     kv = resolve_kv_cache_dtype(args.kv_cache_dtype, cfg.dtype)     # `auto`: as the engine resolves it
     memory = int(args.gpu_memory * GIB) if args.gpu_memory is not None else local_gpu_memory_bytes()
     try:
@@ -71,7 +103,10 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
         raise CliError(f"--speculative-config: {e}") from None
     try:
         return plan_capacity(cfg, kv_cache_dtype=kv, index_cache_dtype=args.index_cache_dtype,
-                             tensor_parallel_size=args.tensor_parallel_size,
+                             tensor_parallel_size=topology.tensor_parallel_size,
+                             data_parallel_size=topology.data_parallel_size,
+                             expert_parallel_size=topology.expert_parallel_size, nnodes=topology.nnodes,
+                             gpus_per_node=args.gpus_per_node,
                              decode_context_parallel_size=args.decode_context_parallel_size,
                              gpu_memory_bytes=memory, gpu_memory_utilization=args.gpu_memory_utilization,
                              max_model_len=args.max_model_len, block_size=args.block_size,
@@ -84,10 +119,39 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
         raise CliError(str(e)) from None
 
 
+def suggestion_line(suggested: dict | None) -> str:
+    """'--tensor-parallel-size 8 --data-parallel-size 4 --enable-expert-parallel (32 GPUs, 4 nodes of 8)'."""
+    if suggested is None:
+        return "none up to the search limit fits (more memory per GPU, or a shorter --max-model-len)"
+    t = Topology(tensor_parallel_size=suggested["tensor_parallel_size"],
+                 data_parallel_size=suggested["data_parallel_size"],
+                 expert_parallel_size=suggested["expert_parallel_size"], nnodes=suggested["nnodes"],
+                 gpus_per_node=suggested["gpus_per_node"])
+    return f"{' '.join(t.flags(nodes=False))} ({t.describe()})"
+
+
+def verdict(r: CapacityReport) -> str:
+    """'fits' or 'does not fit: WHY; smallest fitting topology: FLAGS (N GPUs, ...)'."""
+    if r.fits:
+        return "fits"
+    g = lambda n: f"{n / GIB:,.2f} GiB"  # noqa: E731
+    need = r.weight_bytes_per_gpu + r.workspace_bytes
+    if need > r.usable_bytes:
+        why = (f"{g(r.weight_bytes_per_gpu)} of weights per GPU + {g(r.workspace_bytes)} workspace exceed the "
+               f"usable {g(r.usable_bytes)}")
+    else:
+        why = (f"a {r.max_model_len:,}-token request needs {r.rows_per_max_len_request:,} rows, the cache holds "
+               f"{max(0, r.num_rows - r.speculative_scratch_rows):,}")
+    return f"does not fit: {why}; smallest fitting topology: {suggestion_line(r.suggested)}"
+
+
 def render(r: CapacityReport, family: str) -> str:
     g = lambda n: f"{n / GIB:,.2f} GiB"  # noqa: E731
+    w = r.weight_terms
+    ep = (f"EP {r.expert_parallel_size}" if r.expert_parallel_size is not None else "EP off")
     lines = [
-        f"{family}: TP {r.tensor_parallel_size}, DCP {r.decode_context_parallel_size}, latents {r.kv_cache_dtype}, "
+        f"{family}: TP {r.tensor_parallel_size}, DP {r.data_parallel_size}, {ep}, DCP "
+        f"{r.decode_context_parallel_size} ({r.topology.describe()}), latents {r.kv_cache_dtype}, "
         f"index keys {r.index_cache_dtype}",
         f"  per token per GPU:  {r.bytes_per_token_per_gpu:,} B (latents and index keys, every MLA layer)",
         f"  per request state:  {r.state_bytes_per_request:,} B (KDA recurrent + conv, this rank)",
@@ -95,13 +159,24 @@ def render(r: CapacityReport, family: str) -> str:
         f"(padding {r.attention_row_padding:,} B as attention row, {r.state_row_padding:,} B as state row)",
         f"  memory:             {g(r.gpu_memory_bytes)} x {r.gpu_memory_utilization:g} = {g(r.usable_bytes)}",
         f"  - weights per GPU:  {g(r.weight_bytes_per_gpu)}",
+        f"      attention:            {g(w.attention)} (KDA, MLA + absorbed decode weights, any DSA indexer; heads "
+        f"sharded over TP {r.tensor_parallel_size})",
+        f"      routed experts:       {g(w.routed_experts)} ({w.experts_per_rank:,} experts per GPU, "
+        + (f"split over EP {r.expert_parallel_size})" if r.expert_parallel_size is not None
+           else f"split over TP {r.tensor_parallel_size}, replicated over DP)"),
+        f"      shared experts/dense: {g(w.shared_dense)} (sharded over TP)",
+        f"      embedding + lm_head:  {g(w.embedding_lm_head)} (vocabulary sharded over TP)",
+        f"      other:                {g(w.other)} (router, latent down/up projections, norms, AttnRes; replicated)",
         f"  - workspace:        {g(r.workspace_bytes)}",
         f"  = cache:            {g(r.cache_bytes)} = {r.num_rows:,} rows",
         f"  - speculative scratch rows: {r.speculative_scratch_rows:,} (reserved at start-up)",
         f"  max-length request: {r.max_model_len:,} tokens = {r.rows_per_max_len_request - r.state_rows_per_request:,} "
         f"attention rows + {r.state_rows_per_request} state row(s)",
-        f"  capacity:           {r.capacity_tokens:,} tokens; {r.concurrent_max_len_requests:,} concurrent "
+        f"  capacity:           {r.capacity_tokens:,} tokens per engine; {r.concurrent_max_len_requests:,} concurrent "
         f"max-length requests ({r.capacity_tokens / r.max_model_len:,.2f} max lengths)",
+        f"  capacity total:     {r.capacity_tokens_total:,} tokens (x DP {r.data_parallel_size}, one cache per engine)",
+        f"  {verdict(r)}",
+        f"  (fits: {r.fits_criterion})",
     ]
     lines += [f"  note: {n}" for n in r.notes]
     return "\n".join(lines)
