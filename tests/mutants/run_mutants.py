@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-from mutants import MUTANTS, Mutant  # noqa: E402
+from mutants import MUTANTS, Mutant, misplaced  # noqa: E402
 from probe import PRESETS  # noqa: E402
 
 # fast first: with -x a mutant stops at its first failing test. Two pytest runs: the oracle
@@ -60,17 +60,6 @@ def make_tree(dest: Path) -> Path:
     (dest / "site").mkdir()
     (dest / "site" / "k3").symlink_to("../core")
     return dest
-
-
-def misplaced(mutants) -> list[str]:
-    """Mutants whose line to change does not occur exactly once in its file (the code moved)."""
-    out = []
-    for m in mutants:
-        path = ROOT / m.path
-        count = path.read_text().count(m.old) if path.is_file() else 0
-        if count != 1:
-            out.append(f"{m.name}: the line to change occurs {count} times in {m.path}")
-    return out
 
 
 def apply(tree: Path, mutant: Mutant) -> None:
@@ -156,7 +145,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the per-mutant rows here")
     args = parser.parse_args()
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    if problems := misplaced(chosen):
+    if problems := misplaced(chosen, ROOT):
         print("fix mutants.py first:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 1
     start = time.time()

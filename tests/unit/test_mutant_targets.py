@@ -8,16 +8,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "mutants"))
 
-from mutants import MUTANTS  # noqa: E402
+from mutants import MUTANTS, misplaced  # noqa: E402
 
 
 def test_every_mutant_line_occurs_exactly_once():
-    problems = []
-    for m in MUTANTS:
-        path = ROOT / m.path
-        count = path.read_text().count(m.old) if path.is_file() else 0
-        if count != 1:
-            problems.append(f"{m.name}: {count} occurrences in {m.path}")
+    problems = misplaced(MUTANTS, ROOT)
     assert not problems, problems
 
 
