@@ -1,7 +1,8 @@
 """Collectives: the platform's `collectives()` (its ordered backends, torch.distributed last)
 against plain torch.distributed, in 2 processes on the platform's dist backend (gloo on the
 CPU). Every item of a session runs in one launch of the two workers (`launch`); all_gather
-must be exact, all_reduce within the dtype's tolerance (summation order may differ), and every
+and all_to_all_single (expert-parallel dispatch, against the rows each rank must receive) must
+be exact, all_reduce within the dtype's tolerance (summation order may differ), and every
 rank must get the same sum.
 """
 
@@ -100,3 +101,12 @@ register(Case(
              Sample("2ranks_T9_D64_dim-1", params={"shape": [9, 64], "dim": -1}),
              Sample("2ranks_B2_T3_D16_dim1", params={"shape": [2, 3, 16], "dim": 1})),
     doc="Concatenation in rank order: exact."))
+
+register(Case(
+    "collectives.all_to_all_single", "collectives", "collectives.all_to_all_single", requires_for=_requires,
+    samples=(Sample("2ranks_N8_D64_equal", params={"rows": 8, "row_shape": [64]}),
+             Sample("2ranks_splits3-5_0-7_D65", params={"splits": [[3, 5], [0, 7]], "row_shape": [65]}),
+             Sample("2ranks_splits0-0_2-0_D16_device_splits",
+                    params={"splits": [[0, 0], [2, 0]], "row_shape": [16], "device_splits": True}),
+             Sample("2ranks_splits1-0_0-1_D7168", params={"splits": [[1, 0], [0, 1]], "row_shape": [7168]})),
+    doc="Rows cut per destination rank, received pieces in rank order (EP dispatch): exact."))

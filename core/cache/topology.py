@@ -6,9 +6,9 @@
   and lm_head are sharded over TP and replicated over DP;
 - routed experts: without expert parallelism they are split over TP (each TP rank holds
   num_experts / TP of them) and replicated over DP; with `--enable-expert-parallel` the
-  expert-parallel size is TP x DP and each rank holds num_experts / EP; an explicit
-  `--expert-parallel-size EP` must divide TP x DP, and the experts are then replicated over
-  the TP x DP / EP expert groups;
+  expert-parallel size is TP x DP and each rank holds num_experts / EP (contiguous blocks, as
+  the loader reads them); an explicit `--expert-parallel-size EP` must divide TP x DP and be a
+  multiple of TP, and the experts are then replicated over the TP x DP / EP expert groups;
 - each DP rank is an engine with its own cache.
 
 `Topology.build` checks the sizes and says which flag is wrong; the model-dependent check
@@ -46,9 +46,10 @@ class Topology:
                 raise ValueError(f"{flag} must be at least 1, got {value}")
         world = tp * dp
         ep = expert_parallel_size if expert_parallel_size is not None else (world if enable_expert_parallel else None)
-        if ep is not None and world % ep:
+        if ep is not None and (world % ep or ep % tp):
             raise ValueError(f"--expert-parallel-size {ep} must divide --tensor-parallel-size {tp} x "
-                             f"--data-parallel-size {dp} = {world} GPUs")
+                             f"--data-parallel-size {dp} = {world} GPUs and be a multiple of TP (each expert "
+                             "group is whole DP ranks, as `k3 serve` places them)")
         if gpus_per_node is None:
             if nnodes is not None:
                 if world % nnodes:

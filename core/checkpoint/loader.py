@@ -38,8 +38,11 @@ class CheckpointError(ValueError):
 
 @dataclass
 class LoadReport:
+    """tensors_read: tensors whose data this rank read; skipped: reason -> count of tensors not
+    read ("another rank's expert": the experts other EP (or, without EP, TP) ranks hold)."""
+
     tensors_read: int = 0
-    skipped: Counter = field(default_factory=Counter)   # reason -> count
+    skipped: Counter = field(default_factory=Counter)
 
 
 def shard_files(model_dir: Path) -> list[Path]:
@@ -132,7 +135,9 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
                 if target is None or (name.expert is None) != (target[1].stack is None):
                     unexpected.append(key)
                     continue
-                _load_one(f, key, name, *target, seen, cfg)
+                if not _load_one(f, key, name, *target, seen, cfg):
+                    report.skipped["another rank's expert"] += 1
+                    continue
                 report.tensors_read += 1
         bar.update(1)
     bar.close()
@@ -240,7 +245,8 @@ def _store(param: torch.Tensor, dest, tensor: torch.Tensor) -> None:
     target.copy_(tensor.to(param.dtype))
 
 
-def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set, cfg: K3Config | None = None) -> None:
+def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set, cfg: K3Config | None = None) -> bool:
+    """Check one tensor and read this rank's part of it; False: another rank's expert (not read)."""
     _mark_seen(seen, key, name.template, name.expert)
     view = f.get_slice(key)
     shape, dtype = tuple(view.get_shape()), view.get_dtype()
@@ -250,7 +256,7 @@ def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set, cfg: K3Co
     _check_dtype(key, dtype, param)
     dest = _destination(key, spec, name.expert)
     if dest is None:
-        return                          # another rank's expert
+        return False                    # another rank's expert: its data is never read
     if shape == spec.full_shape and spec.shard is not None:
         dim, begin, size = spec.shard
         index = tuple(slice(begin, begin + size) if i == dim else slice(None) for i in range(len(shape)))
@@ -260,6 +266,7 @@ def _load_one(f, key: str, name, param: torch.Tensor, spec, seen: set, cfg: K3Co
         if spec.shard is not None:
             tensor = tensor.narrow(spec.shard[0], spec.shard[1], spec.shard[2])
     _store(param, dest, tensor)
+    return True
 
 
 def _fused_shapes(fused, specs) -> tuple[tuple[int, ...], list[tuple[int, ...]], tuple[str, ...]]:

@@ -83,10 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "rank 0 sends each request to the least-loaded one. World = DP x TP processes (default 1)")
     group.add_argument("--enable-expert-parallel", action="store_true",
                        help="split the routed experts over all DP x TP ranks instead of holding all of them on every "
-                            "DP rank (not available yet: needs the model's expert-parallel layers)")
+                            "DP rank; idle DP ranks join each step's MoE collectives with an empty batch; no "
+                            "speculative decoding or async scheduling with it (docs/expert-parallel.md)")
     group.add_argument("--expert-parallel-size", type=int, default=None, metavar="N",
-                       help="ranks the experts are split over (k3 extra; default and only value for now: the world size; "
-                            "must divide num_experts)")
+                       help="ranks each expert group splits the experts over (k3 extra; implies "
+                            "--enable-expert-parallel; default the world size; a multiple of TP that divides the world "
+                            "and num_experts; the experts are replicated over world / N groups)")
     group.add_argument("--nnodes", type=int, default=1, metavar="N",
                        help="nodes the DP x TP ranks are spread over, evenly (default 1); run one `k3 serve` per node "
                             "with the same flags and its --node-rank")

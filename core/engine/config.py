@@ -18,8 +18,8 @@ class EngineConfig:
     dtype: str | None = None                  # None / "auto": the checkpoint's
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1               # DP ranks, each with its own scheduler and cache (k3.engine.distributed)
-    enable_expert_parallel: bool = False      # split the routed experts over all ranks (needs branch i22-ep)
-    expert_parallel_size: int | None = None   # None: the world size (the only size for now)
+    enable_expert_parallel: bool = False      # split the routed experts over the ranks (docs/expert-parallel.md)
+    expert_parallel_size: int | None = None   # None: the world size; a multiple of TP dividing it (implies EP)
     distributed_timeout: float = 600.0        # seconds: every collective's timeout (a dead rank is an error after it)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048

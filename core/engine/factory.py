@@ -65,7 +65,10 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     device = torch.device(platform.info.device)
     spec = SpeculativeConfig.parse(config.speculative_config)
     tp = model.parallel.world_size
-    graph_runner = None if config.enforce_eager or tp > 1 else platform.graph_runner
+    # decode graphs are captured on one rank without collectives: none under TP, and none under EP
+    # (its dispatch sizes the all-to-all on the host, and every rank must replay in lockstep)
+    graph_runner = (None if config.enforce_eager or tp > 1 or model.parallel.ep is not None
+                    else platform.graph_runner)
     async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                         else graph_runner is not None and spec is None)
 

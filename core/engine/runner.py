@@ -64,10 +64,12 @@ class ModelRunner:
         self.stop_token_ids = set(eos_token_ids)
         self.tap_layers, self.graphs = tuple(tap_layers), graphs
         self.pinned_uploads, self.broadcast = pinned_uploads, broadcast
+        self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
         blocks), then run the model (a plain decode step replays its captured graph)."""
+        self.num_forwards += 1
         for src, dst in row_copies:
             self.cache.copy_row(src, dst)
         if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):

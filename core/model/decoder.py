@@ -39,6 +39,10 @@ class DecoderLayer(K3Module):
             self.mlp = GLUMLP(cfg, intermediate=cfg.intermediate_size, kernels=kernels, parallel=parallel,
                               dtype=dtype, device=device)
 
-    def ffn(self, h: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
-        """decode: a one-token-per-sequence step (MoE dispatch without host synchronisation)."""
-        return self.block_sparse_moe(h, decode=decode) if self.is_moe else self.mlp(h)
+    def ffn(self, h: torch.Tensor, *, decode: bool = False, ep_dispatch: str | None = None,
+            ep_capacity: int | None = None) -> torch.Tensor:
+        """decode: a one-token-per-sequence step (MoE dispatch without host synchronisation);
+        ep_dispatch / ep_capacity: `MoE.forward`'s (ignored by a dense layer)."""
+        if not self.is_moe:
+            return self.mlp(h)
+        return self.block_sparse_moe(h, decode=decode, ep_dispatch=ep_dispatch, ep_capacity=ep_capacity)

@@ -1,10 +1,13 @@
 """FFNs: the dense GLU MLP (layers < first_k_dense_replace) and (Latent)MoE.
 
-Dense MLP and shared experts are split over ranks by intermediate width (a partial sum each,
-reduced); routed experts are split by expert (EP over the same group). K3's Stable LatentMoE:
-router and shared experts read the full hidden state, routed experts live in the latent
-(routed_expert_hidden_size), the latent partials are reduced across ranks before the RMSNorm
-and the replicated up-projection. Kimi-Linear's MoE has no latent (no down/up/norm).
+Dense MLP and shared experts are split over the TP ranks by intermediate width (a partial sum
+each, reduced). Routed experts are split by expert in contiguous blocks: without an EP group
+over the TP group (every rank sees every token, the latent partials are reduced across ranks);
+with one (`ParallelContext.ep`) over the EP group, each token's rows sent to their experts'
+owners by all-to-all (`k3.model.expert_dispatch`). K3's Stable LatentMoE: router and shared
+experts read the full hidden state, routed experts live in the latent
+(routed_expert_hidden_size), the RMSNorm and the replicated up-projection follow the combine.
+Kimi-Linear's MoE has no latent (no down/up/norm).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from k3.plugin.tables import KernelSet
 from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 
+from .expert_dispatch import dispatch_combine, peer_rows, tp_slice
 from .module import K3Module, WeightSpec
 from .parallel import ParallelContext
 
@@ -56,9 +60,9 @@ class MoE(K3Module):
 
     def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype, device=None):
         super().__init__()
-        self.cfg, self.kernels, self.parallel = cfg, kernels, parallel
+        self.cfg, self.kernels, self.parallel, self.dtype = cfg, kernels, parallel, dtype
         d, e, lat, inter = cfg.hidden_size, cfg.num_experts, cfg.expert_hidden_size, cfg.moe_intermediate_size
-        self.expert_start, self.num_local_experts = parallel.shard(e, "num_experts")
+        self.expert_start, self.num_local_experts = parallel.expert_shard(e)
         el = self.num_local_experts
         router_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         # the router runs in fp32 (k3.reference.router_logits upcasts both operands): the gate is
@@ -127,22 +131,75 @@ class MoE(K3Module):
             dense.copy_(int4_dequantize(self._buffers.pop(f"{param}_packed"), self._buffers.pop(f"{param}_scale"),
                                         dtype=dense.dtype))     # [E_local, out, in]
 
-    def forward(self, h: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, *, decode: bool = False, ep_dispatch: str | None = None,
+                ep_capacity: int | None = None) -> torch.Tensor:
         """h [T, d] -> [T, d]: router and shared experts on h, routed experts in the latent,
-        the latent partials reduced over ranks before the norm and the up-projection.
-        decode: dispatch without host synchronisation (every local expert, masked)."""
+        combined (reduced over the TP ranks, or dispatched over the EP group) before the norm and
+        the up-projection. decode: dispatch without host synchronisation (every local expert,
+        masked; without EP). ep_dispatch / ep_capacity: this step's EP dispatch and static
+        capacity (None: `ExpertParallel.dispatch` / `.capacity`), the same on every EP rank."""
+        ep = self.parallel.ep
+        if ep is None:
+            u = self.parallel.all_reduce(self._routed(h, decode))                              # [T, L]
+        else:
+            u = self._expert_parallel(h, ep_dispatch, ep_capacity)                              # [T, L]
+        y = self._latent_out(u)
+        return y if self.shared_experts is None else y + self.shared_experts(h)
+
+    def idle(self, dispatch: str | None = None, capacity: int | None = None) -> None:
+        """Take part in this layer's EP collectives with zero local tokens (every rank of a
+        data-parallel replica without work this step); dispatch / capacity as forward's
+        ep_dispatch / ep_capacity. A no-op without EP."""
+        if self.parallel.ep is None:
+            return
+        h = torch.zeros(0, self.cfg.hidden_size, dtype=self.dtype, device=self.gate.device)    # [0, d]
+        self._expert_parallel(h, dispatch, capacity)
+
+    def _expert_parallel(self, h: torch.Tensor, dispatch: str | None, capacity: int | None) -> torch.Tensor:
+        """The routed experts of the whole EP group on h [T, d]: [T, L]. Tokens replicated over
+        TP: TP rank r routes and dispatches only its slice, the slices are all-gathered."""
+        tp, ep = self.parallel, self.parallel.ep
+        rows = peer_rows(ep, dispatch, capacity, h.shape[0], top_k=self.cfg.num_experts_per_token,
+                         tp_size=tp.world_size)
+        if not (ep.split_tokens_over_tp and tp.world_size > 1):
+            return self._dispatched(h, rows)
+        n = h.shape[0]
+        lo, hi, c = tp_slice(n, tp.rank, tp.world_size)
+        part = self._dispatched(h[lo:hi], rows)                                                # [hi - lo, L]
+        part = torch.cat([part, part.new_zeros(c - (hi - lo), part.shape[1])])                 # [c, L]
+        return tp.all_gather(part, dim=0)[:n]                                                  # [T, L]
+
+    def _select(self, h: torch.Tensor):
         cfg, k = self.cfg, self.kernels
         grouped = cfg.use_grouped_topk
-        chosen = k.moe.select_experts(
+        return k.moe.select_experts(
             k.moe.router_logits(h, self.gate), top_k=cfg.num_experts_per_token,
             correction_bias=self.e_score_correction_bias, scoring=cfg.moe_router_activation_func,
             renormalize=cfg.moe_renormalize, routed_scaling_factor=cfg.routed_scaling_factor,
             num_expert_group=cfg.num_expert_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
-        z = F.linear(h, self.routed_expert_down_proj) if cfg.uses_latent_moe else h          # [T, L]
-        w13, w2 = self.expert_weights()
-        u = self.parallel.all_reduce(k.moe.experts(z, w13, w2, chosen.weights, chosen.ids, expert_start=self.expert_start,
-                                                   dense_dispatch=decode, **_activation(cfg)))   # [T, L]
+
+    def _latent_in(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.routed_expert_down_proj) if self.cfg.uses_latent_moe else h   # [T, L]
+
+    def _latent_out(self, u: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
         if cfg.latent_moe_use_norm:
-            u = k.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
-        y = F.linear(u, self.routed_expert_up_proj) if cfg.uses_latent_moe else u           # [T, d]
-        return y if self.shared_experts is None else y + self.shared_experts(h)
+            u = self.kernels.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
+        return F.linear(u, self.routed_expert_up_proj) if cfg.uses_latent_moe else u           # [T, d]
+
+    def _routed(self, h: torch.Tensor, decode: bool) -> torch.Tensor:
+        """This rank's experts on every token: [T, L], the partial sum over the local experts."""
+        chosen = self._select(h)
+        return self._run_experts(self._latent_in(h), chosen.ids, chosen.weights, decode)
+
+    def _dispatched(self, h: torch.Tensor, capacity_rows: int | None) -> torch.Tensor:
+        """The routed experts of the whole EP group on h [T, d]: [T, L] (EP all-to-all)."""
+        chosen = self._select(h)
+        return dispatch_combine(self._latent_in(h), chosen.ids, chosen.weights, ep=self.parallel.ep,
+                                num_experts=self.cfg.num_experts, run=self._run_experts,
+                                capacity_rows=capacity_rows)
+
+    def _run_experts(self, x, ids, weights, dense: bool) -> torch.Tensor:
+        w13, w2 = self.expert_weights()
+        return self.kernels.moe.experts(x, w13, w2, weights, ids, expert_start=self.expert_start,
+                                        dense_dispatch=dense, **_activation(self.cfg))

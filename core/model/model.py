@@ -113,10 +113,12 @@ class K3Model(K3Module):
         return x
 
     def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds=None,
-                tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
+                tap_layers=(), per_position_kda_states: bool = False, ep_dispatch: str | None = None,
+                ep_capacity: int | None = None) -> ForwardOutput:
         x0 = self.embed(meta.input_ids, media_embeds)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
-        hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states)
+        ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity}
+        hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn)
         return ForwardOutput(logits=torch.empty(0), hidden_states=hidden, taps=taps, kda_states=states)
 
     def _mixer(self, layer, h, meta, cache, per_position, states):
@@ -127,7 +129,7 @@ class K3Model(K3Module):
             return a
         return layer.self_attn(h, meta, cache)
 
-    def _attn_res_layers(self, x0, meta, cache, tap_layers, per_position):
+    def _attn_res_layers(self, x0, meta, cache, tap_layers, per_position, ffn):
         cfg, eps, attn_res = self.cfg, self.cfg.rms_norm_eps, self.kernels.attn_res
         block = cfg.attn_res_block_size
         bank = x0.new_empty(x0.shape[0], cfg.num_attn_res_blocks, x0.shape[1])   # [T, NB, d]
@@ -147,7 +149,7 @@ class K3Model(K3Module):
                                  write_index=None, eps=eps, out_norm_weight=layer.post_attention_layernorm,
                                  out_eps=eps)
             prefix = step.prefix
-            delta = layer.ffn(step.h, decode=meta.max_q_len == 1)
+            delta = layer.ffn(step.h, **ffn)
             if l in tap_layers:
                 taps[l] = (prefix + delta).to(x0.dtype)
         prefix = (prefix + delta).to(x0.dtype)
@@ -155,14 +157,14 @@ class K3Model(K3Module):
         query = self._attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
         return attn_res.mix(sources, query, eps=eps), taps, states
 
-    def _residual_layers(self, x0, meta, cache, tap_layers, per_position):
+    def _residual_layers(self, x0, meta, cache, tap_layers, per_position, ffn):
         eps, norm = self.cfg.rms_norm_eps, self.kernels.elementwise.rms_norm
         residual, taps, states = x0, {}, {}
         for layer in self.layers:
             a = self._mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
             residual = (residual + a).to(x0.dtype)
             h = norm(residual, layer.post_attention_layernorm, eps)
-            residual = (residual + layer.ffn(h, decode=meta.max_q_len == 1)).to(x0.dtype)
+            residual = (residual + layer.ffn(h, **ffn)).to(x0.dtype)
             if layer.layer in tap_layers:
                 taps[layer.layer] = residual
         return residual, taps, states
@@ -198,12 +200,31 @@ class K3ForCausalLM(K3Module):
 
     @torch.no_grad()
     def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds: torch.Tensor | None = None,
-                tap_layers=(), per_position_kda_states: bool = False) -> ForwardOutput:
-        """Run the new tokens of a batch, reading and updating `cache` (see ForwardMetadata)."""
+                tap_layers=(), per_position_kda_states: bool = False, ep_dispatch: str | None = None,
+                ep_capacity: int | None = None) -> ForwardOutput:
+        """Run the new tokens of a batch, reading and updating `cache` (see ForwardMetadata).
+        ep_dispatch / ep_capacity: this step's expert-parallel dispatch ("all_to_all" or
+        "all_to_all_static") and static capacity (the most tokens any EP rank runs this step),
+        overriding `ExpertParallel.dispatch` / `.capacity`; the same on every EP rank. Ignored
+        without an EP group."""
         out = self.model(meta, cache, media_embeds=media_embeds, tap_layers=tap_layers,
-                         per_position_kda_states=per_position_kda_states)
+                         per_position_kda_states=per_position_kda_states, ep_dispatch=ep_dispatch,
+                         ep_capacity=ep_capacity)
         out.logits = self.compute_logits(out.hidden_states[meta.logits_indices])
         return out
+
+    @torch.no_grad()
+    def idle_forward(self, *, ep_dispatch: str | None = None, ep_capacity: int | None = None) -> None:
+        """A step with no local tokens: only every MoE layer's expert-parallel collectives run,
+        in layer order, with zero rows of this rank's own, so the other EP ranks' dispatch and
+        combine complete (every rank of a data-parallel replica without work this step). No
+        cache, metadata or dummy request is touched. Every EP rank must make the same MoE calls
+        per step (one `forward` or one `idle_forward`) with the same ep_dispatch / ep_capacity
+        (`forward`'s); for "all_to_all_static" the capacity is the step's all-reduced (max)
+        token count, also here. A no-op without an EP group."""
+        for layer in self.model.layers:
+            if layer.is_moe:
+                layer.block_sparse_moe.idle(ep_dispatch, ep_capacity)
 
     def commit_speculation(self, cache: CacheViews, slots: torch.Tensor, rows: torch.Tensor,
                            kept: torch.Tensor) -> None:

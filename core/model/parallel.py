@@ -1,10 +1,17 @@
 """Parallel context: which shard of the model this process holds, and its collectives.
 
-Tensor parallelism splits attention heads (KDA and MLA), FFN widths and the vocabulary across
-the ranks of one group; the routed experts are split across the same group (expert parallel).
-MLA latents, DSA index keys, AttnRes, norms, the router and the LatentMoE projections are
-replicated. TP = 1 on one process is the degenerate case: every shard is the whole tensor and
-every collective is the identity.
+Tensor parallelism (TP) splits attention heads (KDA and MLA), FFN widths (dense MLP, shared
+experts) and the vocabulary across the ranks of one group. MLA latents, DSA index keys,
+AttnRes, norms, the router and the LatentMoE projections are replicated.
+
+The routed experts are split by expert in contiguous blocks. Without an expert-parallel (EP)
+group they are split over the TP group: every TP rank sees every token and the latent partials
+are all-reduced (the pre-EP behaviour). With an EP group (`ExpertParallel`) they are split over
+that group instead and each token's rows travel to the ranks owning its experts by all-to-all
+(`k3.model.expert_dispatch`); the EP group may span data-parallel replicas with distinct tokens.
+
+TP = 1 on one process is the degenerate case: every shard is the whole tensor and every
+collective is the identity.
 
 Collectives go through the small `Collectives` interface so the plugin layer can put vendor
 backends (NVLink mailboxes, HIP-IPC all-gather) behind it; `TorchDistributedCollectives` is the
@@ -13,10 +20,16 @@ portable default.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+DISPATCH_MODES = ("all_to_all", "all_to_all_static")
+
+# split sizes of all_to_all_single: one row count per rank, on the host or as a device tensor
+Splits = Sequence[int] | torch.Tensor | None
 
 
 class Collectives(Protocol):
@@ -28,6 +41,18 @@ class Collectives(Protocol):
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """The ranks' x concatenated along dim, in rank order."""
 
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes: Splits = None,
+                          input_split_sizes: Splits = None) -> torch.Tensor:
+        """x [N, ...] cut along dim 0 into one piece per rank, input_split_sizes[r] rows for
+        rank r (None: N / world rows each); returns the pieces received, concatenated in rank
+        order along dim 0: [sum(output_split_sizes), ...] (None: N / world rows from each, x's
+        shape). Split sizes are host integers or an int tensor of `world` counts (a backend
+        that cannot use device counts reads them on the host: one synchronisation)."""
+
+
+def _host_splits(splits: Splits) -> list[int] | None:
+    return splits.tolist() if isinstance(splits, torch.Tensor) else None if splits is None else list(splits)
+
 
 class LocalCollectives:
     """World size 1: every collective returns its input."""
@@ -36,6 +61,10 @@ class LocalCollectives:
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        return x
+
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes: Splits = None,
+                          input_split_sizes: Splits = None) -> torch.Tensor:
         return x
 
 
@@ -59,26 +88,137 @@ class TorchDistributedCollectives:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=dim)
 
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes: Splits = None,
+                          input_split_sizes: Splits = None) -> torch.Tensor:
+        import torch.distributed as dist
+
+        out_splits, in_splits = _host_splits(output_split_sizes), _host_splits(input_split_sizes)
+        rows = x.shape[0] if out_splits is None else sum(out_splits)
+        out = x.new_empty((rows, *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=out_splits, input_split_sizes=in_splits,
+                               group=self.group)
+        return out
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """The expert-parallel group of this process.
+
+    rank, size: this process's place in the EP group; the routed experts are placed in
+        contiguous blocks, rank r holding [r E / size, (r + 1) E / size).
+    collectives: the EP group's collectives (dispatch uses `all_to_all_single`).
+    split_tokens_over_tp: the tokens of a step are replicated over the TP ranks (attention TP
+        inside the EP group): TP rank t dispatches only its slice t of them and the MoE outputs
+        are all-gathered over TP, so no expert work is duplicated. False: every rank dispatches
+        all its tokens (TP = 1; tokens distinct per EP rank, as under data parallelism).
+    dispatch: the default dispatch of a forward (a step may override it):
+        "all_to_all": the per-(peer, expert) row counts are exchanged first and read on the
+            host for the payload's split sizes (one host synchronisation per MoE layer; prefill).
+        "all_to_all_static": no host synchronisation (decode, graph capture): counts exchanged
+            on the device, the payload in equal per-peer blocks of capacity x top_k rows, the
+            receiver masking the padding rows.
+    capacity: the default capacity of "all_to_all_static": an upper bound, the same on every
+        EP rank, on the tokens any rank passes to one MoE call in the step (before the TP
+        slice). A runtime all-reduces (max) its ranks' token counts per step and passes the
+        result as the forward's `ep_capacity`; a fixed bound (e.g. the captured decode batch
+        size) may stand here instead.
+
+    Every rank of the EP group must make the same sequence of MoE calls per step (a rank
+    without tokens calls `K3ForCausalLM.idle_forward`) with the same dispatch and capacity,
+    or the collectives deadlock or mix up rows.
+    """
+
+    rank: int = 0
+    size: int = 1
+    collectives: Collectives = field(default_factory=LocalCollectives)
+    split_tokens_over_tp: bool = False
+    dispatch: str = "all_to_all"
+    capacity: int | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"expert-parallel rank {self.rank} is outside expert-parallel size {self.size}")
+        check_dispatch(self.dispatch, self.capacity)
+
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes: Splits = None,
+                          input_split_sizes: Splits = None) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        return self.collectives.all_to_all_single(x, output_split_sizes, input_split_sizes)
+
+
+def check_dispatch(dispatch: str, capacity: int | None) -> None:
+    """Raise ValueError for an unknown dispatch mode or a negative capacity."""
+    if dispatch not in DISPATCH_MODES:
+        raise ValueError(f"unknown MoE dispatch {dispatch!r}; known: {', '.join(DISPATCH_MODES)}")
+    if capacity is not None and capacity < 0:
+        raise ValueError(f"expert-parallel capacity must be >= 0 tokens, got {capacity}")
+
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """This process's place in the tensor/expert-parallel group."""
+    """This process's place in the tensor-parallel group (rank, world_size, collectives:
+    attention heads, dense MLP and shared-expert widths, vocabulary), and optionally its
+    expert-parallel group (`ep`; None: the experts split over the TP group, every TP rank
+    seeing every token). dp_rank / dp_size: the data-parallel replica this process serves
+    (the runtime's bookkeeping; the graph reads only `ep`)."""
 
     rank: int = 0
     world_size: int = 1
     collectives: Collectives = field(default_factory=LocalCollectives)
+    ep: ExpertParallel | None = None
+    dp_rank: int = 0
+    dp_size: int = 1
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world size {self.world_size}")
+        if not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"data-parallel rank {self.dp_rank} is outside data-parallel size {self.dp_size}")
 
     @classmethod
     def from_torch_distributed(cls, group=None) -> "ParallelContext":
-        """The context of an initialised torch.distributed group (default: the world)."""
+        """The TP context of an initialised torch.distributed group (default: the world); no EP."""
         import torch.distributed as dist
 
         return cls(rank=dist.get_rank(group), world_size=dist.get_world_size(group),
                    collectives=TorchDistributedCollectives(group))
+
+    @classmethod
+    def from_groups(cls, tp_group=None, ep_group=None, dp_rank: int = 0, dp_size: int = 1,
+                    dispatch: str = "all_to_all", *, capacity: int | None = None,
+                    tp_collectives: Collectives | None = None,
+                    ep_collectives: Collectives | None = None) -> "ParallelContext":
+        """The context a runtime builds from initialised torch.distributed process groups.
+
+        tp_group: this process's tensor-parallel group (None: TP = 1, this process alone; not
+            the world).
+        ep_group: its expert-parallel group (None: no EP, the experts split over the TP group).
+            Typically the whole DP x TP world: the data-parallel replicas hold distinct tokens
+            and, when TP > 1, the TP ranks of a replica split their replicated tokens between
+            them (`ExpertParallel.split_tokens_over_tp`, set when the TP group has > 1 rank).
+            num_experts must divide by its size.
+        dp_rank, dp_size: this process's data-parallel replica (bookkeeping).
+        dispatch, capacity: the defaults of `ExpertParallel.dispatch` / `.capacity`.
+        tp_collectives, ep_collectives: the groups' collectives, e.g. the platform's
+            `Platform.collectives(group)` (vendor backends first); default
+            `TorchDistributedCollectives(group)`.
+
+        Example, DP = 2 x TP = 2 on 4 ranks with EP over all of them:
+            tp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+            ParallelContext.from_groups(tp_group=tp, ep_group=dist.group.WORLD,
+                                        dp_rank=rank // 2, dp_size=2)
+        """
+        import torch.distributed as dist
+
+        tp_rank, tp_size = (0, 1) if tp_group is None else (dist.get_rank(tp_group), dist.get_world_size(tp_group))
+        tp_coll = tp_collectives or (LocalCollectives() if tp_group is None else TorchDistributedCollectives(tp_group))
+        ep = None
+        if ep_group is not None:
+            ep = ExpertParallel(rank=dist.get_rank(ep_group), size=dist.get_world_size(ep_group),
+                                collectives=ep_collectives or TorchDistributedCollectives(ep_group),
+                                split_tokens_over_tp=tp_size > 1, dispatch=dispatch, capacity=capacity)
+        return cls(rank=tp_rank, world_size=tp_size, collectives=tp_coll, ep=ep, dp_rank=dp_rank, dp_size=dp_size)
 
     def shard(self, total: int, what: str) -> tuple[int, int]:
         """(start, size) of this rank's even share of `total` items; `what` names them in errors."""
@@ -86,6 +226,17 @@ class ParallelContext:
             raise ValueError(f"{what} = {total} does not split evenly over tensor-parallel size {self.world_size}")
         size = total // self.world_size
         return self.rank * size, size
+
+    def expert_shard(self, num_experts: int) -> tuple[int, int]:
+        """(start, count) of the routed experts this rank holds: a contiguous block of the EP
+        group's split, or of the TP group's without EP."""
+        if self.ep is None:
+            return self.shard(num_experts, "num_experts")
+        if num_experts % self.ep.size:
+            raise ValueError(f"num_experts = {num_experts} does not split evenly over expert-parallel size "
+                             f"{self.ep.size}")
+        count = num_experts // self.ep.size
+        return self.ep.rank * count, count
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.world_size == 1 else self.collectives.all_reduce(x)

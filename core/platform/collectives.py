@@ -1,11 +1,15 @@
 """Collective backends: the dispatcher the model's parallel context calls, and the
-torch.distributed backend the reference plugin puts last."""
+torch.distributed backend the reference plugin puts last.
+
+A backend written before an op existed (all_to_all_single came with expert parallelism) may
+accept every op without implementing the new one: the dispatcher passes over a backend that
+lacks the op's method, so such a plugin keeps working and the op falls through to the next."""
 
 from __future__ import annotations
 
 import torch
 
-from k3.model.parallel import TorchDistributedCollectives
+from k3.model.parallel import Splits, TorchDistributedCollectives
 
 
 class DispatchingCollectives:
@@ -18,7 +22,7 @@ class DispatchingCollectives:
 
     def _pick(self, op: str, x: torch.Tensor):
         for backend in self.backends:
-            if backend.accepts(op, x):
+            if hasattr(backend, op) and backend.accepts(op, x):
                 return backend
         raise RuntimeError(f"no collective backend accepts {op} on a {x.dtype} tensor of shape {tuple(x.shape)}")
 
@@ -27,6 +31,10 @@ class DispatchingCollectives:
 
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         return self._pick("all_gather", x).all_gather(x, dim)
+
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes: Splits = None,
+                          input_split_sizes: Splits = None) -> torch.Tensor:
+        return self._pick("all_to_all_single", x).all_to_all_single(x, output_split_sizes, input_split_sizes)
 
 
 class TorchDistributedBackend(TorchDistributedCollectives):

@@ -151,9 +151,11 @@ def k3_quant_kernels(platform):
 @hookspec
 def k3_collective_backends(platform, group):
     """Communication backends for one process group (None: the default group), each a
-    `CollectiveBackend` with `accepts(op, tensor)`. Returns a list (possibly empty) or None.
-    The facade asks them in plugin order and uses the first that accepts; the reference's
-    torch.distributed backend comes last and accepts everything."""
+    `CollectiveBackend` with `accepts(op, tensor)` for op "all_reduce", "all_gather" or
+    "all_to_all_single" (expert-parallel dispatch: split sizes as host ints or a device int
+    tensor). Returns a list (possibly empty) or None. The facade asks them in plugin order and
+    uses the first that accepts and has the op's method; the reference's torch.distributed
+    backend comes last and accepts everything."""
 
 
 # --------------------------------------------------------------------------- quantisation

@@ -101,10 +101,18 @@ class CollectiveBackend(Protocol):
     name: str
 
     def accepts(self, op: str, tensor: torch.Tensor) -> bool:
-        """op: "all_reduce" or "all_gather"."""
+        """op: "all_reduce", "all_gather" or "all_to_all_single" (expert-parallel dispatch);
+        a backend declines the ops it does not implement."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the group's ranks."""
 
     def all_gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """Concatenation along dim in rank order."""
+
+    def all_to_all_single(self, x: torch.Tensor, output_split_sizes=None, input_split_sizes=None) -> torch.Tensor:
+        """x [N, ...] cut along dim 0, input_split_sizes[r] rows sent to rank r (None: N / world
+        each); returns the rows received, concatenated in rank order: [sum(output_split_sizes),
+        ...] (None: x's shape). Split sizes: host ints, or an int tensor of world counts that a
+        backend may use on the device (`k3.model.parallel.Collectives.all_to_all_single`).
+        Optional: a backend without this method is passed over for it."""

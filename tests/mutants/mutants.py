@@ -78,7 +78,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "scores = torch.sigmoid(lf)  # [T, E]", "scores = torch.softmax(lf, dim=-1)",
            "softmax router scores where K3 uses sigmoid"),
     Mutant("latent_norm_skipped", "core/model/ffn.py",
-           "u = k.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)", "u = u",
+           "u = self.kernels.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)", "u = u",
            "LatentMoE without the RMSNorm on the combined latent"),
     Mutant("rms_norm_eps_ignored", "core/reference/norms.py",
            "y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)",

@@ -22,8 +22,10 @@ class DistributedConfig:
     """The layout of one deployment.
 
     tensor_parallel_size, data_parallel_size: TP ranks per DP rank, DP ranks;
-    enable_expert_parallel / expert_parallel_size: experts split over the EP group (all ranks;
-    the size, when given, must be the world size); nnodes, node_rank: the nodes and this one;
+    enable_expert_parallel / expert_parallel_size: the routed experts split over EP groups of
+    expert_parallel_size contiguous ranks (default: one group of all ranks; a size implies
+    enable_expert_parallel, is a multiple of TP and divides the world, and the experts are then
+    replicated over the world / EP groups); nnodes, node_rank: the nodes and this one;
     master_addr, master_port: the env:// rendezvous (rank 0's TCP store; port None: a free one,
     single node only); timeout_s: every collective's timeout (a dead peer is an error after at
     most this long); heartbeat_s: rank 0's exchange interval while idle (default timeout / 10,
@@ -41,9 +43,20 @@ class DistributedConfig:
     timeout_s: float = 600.0
     heartbeat_s: float | None = None
 
+    def __post_init__(self):
+        if self.expert_parallel_size is not None:      # an explicit size turns EP on (as `k3 plan`)
+            object.__setattr__(self, "enable_expert_parallel", True)
+
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def ep_size(self) -> int | None:
+        """Ranks per expert-parallel group; None without expert parallelism."""
+        if not self.enable_expert_parallel:
+            return None
+        return self.expert_parallel_size or self.world_size
 
     @property
     def nproc_per_node(self) -> int:
@@ -75,13 +88,11 @@ class DistributedConfig:
         if self.heartbeat_interval >= self.timeout_s:
             raise ValueError(f"the heartbeat interval ({self.heartbeat_interval} s) must be below the timeout "
                              f"({self.timeout_s} s)")
-        if self.expert_parallel_size is not None and not self.enable_expert_parallel:
-            raise ValueError("expert_parallel_size needs enable_expert_parallel")
         if self.enable_expert_parallel:
-            ep = self.expert_parallel_size or self.world_size
-            if ep != self.world_size:
-                raise ValueError(f"expert_parallel_size must be the world size (data_parallel_size x "
-                                 f"tensor_parallel_size = {self.world_size}), got {ep}")
+            ep, tp = self.ep_size, self.tensor_parallel_size
+            if ep < 1 or self.world_size % ep or ep % tp:
+                raise ValueError(f"expert_parallel_size {ep} must be a multiple of tensor_parallel_size {tp} and "
+                                 f"divide the world (data_parallel_size x tensor_parallel_size = {self.world_size})")
             if num_experts is None:
                 raise ValueError("enable_expert_parallel needs a model with routed experts")
             if num_experts % ep:

@@ -55,14 +55,27 @@ def merge_snapshots(snapshots: list[dict]) -> dict:
 
 def _local_step(engine, sender: TPSender, cfg: DistributedConfig, anyone_has_work: bool) -> list:
     """One DP rank's part of a step: its engine's step when it has work; else an empty forward
-    (expert parallelism, another rank has work) or a heartbeat to its TP followers."""
+    (expert parallelism, another rank has work) or a heartbeat to its TP followers.
+
+    With expert parallelism every DP rank must run exactly one forward in a step in which any
+    runs one (the MoE collectives span all ranks): a rank whose step scheduled nothing (its
+    requests wait for cache rows) runs the empty forward too, and one that ran several (a kind
+    of step `launch.check` refuses with expert parallelism) is an error, not a deadlock."""
     if engine.has_unfinished_requests():
-        return engine.step()
+        before = engine.runner.num_forwards
+        outputs = engine.step()
+        ran = engine.runner.num_forwards - before
+        if cfg.enable_expert_parallel and ran > 1:
+            raise DistributedError(f"DP rank step ran {ran} forwards; expert parallelism needs one per step")
+        if ran:
+            return outputs         # (a step that scheduled nothing heartbeats its TP followers below)
+    else:
+        outputs = []
     forward = anyone_has_work and cfg.enable_expert_parallel
     if forward:
         idle_forward(engine.model, cfg)
     sender.idle(forward=forward)
-    return []
+    return outputs
 
 
 class DistributedEngine:

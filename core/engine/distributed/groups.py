@@ -9,7 +9,9 @@ same order on every rank, as torch.distributed requires):
 - dp_leaders: the TP leaders of every DP rank (global ranks 0, TP, 2 TP, ...), on gloo: the DP
   front-end's per-step exchange of requests, outputs and load;
 - control: every rank, on gloo (heartbeats and start-up checks even when the device is NCCL);
-- ep: every rank, on the device backend, when expert parallelism is on.
+- ep: this rank's expert-parallel group, when expert parallelism is on: contiguous blocks of
+  `ep_size` ranks (whole DP ranks, since EP is a multiple of TP), on the device backend; the
+  experts are split within a group and replicated across groups.
 
 Every group has the deployment's timeout, so a peer that died is an error, not a hang.
 """
@@ -64,8 +66,12 @@ def init_groups(cfg: DistributedConfig, rank: int, backend: str) -> Groups:
             tp_group = group
     leaders = dist.new_group([d * tp_size for d in range(dp_size)], timeout=timeout, backend="gloo")
     control = dist.new_group(list(range(cfg.world_size)), timeout=timeout, backend="gloo")
-    ep = (dist.new_group(list(range(cfg.world_size)), timeout=timeout, backend=backend)
-          if cfg.enable_expert_parallel else None)
+    ep = None
+    if cfg.ep_size:
+        for start in range(0, cfg.world_size, cfg.ep_size):      # contiguous blocks of whole DP ranks
+            group = dist.new_group(list(range(start, start + cfg.ep_size)), timeout=timeout, backend=backend)
+            if start <= rank < start + cfg.ep_size:
+                ep = group
     return Groups(rank=rank, world_size=cfg.world_size, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank,
                   tp_size=tp_size, tp=tp_group, dp_leaders=leaders if tp_rank == 0 else None, control=control,
                   ep=ep, tp_leader=dp_rank * tp_size)
@@ -75,21 +81,13 @@ def build_parallel_context(platform, groups: Groups, cfg: DistributedConfig):
     """The model's ParallelContext for this rank: the one place expert parallelism is wired.
 
     EP off: TP over this DP rank's TP group (each DP rank holds every expert). EP on: the
-    model's `ParallelContext.from_groups` (branch i22-ep) over the TP and EP groups."""
+    model's `ParallelContext.from_groups` over the TP and EP groups."""
     if not cfg.enable_expert_parallel:
         return platform.parallel_context(groups.tp)
     from k3.model.parallel import ParallelContext
 
     return ParallelContext.from_groups(tp_group=groups.tp, ep_group=groups.ep, dp_rank=groups.dp_rank,
                                        dp_size=groups.dp_size, dispatch="all_to_all")
-
-
-def expert_parallel_available() -> bool:
-    """Whether this build's model can split experts over an EP group (branch i22-ep merged)."""
-    from k3.model.model import K3ForCausalLM
-    from k3.model.parallel import ParallelContext
-
-    return hasattr(ParallelContext, "from_groups") and hasattr(K3ForCausalLM, "idle_forward")
 
 
 def idle_forward(model, cfg: DistributedConfig) -> None:

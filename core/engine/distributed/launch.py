@@ -44,6 +44,7 @@ from .groups import build_parallel_context, idle_forward, init_groups, init_worl
 from .tp import TPSender, follow
 
 WORKER_MODULE = "k3.engine.distributed.worker"
+STOP_GRACE_S = 15.0      # a rank torchrun started waits this long after SIGTERM for rank 0's stop
 FAILURE_GRACE_S = 2.0     # a failed server keeps answering /health with 503 this long before it exits
 
 
@@ -63,19 +64,20 @@ def _describe_exit(rank: int, pid: int, exitcode: int) -> str:
 
 
 def check(config: EngineConfig, dcfg: DistributedConfig) -> None:
-    """Refuse a layout or option no rank can run, before any process starts (ValueError, or
-    NotImplementedError for expert parallelism before branch i22-ep is merged)."""
+    """Refuse a layout or option no rank can run, before any process starts (ValueError)."""
     from k3.config import K3Config
 
     config.validate()
     dcfg.validate(num_experts=K3Config.from_pretrained(config.model).num_experts
                   if dcfg.enable_expert_parallel else None)
     if dcfg.enable_expert_parallel:
-        from .groups import expert_parallel_available
-
-        if not expert_parallel_available():
-            raise NotImplementedError("--enable-expert-parallel: expert parallelism is not available yet in this "
-                                      "build (the model's ParallelContext.from_groups and idle_forward, branch i22-ep)")
+        # the DP ranks run the MoE collectives in lockstep, one forward per step each
+        if config.speculative_config:
+            raise ValueError("expert parallelism does not run with speculative decoding yet (a step of it runs "
+                             "several forwards; the DP ranks' MoE collectives need one per step)")
+        if config.async_scheduling:
+            raise ValueError("expert parallelism does not run with async_scheduling yet (lookahead steps launch "
+                             "forwards ahead; the DP ranks' MoE collectives need one per step)")
 
 
 def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
@@ -86,6 +88,8 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     from ..engine import LLMEngine
 
     platform = select_platform(config.platform)
+    if dcfg.enable_expert_parallel and config.async_scheduling is None:
+        config = dataclasses.replace(config, async_scheduling=False)      # one forward per step (check)
     device = torch.device(platform.info.device)
     if device.type == "cuda" and device.index is None and torch.cuda.device_count() > 1:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % dcfg.nproc_per_node)) % torch.cuda.device_count())
@@ -95,6 +99,11 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     sender = TPSender(groups.tp, device, groups.tp_size)
     engine = LLMEngine(config, platform=platform, parallel=build_parallel_context(platform, groups, dcfg),
                        broadcast=sender.step if groups.is_tp_leader and groups.tp_size > 1 else None)
+    ep = engine.model.parallel.ep
+    if ep is not None:
+        start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)
+        print(f"k3: rank {rank} holds experts {start}-{start + count - 1} of {engine.model.cfg.num_experts} "
+              f"(expert parallel over {ep.size} ranks)", file=sys.stderr, flush=True)
     layouts: list = [None] * dcfg.world_size
     dist.all_gather_object(layouts, (groups.dp_rank, engine.pool.num_rows, engine.max_model_len), group=groups.control)
     for r, (d, rows, max_len) in enumerate(layouts):
@@ -110,7 +119,8 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
 def run_rank(config: EngineConfig, dcfg: DistributedConfig, rank: int) -> int:
     """One non-zero rank until rank 0 stops the deployment (0), or its failure (1, after one
     log line naming it)."""
-    _watch_launcher(rank)
+    if not _watch_launcher(rank):
+        _defer_stop_signals(rank, min(STOP_GRACE_S, dcfg.timeout_s))
     try:
         engine, groups, sender = _join(config, dcfg, rank)
         if groups.is_tp_leader:
@@ -126,12 +136,33 @@ def run_rank(config: EngineConfig, dcfg: DistributedConfig, rank: int) -> int:
         os._exit(1)         # never wait in a process group's destructor for peers that are gone
 
 
-def _watch_launcher(rank: int) -> None:
+def _defer_stop_signals(rank: int, grace: float) -> None:
+    """A rank that another launcher (torchrun) started: SIGTERM / SIGINT reach every rank at
+    once, so wait up to `grace` seconds for rank 0's stop (a clean shutdown, exit 0) before
+    exiting 1 with one line."""
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+
+        def later():
+            time.sleep(grace)
+            print(f"k3: rank {rank}: {name} and no stop from rank 0 within {grace:g} s; exiting",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=later, name="k3-stop-grace", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def _watch_launcher(rank: int) -> bool:
     """A launched rank exits when the process that started it is gone (killed without a
-    chance to stop its children)."""
+    chance to stop its children). False when k3 did not launch this rank."""
     launcher = os.environ.get("K3_LAUNCHER_PID")
     if not launcher:
-        return
+        return False
 
     def watch():
         while True:
@@ -141,6 +172,7 @@ def _watch_launcher(rank: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watch, name="k3-launcher-watch", daemon=True).start()
+    return True
 
 
 # ---------------------------------------------------------------------------------- launching

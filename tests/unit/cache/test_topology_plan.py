@@ -149,6 +149,7 @@ def test_candidate_order_fewest_gpus_then_ep_then_fewer_tp():
      r"--nnodes 2 x --gpus-per-node 4 = 8 GPUs, but --tensor-parallel-size 8 x --data-parallel-size 2 = 16"),
     (dict(tensor_parallel_size=4, data_parallel_size=3, expert_parallel_size=8),
      r"--expert-parallel-size 8 must divide --tensor-parallel-size 4 x --data-parallel-size 3 = 12"),
+    (dict(tensor_parallel_size=4, data_parallel_size=2, expert_parallel_size=2), "be a multiple of TP"),
     (dict(tensor_parallel_size=2, data_parallel_size=3, gpus_per_node=4), "--gpus-per-node 4 does not divide"),
     (dict(tensor_parallel_size=1, data_parallel_size=0), "--data-parallel-size must be at least 1"),
 ])

@@ -20,8 +20,10 @@ PROMPTS = [[5, 6, 7, 8, 9, 10], [40, 41, 42], [100 + i for i in range(17)]]
 class Serve:
     """One `k3 serve` command: its process and everything it wrote to stderr."""
 
-    def __init__(self, checkpoint, *flags: str, timeout: float = 30):
-        self.proc = subprocess.Popen([*K3, "serve", "--model", str(checkpoint), "--port", "0", "--dtype", "float64",
+    def __init__(self, checkpoint, *flags: str, timeout: float = 30, command=None):
+        """command: what runs `serve` (default the k3 console script; e.g. torchrun's)."""
+        self.proc = subprocess.Popen([*(command or K3), "serve", "--model", str(checkpoint), "--port", "0",
+                                      "--dtype", "float64",
                                       "--kv-cache-memory", "0.02", "--served-model-name", "tiny",
                                       "--uvicorn-log-level", "warning", "--distributed-timeout", str(timeout), *flags],
                                      stderr=subprocess.PIPE, text=True)

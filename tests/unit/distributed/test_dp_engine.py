@@ -50,8 +50,9 @@ def test_llm_data_parallel_equals_one_process_and_balances(checkpoint):
     ({"data_parallel_size": 3, "nnodes": 2, "master_port": 1}, "do not split evenly over 2 nodes"),
     ({"data_parallel_size": 2, "nnodes": 2}, "need --master-addr and --master-port"),
     ({"node_rank": 1}, "outside"),
-    ({"expert_parallel_size": 2}, "needs enable_expert_parallel"),
-    ({"data_parallel_size": 2, "enable_expert_parallel": True, "expert_parallel_size": 4}, "must be the world size"),
+    ({"data_parallel_size": 2, "expert_parallel_size": 4}, "must be a multiple of tensor_parallel_size 1 and divide"),
+    ({"data_parallel_size": 2, "tensor_parallel_size": 2, "expert_parallel_size": 1}, "must be a multiple of"),
+    ({"data_parallel_size": 4, "expert_parallel_size": 3}, "must be a multiple"),
     ({"data_parallel_size": 3, "enable_expert_parallel": True}, "does not divide num_experts = 8"),
     ({"timeout_s": 1, "heartbeat_s": 2}, "below the timeout"),
 ])
@@ -60,12 +61,100 @@ def test_refused_layouts(kwargs, message):
         DistributedConfig(**kwargs).validate(num_experts=8)
 
 
-def test_expert_parallel_before_the_model_supports_it(checkpoint, capsys):
-    from k3.cli.main import main
-    from k3.engine.distributed.groups import expert_parallel_available
+class _Runner:
+    num_forwards = 0
 
-    if expert_parallel_available():
-        pytest.skip("the model has expert-parallel layers: the flag is wired")
-    code = main(["serve", "--model", str(checkpoint), "--port", "0", "--data-parallel-size", "2",
-                 "--enable-expert-parallel"])
-    assert code == 2 and "not available yet" in capsys.readouterr().err
+
+class _Engine:
+    """What `_local_step` reads of an LLMEngine: requests left, a step that runs `forwards`."""
+
+    def __init__(self, work: bool, forwards: int):
+        self.work, self.forwards, self.runner = work, forwards, _Runner()
+        self.model = self
+
+    def has_unfinished_requests(self):
+        return self.work
+
+    def step(self):
+        self.runner.num_forwards += self.forwards
+        return ["out"] if self.forwards else []
+
+    idle_forwards = 0
+
+    def idle_forward(self):
+        self.idle_forwards += 1
+
+
+class _Sender:
+    def __init__(self):
+        self.idles = []
+
+    def idle(self, forward=False):
+        self.idles.append(forward)
+
+
+@pytest.mark.parametrize("ep, work, forwards, anyone, idle_forwards, idles", [
+    (False, True, 1, True, 0, []),            # a step with a forward
+    (False, False, 0, True, 0, [False]),      # replicas: an idle rank heartbeats its followers
+    (False, True, 0, True, 0, [False]),       # requests waiting for rows: a heartbeat too
+    (True, True, 1, True, 0, []),
+    (True, False, 0, True, 1, [True]),        # EP: another rank runs a forward, this one an empty one
+    (True, True, 0, True, 1, [True]),         # EP: its requests scheduled nothing, still an empty forward
+    (True, False, 0, False, 0, [False]),      # EP, nobody has work: a heartbeat, no collectives
+])
+def test_local_step_keeps_expert_parallel_ranks_in_lockstep(ep, work, forwards, anyone, idle_forwards, idles):
+    from k3.engine.distributed.dp_frontend import _local_step
+
+    engine, sender = _Engine(work, forwards), _Sender()
+    cfg = DistributedConfig(data_parallel_size=2, enable_expert_parallel=ep)
+    assert _local_step(engine, sender, cfg, anyone) == (["out"] if forwards else [])
+    assert (engine.idle_forwards, sender.idles) == (idle_forwards, idles)
+
+
+def test_local_step_refuses_several_forwards_with_expert_parallelism():
+    from k3.engine.distributed import DistributedError
+    from k3.engine.distributed.dp_frontend import _local_step
+
+    cfg = DistributedConfig(data_parallel_size=2, enable_expert_parallel=True)
+    with pytest.raises(DistributedError, match="ran 2 forwards"):
+        _local_step(_Engine(True, 2), _Sender(), cfg, True)
+    assert _local_step(_Engine(True, 2), _Sender(), DistributedConfig(data_parallel_size=2), True) == ["out"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding"),
+    ({"async_scheduling": True}, "async_scheduling"),
+])
+def test_expert_parallel_refuses_steps_of_several_forwards(checkpoint, options, message):
+    from k3.engine.config import EngineConfig
+    from k3.engine.distributed.launch import check
+
+    config = EngineConfig(model=str(checkpoint), data_parallel_size=2, enable_expert_parallel=True, **options)
+    with pytest.raises(ValueError, match=message):
+        check(config, DistributedConfig(data_parallel_size=2, enable_expert_parallel=True))
+
+
+def test_an_expert_parallel_size_turns_expert_parallelism_on():
+    cfg = DistributedConfig(data_parallel_size=4, expert_parallel_size=2)
+    assert cfg.enable_expert_parallel and cfg.ep_size == 2
+    assert DistributedConfig(data_parallel_size=4, enable_expert_parallel=True).ep_size == 4
+    assert DistributedConfig(data_parallel_size=4).ep_size is None
+
+
+@pytest.mark.parametrize("n, dp, ep", [(1, 2, None), (4, 2, None), (4, 4, 2)],
+                         ids=["dp2xep2-one-prompt-one-idle-rank", "dp2xep2-four-prompts", "dp4-two-ep2-groups"])
+def test_llm_data_parallel_with_expert_parallel_equals_one_process(checkpoint, n, dp, ep):
+    """DP 2 x EP 2: the experts split over both ranks; with one prompt DP rank 1 has no tokens
+    and joins every step's MoE collectives with an empty batch (idle_forward). DP 4 with EP 2:
+    two expert groups of two ranks, each holding half the experts."""
+    prompts = [{"prompt_token_ids": [(5 * i + n) % 300 + 1 for i in range(m)]} for m in (9, 4, 21, 6)[:n]]
+    params = k3.SamplingParams(max_tokens=6, temperature=0)
+    one = k3.LLM(str(checkpoint), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False)
+    expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    two = k3.LLM(str(checkpoint), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False,
+                 data_parallel_size=dp, enable_expert_parallel=True, expert_parallel_size=ep,
+                 distributed_timeout=60)
+    try:
+        assert [o.outputs[0].token_ids for o in two.generate(prompts, params, use_tqdm=False)] == expected
+    finally:
+        two.shutdown()

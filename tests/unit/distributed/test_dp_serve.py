@@ -5,13 +5,15 @@ and a killed rank ending the whole deployment (float64 k3-tiny)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
+import sys
 import time
 
 import pytest
 
-from serving import Serve, greedy, health
+from serving import K3, Serve, greedy, health
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +32,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("tp", [1, 2], ids=["dp2", "dp2xtp2"])
-def test_data_parallel_serves_the_same_tokens(checkpoint, expected, tp):
-    server = Serve(checkpoint, "--data-parallel-size", "2", "--tensor-parallel-size", str(tp))
+@pytest.mark.parametrize("tp, extra", [(1, ()), (2, ()), (1, ("--enable-expert-parallel",)),
+                                       (2, ("--enable-expert-parallel",))],
+                         ids=["dp2", "dp2xtp2", "dp2xep2", "dp2xtp2xep4"])
+def test_data_parallel_serves_the_same_tokens(checkpoint, expected, tp, extra):
+    server = Serve(checkpoint, "--data-parallel-size", "2", "--tensor-parallel-size", str(tp), *extra)
     try:
         url = server.url()
         assert sorted(server.pids()) == list(range(1, 2 * tp))
         assert greedy(url) == expected and all(len(tokens) == 8 for tokens in expected)
         assert health(url) == 200
+        if extra:       # the 8 experts in contiguous blocks over the DP x TP ranks
+            ranks = 2 * tp
+            held = sorted((int(r), int(a), int(b)) for line in server.lines for r, a, b in
+                          re.findall(r"rank (\d+) holds experts (\d+)-(\d+) of 8 \(expert parallel over "
+                                     + str(ranks), line))
+            n = 8 // ranks
+            assert held == [(r, r * n, r * n + n - 1) for r in range(ranks)], server.log
     finally:
         code = server.stop()
     assert code == 0, server.log          # SIGTERM stops every rank cleanly
+    assert "failed" not in server.log, server.log
+
+
+def test_an_idle_deployment_outlives_the_timeout(checkpoint, expected):
+    """Rank 0's heartbeat keeps idle ranks inside the collective timeout (without it DP rank 1
+    would fail its wait for the next step after 8 s)."""
+    server = Serve(checkpoint, "--data-parallel-size", "2", timeout=8)
+    try:
+        url = server.url()
+        time.sleep(10)
+        assert health(url) == 200 and server.proc.poll() is None, server.log
+        assert greedy(url) == expected
+    finally:
+        code = server.stop()
+    assert code == 0, server.log
+
+
+def test_under_torchrun_rank0_serves_and_the_others_join(checkpoint, expected):
+    """`torchrun --nproc-per-node 2 ... k3 serve --data-parallel-size 2`: each process joins as
+    $RANK, k3 launches nothing, only rank 0 serves HTTP."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                "127.0.0.1", "--master-port", str(_free_port()), "--no-python", *K3]
+    server = Serve(checkpoint, "--data-parallel-size", "2", command=torchrun)
+    try:
+        url = server.url()
+        assert greedy(url) == expected
+        assert not any("started rank" in line for line in server.lines), server.log
+        assert sum("serving" in line for line in server.lines) == 1
+    finally:
+        server.stop()
     assert "failed" not in server.log, server.log
 
 

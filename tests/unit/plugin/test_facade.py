@@ -167,3 +167,34 @@ def test_broken_third_party_plugins_are_recorded_not_fatal(monkeypatch):
     assert platform.name == "reference"
     assert "detection failed: RuntimeError: driver exploded" in platform.records["raising"].reason
     assert not platform.records["typo"].registered and "k3_kda_kernel" in platform.records["typo"].reason
+
+
+def test_collectives_pass_over_a_backend_without_the_op():
+    """A backend from before all_to_all_single that accepts every op keeps serving the ops it
+    has; all_to_all_single falls through to the next backend that implements it."""
+    from k3.platform import DispatchingCollectives
+
+    class Old:
+        name = "old"
+
+        def accepts(self, op, tensor):
+            return True
+
+        def all_reduce(self, x):
+            return x + 1
+
+        def all_gather(self, x, dim):
+            return torch.cat([x, x], dim)
+
+    class Full(Old):
+        name = "full"
+
+        def all_to_all_single(self, x, output_split_sizes=None, input_split_sizes=None):
+            return x.flip(0)
+
+    x = torch.arange(4.0)
+    both = DispatchingCollectives([Old(), Full()])
+    assert torch.equal(both.all_reduce(x), x + 1)
+    assert torch.equal(both.all_to_all_single(x), x.flip(0))
+    with pytest.raises(RuntimeError, match="no collective backend accepts all_to_all_single"):
+        DispatchingCollectives([Old()]).all_to_all_single(x)
