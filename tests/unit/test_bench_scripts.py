@@ -65,3 +65,14 @@ def test_every_device_session_phase_fits_one_call():
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
         assert limits and sum(limits) < 600, (name, limits)
+
+
+def test_ep_all_to_all_smoke(tmp_path):
+    """2 gloo ranks: both dispatch variants return every row to its token through its expert
+    (bf16 rounding only) and every figure is reported."""
+    result = _smoke("ep_all_to_all.py", tmp_path)
+    assert result["world"] == 2 and result["backend"] == "gloo"
+    assert [r["tokens_per_rank"] for r in result["rows"]] == [1, 4]
+    for r in result["rows"]:
+        assert 0 < r["exact_error_ratio"] < 1e-2 and 0 < r["static_error_ratio"] < 1e-2
+        assert all(r[k] > 0 for k in ("exact_ms", "static_ms", "raw_a2a_ms", "tp_all_reduce_ms", "raw_a2a_GBps"))

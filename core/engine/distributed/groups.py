@@ -86,8 +86,11 @@ def build_parallel_context(platform, groups: Groups, cfg: DistributedConfig):
         return platform.parallel_context(groups.tp)
     from k3.model.parallel import ParallelContext
 
-    return ParallelContext.from_groups(tp_group=groups.tp, ep_group=groups.ep, dp_rank=groups.dp_rank,
-                                       dp_size=groups.dp_size, dispatch="all_to_all")
+    tp = groups.tp if groups.tp_size > 1 else None
+    return ParallelContext.from_groups(tp_group=tp, ep_group=groups.ep, dp_rank=groups.dp_rank,
+                                       dp_size=groups.dp_size, dispatch="all_to_all",
+                                       tp_collectives=platform.collectives(tp) if tp is not None else None,
+                                       ep_collectives=platform.collectives(groups.ep))
 
 
 def idle_forward(model, cfg: DistributedConfig) -> None:
