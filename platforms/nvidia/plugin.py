@@ -1,7 +1,7 @@
 """NVIDIA platform plugin (entry point `nvidia`): hook implementations only.
 
-Backs detection, capabilities, serving defaults, conformance expectations, CUDA-graph capture
-and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
+Backs detection, capabilities, serving defaults, conformance expectations, CUDA-graph capture,
+the symmetric-memory all-reduce (symm_mem.py, opt-in) and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
 falls back to the reference plugin's pure-torch kernels on device "cuda". A platform plugin's
@@ -45,6 +45,13 @@ def k3_graph_runner():
     from .graphs import CudaGraphCapturer
 
     return CudaGraphCapturer()
+
+
+@hookimpl
+def k3_collective_backends(platform, group):
+    from .symm_mem import backends_for
+
+    return backends_for(group, capabilities.read())
 
 
 @hookimpl
