@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from tqdm import tqdm
 
 from k3.config import K3Config
 from k3.dtypes import torch_dtype
 
 from .names import canonical_name, published_name
+from .shard_file import open_shard
 from .writer import INDEX_FILE
 
 _FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
@@ -111,36 +111,13 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
     unexpected: list[str] = []
     report = LoadReport()
     bar = tqdm(total=len(files), desc="loading shards", unit="shard", disable=not progress, file=sys.stderr)
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                name = canonical_name(key, cfg)
-                if name.skip_reason:
-                    report.skipped[name.skip_reason] += 1
-                    continue
-                if name.fused is not None:
-                    parts = [targets.get(t) for t in name.fused.templates]
-                    if any(p is None for p in parts):
-                        unexpected.append(key)
-                        continue
-                    _load_fused(f, key, name.fused, parts, cfg, seen)
-                    report.tensors_read += 1
-                    continue
-                packed = targets.get(name.template[:-len(_SHAPE_SUFFIX)] + _PACKED_SUFFIX) \
-                    if name.template.endswith(_SHAPE_SUFFIX) else None
-                if packed is not None:                  # compressed-tensors' record of [out, in]
-                    _check_recorded_shape(f, key, packed[1], cfg)
-                    continue
-                target = targets.get(name.template)
-                if target is None or (name.expert is None) != (target[1].stack is None):
-                    unexpected.append(key)
-                    continue
-                if not _load_one(f, key, name, *target, seen, cfg):
-                    report.skipped["another rank's expert"] += 1
-                    continue
-                report.tensors_read += 1
-        bar.update(1)
-    bar.close()
+    try:
+        for path in files:
+            with open_shard(path, CheckpointError) as f:
+                _read_shard(f, cfg, targets, seen, unexpected, report)
+            bar.update(1)
+    finally:
+        bar.close()       # before any error, so it starts a line of its own
     missing = []
     for template, (param, spec) in targets.items():
         experts = range(spec.stack[0]) if spec.stack else (None,)
@@ -159,6 +136,37 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
         print(f"k3: skipped {report.skipped['vision']} vision tensors (no vision tower yet)", file=sys.stderr)
     dequantize_int4_experts(model)
     return report
+
+
+def _read_shard(f, cfg: K3Config, targets: dict, seen: set, unexpected: list[str], report: LoadReport) -> None:
+    """Copy every tensor of one open shard `f` this rank needs into `targets`; record the
+    others in `unexpected` (no such tensor) or `report.skipped`."""
+    for key in f.keys():
+        name = canonical_name(key, cfg)
+        if name.skip_reason:
+            report.skipped[name.skip_reason] += 1
+            continue
+        if name.fused is not None:
+            parts = [targets.get(t) for t in name.fused.templates]
+            if any(p is None for p in parts):
+                unexpected.append(key)
+                continue
+            _load_fused(f, key, name.fused, parts, cfg, seen)
+            report.tensors_read += 1
+            continue
+        packed = targets.get(name.template[:-len(_SHAPE_SUFFIX)] + _PACKED_SUFFIX) \
+            if name.template.endswith(_SHAPE_SUFFIX) else None
+        if packed is not None:                  # compressed-tensors' record of [out, in]
+            _check_recorded_shape(f, key, packed[1], cfg)
+            continue
+        target = targets.get(name.template)
+        if target is None or (name.expert is None) != (target[1].stack is None):
+            unexpected.append(key)
+            continue
+        if not _load_one(f, key, name, *target, seen, cfg):
+            report.skipped["another rank's expert"] += 1
+            continue
+        report.tensors_read += 1
 
 
 def dequantize_int4_experts(model) -> None:
@@ -197,7 +205,7 @@ def load_plain(module, model_dir: str | Path) -> LoadReport:
     unexpected: list[str] = []
     report = LoadReport()
     for path in shard_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        with open_shard(path, CheckpointError) as f:
             for key in f.keys():
                 if key not in targets:
                     unexpected.append(key)
