@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -75,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: request defaults from the checkpoint's generation_config.json; vllm: none")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted for vLLM command lines; k3 never runs code from a checkpoint")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM / Ctrl-C: stop admitting (503), give running requests up to S seconds, then "
+                             "end the rest with finish_reason 'abort' (default 30; a second signal stops at once)")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"])
     group = parser.add_argument_group("distributed serving (docs/distributed.md)")
@@ -276,17 +280,40 @@ def run_without_server(args: argparse.Namespace) -> int | None:
         raise CliError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
 
 
-def _uvicorn_server(app, log_level: str):
+def _uvicorn_server(app, log_level: str, *, gate=None, engine=None, shutdown_timeout: float = 0.0):
     """A uvicorn server that stops gracefully on SIGINT / SIGTERM and then returns, so the
-    engine (and tensor-parallel workers) shut down, instead of re-raising the signal."""
+    engine (and tensor-parallel workers) shut down, instead of re-raising the signal.
+
+    With a `k3.serve.drain.DrainGate` in front of the app, the first signal drains first
+    (`k3.serve.drain.drain`: no new requests, running ones get up to shutdown_timeout seconds,
+    the rest end with finish_reason "abort") and only then stops the HTTP server; a second
+    signal stops at once."""
     import uvicorn
 
+    from k3.serve.drain import drain
+
     class Server(uvicorn.Server):
+        loop: asyncio.AbstractEventLoop | None = None
+        draining = False
+
         def handle_exit(self, sig, frame) -> None:
+            if gate is not None and self.loop is not None and self.started and not self.draining:
+                self.draining = True
+                print(f"k3: {signal.Signals(sig).name}: draining (up to {shutdown_timeout:g} s for running requests; "
+                      "send it again to stop at once)", file=sys.stderr, flush=True)
+                self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._drain_then_exit()))
+                return
             super().handle_exit(sig, frame)
             getattr(self, "_captured_signals", []).clear()
 
-    return Server(uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5))
+        async def _drain_then_exit(self) -> None:
+            try:
+                await drain(gate, engine, shutdown_timeout)
+            finally:
+                self.should_exit = True
+
+    return Server(uvicorn.Config(gate if gate is not None else app, log_level=log_level, lifespan="off",
+                                 timeout_graceful_shutdown=5))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -310,11 +337,15 @@ def run(args: argparse.Namespace) -> int:
                             else None)
         except ValueError as e:
             raise CliError(str(e)) from None
-        server = _uvicorn_server(app, args.uvicorn_log_level)
+        from k3.serve.drain import DrainGate
+
+        server = _uvicorn_server(app, args.uvicorn_log_level, gate=DrainGate(app), engine=async_engine,
+                                 shutdown_timeout=args.shutdown_timeout)
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
 
         async def serve() -> None:
+            server.loop = asyncio.get_running_loop()
             task = asyncio.ensure_future(server.serve(sockets=[sock]))
             while not server.started and not task.done():
                 await asyncio.sleep(0.02)

@@ -2,7 +2,7 @@
 streams for the server.
 
 Only the engine thread touches the LLMEngine. Callers hand it commands through an inbox
-(add a request, abort one) that it drains before every step, so an event loop never waits
+(add a request, abort one, finish every open one) that it drains before every step, so an event loop never waits
 for a step in flight: with many clients, new requests and streamed tokens keep flowing while
 the model runs. A request whose stream is closed early (client disconnect, cancellation) is
 aborted before the next step, which frees its cache rows.
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import threading
 import traceback
 from collections.abc import AsyncIterator
 
 from .engine import LLMEngine
 from .params import SamplingParams
-from .request import RequestOutput
+from .request import CompletionOutput, RequestOutput
 
 
 class EngineDeadError(RuntimeError):
@@ -43,6 +44,18 @@ def _settle(future: asyncio.Future, error: BaseException | None) -> None:
         future.set_exception(error)
 
 
+def _final(request_id: str, last: RequestOutput | None, n: int, reason: str) -> RequestOutput:
+    """A finished copy of a request's latest output (or an empty one, before its first
+    token), every unfinished sample ending with `reason`."""
+    if last is None:
+        outputs = [CompletionOutput(index=i, text="", token_ids=[], cumulative_logprob=None, logprobs=None,
+                                    finish_reason=reason) for i in range(n)]
+        return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[], outputs=outputs, finished=True)
+    outputs = [c if c.finish_reason is not None else dataclasses.replace(c, finish_reason=reason)
+               for c in last.outputs]
+    return dataclasses.replace(last, outputs=outputs, finished=True)
+
+
 class AsyncEngine:
     """engine: an LLMEngine, or anything with its request interface (add_request,
     abort_request, has_unfinished_requests, step, snapshot, shutdown, tokenizer), such as the
@@ -52,6 +65,8 @@ class AsyncEngine:
         self.engine = engine
         self._inbox: collections.deque = collections.deque()   # ("add", ...) / ("abort", request_id)
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._last: dict[str, RequestOutput] = {}        # each open stream's latest output
+        self._samples: dict[str, int] = {}                # each open stream's n
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._idle_wait_s = idle_wait_s
@@ -94,6 +109,13 @@ class AsyncEngine:
         self._inbox.append(("abort", request_id))
         self._wake.set()
 
+    def finish_all(self, reason: str = "abort") -> None:
+        """End every open request now, each stream getting a final output with
+        `finish_reason` = reason for its unfinished samples (the text generated so far, no
+        new tokens), and free their rows: a server's drain at shutdown. Never blocks."""
+        self._inbox.append(("finish_all", reason))
+        self._wake.set()
+
     def stats(self) -> dict:
         """A consistent snapshot of the engine's counters and cache use, taken between steps.
         Rows held only by the prefix cache (`prefix_cache_rows`, `prefix_cache_checkpoint_rows`)
@@ -118,18 +140,34 @@ class AsyncEngine:
             return
         loop, queue = target
         if isinstance(item, RequestOutput) and item.finished or isinstance(item, BaseException):
-            self._streams.pop(request_id, None)
+            self._forget(request_id)
+        elif isinstance(item, RequestOutput):
+            self._last[request_id] = item
         if not _post(loop, queue.put_nowait, item):  # nobody can read it any more
-            self._streams.pop(request_id, None)
+            self._forget(request_id)
             self.engine.abort_request(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._last.pop(request_id, None)
+        self._samples.pop(request_id, None)
+
+    def _finish_all(self, reason: str) -> None:
+        for request_id in list(self._streams):
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, _final(request_id, self._last.get(request_id),
+                                             self._samples.get(request_id, 1), reason))
 
     def _drain(self) -> None:
         """Apply queued adds and aborts, in order."""
         while self._inbox:
             command = self._inbox.popleft()
             if command[0] == "abort":
-                self._streams.pop(command[1], None)
+                self._forget(command[1])
                 self.engine.abort_request(command[1])
+                continue
+            if command[0] == "finish_all":
+                self._finish_all(command[1])
                 continue
             _, request_id, prompt, params, loop, queue, accepted = command
             try:
@@ -139,6 +177,7 @@ class AsyncEngine:
                 continue
             if _post(loop, _settle, accepted, None):
                 self._streams[request_id] = (loop, queue)
+                self._samples[request_id] = getattr(params, "n", 1) or 1
             else:
                 self.engine.abort_request(request_id)
 
