@@ -76,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto: request defaults from the checkpoint's generation_config.json; vllm: none")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted for vLLM command lines; k3 never runs code from a checkpoint")
+    parser.add_argument("--max-request-body-bytes", type=int, default=16 << 20, metavar="N",
+                        help="largest request body accepted (default 16 MiB, a 1M-token prompt as text or ids); "
+                             "larger ones get 413 before they are parsed")
+    parser.add_argument("--max-prompts-per-request", type=int, default=64, metavar="N",
+                        help="prompts one /v1/completions request may batch (default 64; more: 400)")
+    parser.add_argument("--max-prompt-tokens-per-request", type=int, default=None, metavar="N",
+                        help="prompt tokens one request may bring in all its prompts (default: the context limit, "
+                             "--max-model-len; more: 400)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM / Ctrl-C: stop admitting (503), give running requests up to S seconds, then "
                              "end the rest with finish_reason 'abort' (default 30; a second signal stops at once)")
@@ -159,9 +167,14 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CliError(f"--port must be in [0, 65535], got {args.port}")
     for flag, value in (("--tensor-parallel-size", args.tensor_parallel_size), ("--max-num-seqs", args.max_num_seqs),
                         ("--max-num-batched-tokens", args.max_num_batched_tokens),
-                        ("--data-parallel-size", args.data_parallel_size), ("--nnodes", args.nnodes)):
+                        ("--data-parallel-size", args.data_parallel_size), ("--nnodes", args.nnodes),
+                        ("--max-request-body-bytes", args.max_request_body_bytes),
+                        ("--max-prompts-per-request", args.max_prompts_per_request),
+                        ("--max-prompt-tokens-per-request", args.max_prompt_tokens_per_request)):
         if isinstance(value, int) and value < 1:
             raise CliError(f"{flag} must be at least 1, got {value}")
+    if args.shutdown_timeout < 0:
+        raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if args.api_key == "":
         raise CliError("--api-key is empty")
     if not (Path(args.model) / "config.json").is_file():
@@ -334,12 +347,18 @@ def run(args: argparse.Namespace) -> int:
                             enable_auto_tool_choice=args.enable_auto_tool_choice,
                             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                             sampling_defaults=generation_defaults(args.model) if args.generation_config == "auto"
-                            else None)
+                            else None, max_prompts_per_request=args.max_prompts_per_request,
+                            max_prompt_tokens_per_request=args.max_prompt_tokens_per_request)
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate
+        from k3.serve.limits import BodyLimit
 
-        server = _uvicorn_server(app, args.uvicorn_log_level, gate=DrainGate(app), engine=async_engine,
+        try:
+            limited = BodyLimit(app, args.max_request_body_bytes)
+        except ValueError as e:
+            raise CliError(f"--max-request-body-bytes: {e}") from None
+        server = _uvicorn_server(app, args.uvicorn_log_level, gate=DrainGate(limited), engine=async_engine,
                                  shutdown_timeout=args.shutdown_timeout)
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from . import chat, completions, metrics, models
 from .errors import install_error_handlers
+from .limits import DEFAULT_MAX_PROMPTS
 from .sampling import DEFAULT_KEYS
 from .state import ServerState
 
@@ -31,7 +32,9 @@ def generation_defaults(model_dir: str | Path) -> dict[str, Any]:
 
 def build_app(engine, *, served_model_name: str | list[str], api_key: str | None = None,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-              reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None) -> FastAPI:
+              reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
+              max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
+              max_prompt_tokens_per_request: int | None = None) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
@@ -40,7 +43,10 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
     `tool_calls` (else they stay in the content). reasoning_parser="kimi_k3": the think
     channel becomes `reasoning_content`. Both parsers read K3 XTML: ValueError for a model
     with another chat format. sampling_defaults: request defaults (see generation_defaults).
-    The caller owns the engine (shut it down after the server stops).
+    max_prompts_per_request / max_prompt_tokens_per_request: the prompts, and their tokens in
+    all (None: max_model_len), one request may bring (400 above; `k3.serve.limits`).
+    The caller owns the engine (shut it down after the server stops). The body-size limit and
+    the shutdown drain are ASGI middlewares `k3 serve` puts in front (`BodyLimit`, `DrainGate`).
     """
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     if not names or not all(isinstance(n, str) and n for n in names):
@@ -57,7 +63,11 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
                 else "has no chat format (its tokenizer has no K3 or K2 chat markers)")
         raise ValueError(f"the kimi_k3 parsers read K3 XTML output, but this model {used}: leave the parser "
                          "options out")
+    if max_prompts_per_request < 1 or (max_prompt_tokens_per_request is not None and max_prompt_tokens_per_request < 1):
+        raise ValueError("max_prompts_per_request and max_prompt_tokens_per_request must be at least 1")
     state = ServerState(engine=engine, model_names=names, api_key=api_key,
+                        max_prompts_per_request=max_prompts_per_request,
+                        max_prompt_tokens_per_request=max_prompt_tokens_per_request,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
                         parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}))
     from k3 import __version__

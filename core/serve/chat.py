@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from k3.chat import ChatFormatUnavailable, ChatTemplateError, ContentDelta, K3OutputParser, ReasoningDelta, ToolCall
 from k3.chat.template import chat_format, chat_prompt_ids, thinking_from_kwargs
@@ -25,6 +26,7 @@ from k3.chat.xtml import THINK_OPEN
 from k3.engine.params import SamplingParams
 
 from .errors import CLIENT_CLOSED, as_api_error, bad_request, sse_error
+from .limits import check_prompt_work
 from .metrics import RequestTimer
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
@@ -207,7 +209,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     """OpenAI chat completions (streaming with `stream=true`)."""
     state = get_state(request)
     model = state.check_model(req.model)
-    plan = plan_chat(state, req)
+    plan = await run_in_threadpool(plan_chat, state, req)     # rendering and tokenising off the event loop
+    check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)
     stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)

@@ -8,8 +8,10 @@ import time
 import uuid
 
 from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from .errors import CLIENT_CLOSED, as_api_error, bad_request, sse_error
+from .limits import check_prompt_work
 from .metrics import RequestTimer
 from .protocol import CompletionRequest
 from .responses import STREAMING_RESPONSES, CompletionResponse
@@ -117,13 +119,18 @@ async def create_completion(req: CompletionRequest, request: Request):
     state = get_state(request)
     model = state.check_model(req.model)
     _check(req)
-    prompts = _prompts(state, req.prompt)
+    if not isinstance(req.prompt, str) and not isinstance(req.prompt[0], int) \
+            and len(req.prompt) > state.max_prompts_per_request:
+        check_prompt_work([0] * len(req.prompt), max_prompts=state.max_prompts_per_request, max_prompt_tokens=0)
+    prompts = await run_in_threadpool(_prompts, state, req.prompt)     # tokenising stays off the event loop
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
                           prompt_logprobs=req.prompt_logprobs)
     for ids in prompts:
         check_context(len(ids), req.max_tokens, state.max_model_len, prompt_param="prompt",
                       max_tokens_param="max_tokens")
+    check_prompt_work([len(ids) for ids in prompts], max_prompts=state.max_prompts_per_request,
+                      max_prompt_tokens=state.prompt_token_limit)       # after each prompt's own context check
     request_id = f"cmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)
     streams = [state.engine.generate(f"{request_id}-{i}", ids, params) for i, ids in enumerate(prompts)]

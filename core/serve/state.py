@@ -21,6 +21,8 @@ class ServerState:
     parse_tool_calls: bool = False   # --enable-auto-tool-choice with --tool-call-parser kimi_k3
     parse_reasoning: bool = False    # --reasoning-parser kimi_k3
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    max_prompts_per_request: int = 64              # /v1/completions prompts in one request
+    max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None          # type: ignore[assignment]
 
@@ -35,6 +37,10 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return self.engine.engine.max_model_len
+
+    @property
+    def prompt_token_limit(self) -> int:
+        return self.max_prompt_tokens_per_request or self.max_model_len
 
     @property
     def vocab_size(self) -> int:
