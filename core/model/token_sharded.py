@@ -113,24 +113,24 @@ class TokenExchange:
         for r in range(plan.world):
             at[plan.pieces_of(r)] = r * per + torch.arange(per)
         self.piece_order = at
-        self.bytes_gathered = 0                                                 # this rank's receive volume
+        self.bytes_gathered = {"tokens": 0, "pieces": 0, "logits": 0}            # this rank's receive volume
 
-    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
+    def _all_gather(self, x: torch.Tensor, kind: str) -> torch.Tensor:
         wire = x.contiguous()
         if wire.dtype.is_floating_point and wire.element_size() == 1:         # float8: move the bytes
             wire = wire.view(torch.uint8)
         out = wire if self.plan.world == 1 else self.collectives.all_gather(wire, dim=0)
-        self.bytes_gathered += out.numel() * out.element_size()
+        self.bytes_gathered[kind] += out.numel() * out.element_size()
         return out.view(x.dtype) if out.dtype != x.dtype else out
 
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """[T_local, ...] this rank's tokens' rows -> [T, ...] every token's, in token order."""
         pad = local.new_zeros(self.width - local.shape[0], *local.shape[1:])
-        return self._all_gather(torch.cat([local, pad]))[self.token_order.to(local.device)]
+        return self._all_gather(torch.cat([local, pad]), "tokens")[self.token_order.to(local.device)]
 
     def gather_pieces(self, local: torch.Tensor) -> torch.Tensor:
         """[16 / W, ...] one tensor per piece of this rank (its pieces' order) -> [16, ...]."""
-        return self._all_gather(local)[self.piece_order.to(local.device)]
+        return self._all_gather(local, "pieces")[self.piece_order.to(local.device)]
 
     def slots(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(page [T], offset [T]) of every prompt token's cache row."""
@@ -141,10 +141,13 @@ class TokenExchange:
 @dataclass
 class ShardedPrefillOutput:
     """logits [M, V] (every rank: the last token's, or every token's with all_logits);
-    bytes_gathered: what this rank received through the all-gathers."""
+    bytes_gathered: what this rank received through the all-gathers (its own rows included),
+    by kind: "tokens" (latent rows, index keys: grows with the prompt; with all_logits the
+    final hidden rows too), "pieces" (the KDA pieces' maps and conv tails: fixed per prompt),
+    "logits" (the last token's hidden row)."""
 
     logits: torch.Tensor
-    bytes_gathered: int
+    bytes_gathered: dict[str, int]
 
 
 class TokenShardedPrefill:
@@ -200,7 +203,7 @@ class TokenShardedPrefill:
         else:       # the last token is piece 15's, on rank 0
             last = hidden[-1:] if self.rank == 0 else hidden.new_zeros(1, d)
             rows = last if self.world == 1 else self.collectives.all_gather(last, dim=0)[:1]
-            ex.bytes_gathered += rows.numel() * rows.element_size() * self.world
+            ex.bytes_gathered["logits"] += last.numel() * last.element_size() * self.world
         return ShardedPrefillOutput(self.model.compute_logits(rows), ex.bytes_gathered)
 
 
