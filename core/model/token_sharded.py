@@ -86,12 +86,13 @@ class PiecePlan:
     def mine(self) -> list[int]:
         return self.pieces_of(self.rank)
 
-    def tokens_of(self, rank: int) -> list[int]:
-        """Token indices rank `rank` prefills, in its pieces' order (ascending)."""
-        return [t for p in self.pieces_of(rank) for t in range(*self.bounds[p])]
+    def tokens_of(self, rank: int) -> torch.Tensor:
+        """[T_rank] int64: the token indices rank `rank` prefills, ascending (its pieces in order)."""
+        bounds = self.bounds
+        return torch.cat([torch.arange(*bounds[p]) for p in self.pieces_of(rank)])
 
     @property
-    def my_tokens(self) -> list[int]:
+    def my_tokens(self) -> torch.Tensor:
         return self.tokens_of(self.rank)
 
 
@@ -102,17 +103,18 @@ class TokenExchange:
     def __init__(self, plan: PiecePlan, collectives: Collectives, block_row: torch.Tensor):
         self.plan, self.collectives = plan, collectives
         self.block_row = block_row                                              # [max_pages] int
-        counts = [len(plan.tokens_of(r)) for r in range(plan.world)]
-        self.width = max(counts)                                                # rows each rank sends
+        tokens = [plan.tokens_of(r) for r in range(plan.world)]
+        self.width = max(len(t) for t in tokens)                                # rows each rank sends
         where = torch.empty(plan.num_tokens, dtype=torch.long)                  # token -> gathered row
-        for r in range(plan.world):
-            where[plan.tokens_of(r)] = r * self.width + torch.arange(counts[r])
-        self.token_order = where
+        for r, t in enumerate(tokens):
+            where[t] = r * self.width + torch.arange(len(t))
+        device = block_row.device
+        self.token_order = where.to(device)
         per = NUM_PIECES // plan.world
         at = torch.empty(NUM_PIECES, dtype=torch.long)                          # piece -> gathered row
         for r in range(plan.world):
             at[plan.pieces_of(r)] = r * per + torch.arange(per)
-        self.piece_order = at
+        self.piece_order = at.to(device)
         self.bytes_gathered = {"tokens": 0, "pieces": 0, "logits": 0}            # this rank's receive volume
 
     def _all_gather(self, x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -126,11 +128,11 @@ class TokenExchange:
     def gather(self, local: torch.Tensor) -> torch.Tensor:
         """[T_local, ...] this rank's tokens' rows -> [T, ...] every token's, in token order."""
         pad = local.new_zeros(self.width - local.shape[0], *local.shape[1:])
-        return self._all_gather(torch.cat([local, pad]), "tokens")[self.token_order.to(local.device)]
+        return self._all_gather(torch.cat([local, pad]), "tokens")[self.token_order]
 
     def gather_pieces(self, local: torch.Tensor) -> torch.Tensor:
         """[16 / W, ...] one tensor per piece of this rank (its pieces' order) -> [16, ...]."""
-        return self._all_gather(local, "pieces")[self.piece_order.to(local.device)]
+        return self._all_gather(local, "pieces")[self.piece_order]
 
     def slots(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(page [T], offset [T]) of every prompt token's cache row."""
@@ -213,13 +215,14 @@ def _pieces_metadata(prompt, plan: PiecePlan, pieces: list[int], block_row, stat
     token before it (the MLA queries read it from the gathered cache; KDA ignores it)."""
     bounds = [plan.bounds[p] for p in pieces]
     lens = [e - s for s, e in bounds]
-    tokens = [t for s, e in bounds for t in range(s, e)]
-    pos = torch.tensor(tokens, dtype=torch.long, device=device)
+    pos = torch.cat([torch.arange(s, e, dtype=torch.long) for s, e in bounds] or [torch.zeros(0, dtype=torch.long)])
+    ids = torch.tensor(prompt, dtype=torch.long)[pos].to(device)
+    pos = pos.to(device)
     cu = torch.zeros(len(pieces) + 1, dtype=torch.int32, device=device)
     cu[1:] = torch.tensor(lens, dtype=torch.int32).cumsum(0).to(device)
     table = block_row.to(device=device, dtype=torch.int32)
     return ForwardMetadata(
-        input_ids=torch.tensor([prompt[t] for t in tokens], dtype=torch.long, device=device),
+        input_ids=ids,
         positions=pos, cu_seqlens=cu,
         context_lens=torch.tensor([s for s, _ in bounds], dtype=torch.long, device=device),
         slot_mapping=table[pos // page_size].long() * page_size + pos % page_size,
