@@ -85,13 +85,16 @@ class MLAMixer(K3Module):
         return self._absorb()
 
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
-                *, exchange: RowExchange | None = None) -> torch.Tensor:
+                *, exchange: RowExchange | None = None, attend=None) -> torch.Tensor:
         """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks.
 
         exchange: token-sharded prefill (`k3.model.token_sharded`): this call's tokens are one
         rank's pieces of a prompt; every new latent row (and DSA index key) is gathered over the
         ranks before it is written, so the cache holds the whole prompt's rows and the queries
-        attend over all the tokens before them. None: the rows written are this call's own."""
+        attend over all the tokens before them. None: the rows written are this call's own.
+        attend: a stand-in for the attention step (token-sharded prefill under TP), called as
+        attend(self, x, q [T, H_local, Dn + Dr], c_q, cache, pages, offsets) -> [T, H_local, Dv]
+        after the latents are written; it writes the DSA index keys itself."""
         cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
         q, kv, *g = F.linear(x, self.in_proj).split(self.in_proj_split, -1)      # kv [T, R + Dr]
@@ -117,7 +120,9 @@ class MLAMixer(K3Module):
         if t == 0:                  # a token-sharded rank without tokens only writes the gathered rows
             return x.new_zeros(0, x.shape[1])
 
-        if meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
+        if attend is not None:
+            o = attend(self, x, q, c_q, cache, pages, offsets)
+        elif meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
             o = torch.cat([self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
                                         offsets[cut]) for cut, part in meta.split_decodes()])
         else:

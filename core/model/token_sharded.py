@@ -13,8 +13,8 @@ FFN / MoE) on its pieces only (`K3Model.forward` with a stand-in mixer) and:
 - MLA: the latent rows `[c | k_pe]` (and the DSA index keys, already quantised) of every
   rank's tokens are all-gathered and written into every rank's cache (`MLAMixer.forward`'s
   `exchange`); each rank then attends with its own pieces' queries, each piece a sequence of
-  the call whose context is every token before it. TP = 1 only (no heads <-> tokens
-  all-to-all yet).
+  the call whose context is every token before it. (With the ranks also a TP group, the
+  heads <-> tokens re-layout of `k3.model.token_sharded_tp` instead.)
 - KDA: the gated delta rule is affine in the state a piece starts from: with S_in the state
   before a piece, every state in it is A_t S_in + B_t and every output o_t = o0_t + S_in^T o'_t
   (A_t [K, K] per head: the product of the transitions (I - beta k k^T) Diag(exp g)). Each
@@ -46,6 +46,7 @@ from k3.model.metadata import CacheViews, ForwardMetadata
 
 from .kda import KDAMixer
 from .parallel import Collectives
+from .token_sharded_tp import HeadsTokensAttention
 
 NUM_PIECES = 16
 
@@ -146,25 +147,36 @@ class ShardedPrefillOutput:
     bytes_gathered: what this rank received through the all-gathers (its own rows included),
     by kind: "tokens" (latent rows, index keys: grows with the prompt; with all_logits the
     final hidden rows too), "pieces" (the KDA pieces' maps and conv tails: fixed per prompt),
-    "logits" (the last token's hidden row)."""
+    "logits" (the last token's hidden row); under TP "all_to_all" (both re-layouts of every
+    MLA layer; the TP all-reduces are not counted)."""
 
     logits: torch.Tensor
     bytes_gathered: dict[str, int]
 
 
 class TokenShardedPrefill:
-    """Prefill one prompt over the ranks of `collectives`' group, each with the whole model
-    (TP = 1, no EP) and its own cache; every rank must call `prefill` with the same prompt.
+    """Prefill one prompt over the ranks of `collectives`' group; every rank must call
+    `prefill` with the same prompt, each with its own cache.
+
+    TP = 1 (each rank holds the whole model): everything runs on the rank's pieces (the module
+    docstring). A model sharded over a TP group of exactly these ranks (rank = the TP rank,
+    world = the TP size): the TP prefill of the whole prompt, except that each MLA layer
+    attends with the rank's pieces' queries over all heads (`k3.model.token_sharded_tp`).
+    No expert parallelism.
 
     After `prefill(prompt, cache, block_row=..., state_row=..., page_size=...)` each rank's
     cache holds the unsharded prefill's rows for the prompt (latents and index keys at the
-    pages of `block_row`, the KDA recurrent and conv rows at `state_row`)."""
+    pages of `block_row`, the KDA recurrent and conv rows at `state_row`; under TP the rank's
+    heads' share, as a TP prefill leaves them)."""
 
     def __init__(self, model, *, rank: int, world: int, collectives: Collectives):
-        if model.parallel.world_size != 1 or model.parallel.ep is not None:
-            raise NotImplementedError("token-sharded prefill runs on models without tensor or expert parallelism "
-                                      f"(got TP = {model.parallel.world_size}, EP = "
-                                      f"{None if model.parallel.ep is None else model.parallel.ep.size})")
+        par = model.parallel
+        if par.ep is not None:
+            raise NotImplementedError(f"token-sharded prefill runs on models without expert parallelism "
+                                      f"(got EP = {par.ep.size})")
+        if par.world_size != 1 and (par.world_size, par.rank) != (world, rank):
+            raise NotImplementedError(f"token-sharded prefill under TP needs the TP group to be the prefill group: "
+                                      f"TP rank {par.rank} of {par.world_size}, prefill rank {rank} of {world}")
         rank_pieces(rank, world)                                                # validates rank / world
         self.model, self.rank, self.world, self.collectives = model, rank, world, collectives
 
@@ -181,6 +193,8 @@ class TokenShardedPrefill:
             raise ValueError(f"block_row holds {len(block_row) * page_size} tokens; the prompt has {len(prompt)}")
         plan = PiecePlan(len(prompt), self.world, self.rank)
         device = block_row.device
+        if self.model.parallel.world_size > 1:
+            return self._prefill_tp(prompt, cache, plan, block_row, state_row, page_size, all_logits)
         ex = TokenExchange(plan, self.collectives, block_row)
         mine = [p for p in plan.mine if plan.bounds[p][1] > plan.bounds[p][0]]  # my non-empty pieces
         kda_args = (plan, ex, mine, state_row)
@@ -207,6 +221,24 @@ class TokenShardedPrefill:
             rows = last if self.world == 1 else self.collectives.all_gather(last, dim=0)[:1]
             ex.bytes_gathered["logits"] += last.numel() * last.element_size() * self.world
         return ShardedPrefillOutput(self.model.compute_logits(rows), ex.bytes_gathered)
+
+    def _prefill_tp(self, prompt, cache, plan, block_row, state_row, page_size, all_logits) -> ShardedPrefillOutput:
+        """The TP variant: a TP prefill of the whole prompt whose MLA layers attend token-sharded."""
+        device = block_row.device
+        mine = [p for p in plan.mine if plan.bounds[p][1] > plan.bounds[p][0]]
+        meta_mine = _pieces_metadata(prompt, plan, mine, block_row, state_row, page_size, device) if mine else None
+        attend = HeadsTokensAttention([plan.tokens_of(r) for r in range(self.world)], self.rank, meta_mine)
+        meta = ForwardMetadata.build([prompt], context_lens=[0], state_indices=[state_row], block_table=block_row[None],
+                                     page_size=page_size, all_logits=all_logits, device=device)
+
+        def mixer(layer, h, meta, cache, per_position, states):
+            if layer.is_kda:
+                return layer.self_attn(h, meta, cache)[0]
+            return layer.self_attn(h, meta, cache, attend=attend)
+
+        hidden = self.model.model(meta, cache, mixer=mixer).hidden_states       # [T, d] (TP: every token)
+        return ShardedPrefillOutput(self.model.compute_logits(hidden[meta.logits_indices]),
+                                    {"all_to_all": attend.bytes_moved})
 
 
 def _pieces_metadata(prompt, plan: PiecePlan, pieces: list[int], block_row, state_row: int, page_size: int,

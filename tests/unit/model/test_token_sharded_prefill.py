@@ -3,8 +3,9 @@ launch (W = 2 over ranks {0, 1} and W = 4 over all, the three tiny presets, prom
 and 3 tokens: not a multiple of 16, shorter than 16 (empty pieces), and so short that two of
 four ranks hold no token), and each must give the unsharded prefill's logits (every position,
 1e-9) and cache contents (KDA recurrent and conv rows, MLA latents, DSA index keys) on every
-rank, after which rank 0's greedy decode steps give the unsharded run's tokens. In one process:
-the piece rule, W = 1, and the refusals."""
+rank, after which rank 0's greedy decode steps give the unsharded run's tokens; the same with
+the model sharded over the group as its TP group (the MLA heads <-> tokens re-layout). In one
+process: the piece rule, W = 1, and the refusals."""
 
 import functools
 import json
@@ -18,7 +19,7 @@ import torch
 
 from k3.checkpoint.loader import load_model
 from k3.config import K3Config
-from k3.model import K3ForCausalLM, LocalCollectives, ParallelContext
+from k3.model import ExpertParallel, K3ForCausalLM, LocalCollectives, ParallelContext
 from k3.model.token_sharded import PiecePlan, TokenShardedPrefill, piece_bounds, rank_pieces
 from tsp_worker import (PAGE_SIZE, STATE_ROW, WORLD, cache_snapshot, greedy_decode, new_cache, prompt,
                         reference_prefill)
@@ -29,6 +30,8 @@ LENGTHS = (37, 11, 3)
 DECODE = 3
 # the last-token-only run: every position's logits are not gathered
 LAST_ONLY = 53
+# TP = W: the heads <-> tokens re-layout of the MLA layers (3 tokens at W = 4: idle ranks)
+TP_LENGTHS = {2: (37,), 4: (37, 3)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,10 +44,13 @@ def one_thread():
 
 
 def _jobs(tiny_checkpoint) -> list[dict]:
-    jobs = [{"preset": p, "checkpoint": str(tiny_checkpoint(p)), "world": w, "length": n, "seed": n + w,
-             "all_logits": True, "decode": DECODE} for p in ALL for w in (2, 4) for n in LENGTHS]
-    jobs += [{"preset": p, "checkpoint": str(tiny_checkpoint(p)), "world": 4, "length": LAST_ONLY, "seed": 7,
-              "all_logits": False, "decode": DECODE} for p in ALL]
+    def job(p, w, n, seed, all_logits=True, tp=False):
+        return {"preset": p, "checkpoint": str(tiny_checkpoint(p)), "world": w, "tp": tp, "length": n, "seed": seed,
+                "all_logits": all_logits, "decode": DECODE}
+
+    jobs = [job(p, w, n, n + w) for p in ALL for w in (2, 4) for n in LENGTHS]
+    jobs += [job(p, 4, LAST_ONLY, 7, all_logits=False) for p in ALL]
+    jobs += [job(p, w, n, n + w, tp=True) for p in ALL for w in (2, 4) for n in TP_LENGTHS[w]]
     return jobs
 
 
@@ -88,13 +94,24 @@ def _close(got, want, what):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-9, msg=lambda m: f"{what}: {m}")
 
 
-def _check(tsp_runs, *, world=None, lengths=None, all_logits=True) -> int:
+def _tp_share(snap: dict, name: str, layer: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """TP rank `rank`'s share of an unsharded cache row: its heads of the KDA rows (the conv
+    row's q, k and v channels each), the whole of the replicated latents and index keys."""
+    if name == "recurrent":
+        return layer.chunk(world, 0)[rank]
+    if name == "conv":
+        return torch.cat([part.chunk(world, 0)[rank] for part in layer.chunk(3, 0)])
+    return layer
+
+
+def _check(tsp_runs, *, world=None, lengths=None, all_logits=True, tp=False) -> int:
     """Every matching job: each participating rank's logits and caches equal the unsharded
-    prefill's; rank 0's decode tokens and logits too. Returns the rank results checked."""
+    prefill's (under TP: its share); the decode tokens and logits too. Returns the rank
+    results checked."""
     checked = 0
     for job, ranks in tsp_runs:
         if (world is not None and job["world"] != world) or (lengths is not None and job["length"] not in lengths) \
-                or job["all_logits"] != all_logits:
+                or job["all_logits"] != all_logits or job["tp"] != tp:
             continue
         logits, snap, tokens, steps = _unsharded(job["checkpoint"], job["length"], job["seed"])
         for rank, res in enumerate(ranks):
@@ -107,8 +124,9 @@ def _check(tsp_runs, *, world=None, lengths=None, all_logits=True) -> int:
             for name, layers in snap.items():
                 assert len(res["cache"][name]) == len(layers)
                 for i, (a, b) in enumerate(zip(res["cache"][name], layers)):
-                    _close(a, b, f"{what} cache {name}[{i}]")
-            if rank == 0:
+                    want = _tp_share(snap, name, b, rank, job["world"]) if tp else b
+                    _close(a, want, f"{what} cache {name}[{i}]")
+            if rank == 0 or tp:
                 assert res["tokens"] == tokens, what
                 for a, b in zip(res["decode_logits"], steps):
                     _close(a, b, f"{what} decode logits")
@@ -139,6 +157,15 @@ def test_last_token_logits_only(tsp_runs):
     job, ranks = next((j, r) for j, r in tsp_runs if not j["all_logits"])
     cfg = K3Config.preset(job["preset"])
     assert ranks[0]["bytes"]["tokens"] >= len(cfg.mla_layer_ids) * LAST_ONLY * cfg.mla_latent_size * 8
+
+
+def test_tp_heads_tokens_relayout_equals_unsharded_prefill(tsp_runs):
+    """TP = W over the same ranks: MLA attends with each rank's pieces' queries over all heads
+    (two all-to-alls a layer); logits, every rank's cache share and the TP decode match."""
+    assert _check(tsp_runs, world=2, tp=True) == len(ALL) * 2
+    assert _check(tsp_runs, world=4, tp=True) == len(ALL) * 4 * 2
+    job, ranks = next((j, r) for j, r in tsp_runs if j["tp"] and j["world"] == 4 and j["length"] == 3)
+    assert ranks[2]["bytes"]["all_to_all"] > 0          # an idle rank still sends its heads' queries
 
 
 def test_piece_rule():
@@ -176,11 +203,17 @@ def test_one_rank_equals_unsharded_prefill(tiny_checkpoint, preset):
     assert greedy_decode(model, pool, row, 37, out.logits[-1], DECODE)[0] == tokens
 
 
-def test_refuses_tensor_parallel_models_and_bad_inputs(tiny_checkpoint):
+def test_refuses_other_groups_and_bad_inputs(tiny_checkpoint):
+    """A TP group other than the prefill group, expert parallelism, a prompt the pages cannot
+    hold, an empty prompt."""
     cfg = K3Config.preset("k3-tiny")
     tp = K3ForCausalLM(cfg, parallel=ParallelContext(rank=0, world_size=2), dtype=torch.float64, device="meta")
-    with pytest.raises(NotImplementedError, match="without tensor or expert parallelism"):
-        TokenShardedPrefill(tp, rank=0, world=2, collectives=LocalCollectives())
+    with pytest.raises(NotImplementedError, match="TP rank 0 of 2, prefill rank 0 of 4"):
+        TokenShardedPrefill(tp, rank=0, world=4, collectives=LocalCollectives())
+    ep = K3ForCausalLM(cfg, parallel=ParallelContext(ep=ExpertParallel(rank=0, size=2)), dtype=torch.float64,
+                       device="meta")
+    with pytest.raises(NotImplementedError, match="without expert parallelism"):
+        TokenShardedPrefill(ep, rank=0, world=2, collectives=LocalCollectives())
     model = _model(str(tiny_checkpoint("k3-tiny")))
     runner = TokenShardedPrefill(model, rank=0, world=1, collectives=LocalCollectives())
     pool, row = new_cache(model, 16)

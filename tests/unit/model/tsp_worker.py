@@ -2,9 +2,11 @@
 
     python tsp_worker.py RANK INIT_FILE OUT JOBS_JSON
 
-JOBS_JSON: a list of {"checkpoint", "world", "length", "all_logits", "decode"}; ranks below
-`world` prefill the job's prompt token-sharded over the group of ranks [0, world) (the others
-skip it), then rank 0 decodes `decode` greedy tokens alone from its cache. Writes OUT.RANK.pt:
+JOBS_JSON: a list of {"checkpoint", "world", "tp", "length", "seed", "all_logits", "decode"};
+ranks below `world` prefill the job's prompt token-sharded over the group of ranks [0, world)
+(the others skip it), with the whole model on each rank, or ("tp") the model sharded over that
+group as its TP group; then rank 0 decodes `decode` greedy tokens from its cache (under TP all
+the group's ranks decode together, as TP does). Writes OUT.RANK.pt:
 {job index: {"logits", "cache" (`cache_snapshot`), "bytes", and on rank 0 "tokens",
 "decode_logits"}}. The helpers are shared with the test (the unsharded reference).
 """
@@ -20,7 +22,7 @@ import torch.distributed as dist
 
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_model
-from k3.model import K3ForCausalLM, TorchDistributedCollectives
+from k3.model import K3ForCausalLM, ParallelContext, TorchDistributedCollectives
 from k3.model.metadata import ForwardMetadata
 from k3.model.token_sharded import TokenShardedPrefill
 
@@ -86,10 +88,11 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
     for index, job in enumerate(jobs):
         if rank >= job["world"]:
             continue
-        path = job["checkpoint"]
-        if path not in models:
-            models[path] = load_model(path, dtype=torch.float64, progress=False)
-        model = models[path]
+        key = (job["checkpoint"], job["world"] if job["tp"] else 1)
+        if key not in models:
+            parallel = ParallelContext.from_torch_distributed(groups[job["world"]]) if job["tp"] else None
+            models[key] = load_model(job["checkpoint"], dtype=torch.float64, progress=False, parallel=parallel)
+        model = models[key]
         ids = prompt(job["length"], model.cfg.vocab_size, job["seed"])
         pool, row = new_cache(model, job["length"] + job["decode"])
         runner = TokenShardedPrefill(model, rank=rank, world=job["world"],
@@ -98,7 +101,7 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
                              all_logits=job["all_logits"])
         results[index] = {"logits": res.logits, "bytes": res.bytes_gathered,
                           "cache": cache_snapshot(model, pool, job["length"])}
-        if rank == 0 and job["decode"]:
+        if (rank == 0 or job["tp"]) and job["decode"]:
             results[index]["tokens"], results[index]["decode_logits"] = greedy_decode(
                 model, pool, row, job["length"], res.logits[-1], job["decode"])
     torch.save(results, f"{out}.{rank}.pt")
