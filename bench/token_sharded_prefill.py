@@ -12,6 +12,9 @@ once by the parent) in `--dtype`, and times for each prompt length:
   and index key x world); `piece_bytes`: the KDA pieces' maps and conv tails, fixed per
   prompt (16 x H x (K x K + K x V) state words and 16 x (W_conv - 1) conv rows a KDA layer),
   beside `model_piece_bytes`;
+- with `--tp` the model is TP-sharded over the ranks and the run is the heads <-> tokens
+  variant against the TP prefill (`tp_unsharded_ms`), with `all_to_all_bytes_per_token`
+  (rank 0's received bytes of both re-layouts) beside the count from the shapes;
 - `max_abs_logit_diff`: the last logits of the two runs (1e-12 in float64; float32 shows the
   re-association of the chained KDA states).
 
@@ -63,14 +66,15 @@ def _median_ms(fn, iters: int) -> float:
 def _worker(rank: int, args, port: int, checkpoint: str, out: str) -> None:
     from k3.cache.pool import CachePool
     from k3.checkpoint.loader import load_model
-    from k3.model import TorchDistributedCollectives
+    from k3.model import ParallelContext, TorchDistributedCollectives
     from k3.model.metadata import ForwardMetadata
     from k3.model.token_sharded import PiecePlan, TokenShardedPrefill
 
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
-    model = load_model(checkpoint, dtype=DTYPES[args.dtype], progress=False)
+    parallel = ParallelContext.from_torch_distributed() if args.tp else None
+    model = load_model(checkpoint, dtype=DTYPES[args.dtype], progress=False, parallel=parallel)
     cfg = model.cfg
     runner = TokenShardedPrefill(model, rank=rank, world=args.world, collectives=TorchDistributedCollectives())
     rows = []
@@ -83,8 +87,8 @@ def _worker(rank: int, args, port: int, checkpoint: str, out: str) -> None:
                                      page_size=PAGE_SIZE)
         plain = {}
 
-        def unsharded():
-            if rank == 0:
+        def unsharded():            # TP: the TP prefill on every rank; TP = 1: rank 0 alone
+            if rank == 0 or args.tp:
                 plain["logits"] = model(meta, pool.views).logits
 
         sharded = {}
@@ -108,6 +112,15 @@ def _worker(rank: int, args, port: int, checkpoint: str, out: str) -> None:
         per_piece = (la.num_heads * 2 * la.head_dim ** 2 * state
                      + (la.short_conv_kernel_size - 1) * 3 * la.num_heads * la.head_dim * act)
         got = sharded["out"].bytes_gathered
+        if args.tp:     # received per token: T_mine x H_local x (R + Dr) from each rank, T x H_local x R back
+            n = len(PiecePlan(length, args.world, rank).my_tokens)
+            h, r_, dr = cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+            model_bytes = len(cfg.mla_layer_ids) * act * (n * h * (r_ + dr) + length * h // args.world * r_)
+            rows.append({"length": length, "tp_unsharded_ms": unsharded_ms, "sharded_ms": sharded_ms,
+                         "all_to_all_bytes_per_token": got["all_to_all"] / length,
+                         "model_all_to_all_bytes_per_token": model_bytes / length,
+                         "max_abs_logit_diff": diff.item()})
+            continue
         width = max(len(PiecePlan(length, args.world, r).my_tokens) for r in range(args.world))
         rows.append({"length": length, "unsharded_ms": unsharded_ms, "sharded_ms": sharded_ms,
                      "token_bytes_per_token": got["tokens"] / length,
@@ -128,6 +141,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    ap.add_argument("--tp", action="store_true", help="the model TP-sharded over the ranks (heads <-> tokens "
+                    "re-layout), against the TP prefill")
     ap.add_argument("--smoke", action="store_true", help="k3-tiny, 2 ranks, 40 tokens, float64, one iteration")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -140,7 +155,8 @@ def main() -> None:
         rows_file = str(Path(tmp) / "rows.json")
         mp.spawn(_worker, args=(args, _free_port(), checkpoint, rows_file), nprocs=args.world, join=True)
         rows = json.loads(Path(rows_file).read_text())
-    result = {"bench": "token_sharded_prefill", "preset": args.preset, "world": args.world, "dtype": args.dtype,
+    result = {"bench": "token_sharded_prefill", "preset": args.preset, "world": args.world, "tp": args.tp,
+              "dtype": args.dtype,
               "iters": args.iters, "threads_per_rank": args.threads, "cpus": os.cpu_count(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "rows": rows}
     text = json.dumps(result, indent=2)

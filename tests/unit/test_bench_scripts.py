@@ -87,3 +87,12 @@ def test_token_sharded_prefill_smoke(tmp_path):
         assert r["max_abs_logit_diff"] < 1e-9 and r["unsharded_ms"] > 0 and r["sharded_ms"] > 0
         assert r["token_bytes_per_token"] == r["model_token_bytes_per_token"] > 0
         assert r["piece_bytes"] == r["model_piece_bytes"] > 0
+
+
+def test_token_sharded_prefill_tp_smoke(tmp_path):
+    """--tp: the heads <-> tokens variant against the TP prefill, the all-to-all bytes as counted."""
+    result = _smoke("token_sharded_prefill.py", tmp_path, "--tp")
+    assert result["tp"] and result["world"] == 2
+    for r in result["rows"]:
+        assert r["max_abs_logit_diff"] < 1e-9 and r["tp_unsharded_ms"] > 0 and r["sharded_ms"] > 0
+        assert r["all_to_all_bytes_per_token"] == r["model_all_to_all_bytes_per_token"] > 0
