@@ -19,6 +19,7 @@ from k3.plugin.tables import KernelSet
 
 from .module import K3Module
 from .paging import gather_sequences
+from .parallel import RowExchange
 
 INDEX_KEY_NORM_EPS = 1e-6
 
@@ -34,20 +35,33 @@ class DSAIndexer(K3Module):
         self.add_weight("k_norm_bias", (dim,), dtype, device, checkpoint="k_norm.bias")
         self.add_weight("weights_proj", (hi, cfg.hidden_size), dtype, device)
 
+    def write_keys(self, x: torch.Tensor, view: IndexKeyCacheView, pages: torch.Tensor, offsets: torch.Tensor,
+                   *, exchange: RowExchange | None = None) -> None:
+        """Quantise x's [T, d] index keys into the cache at (pages, offsets) [T]; with an
+        exchange (token-sharded prefill) the quantised keys of every rank's tokens are gathered
+        and the whole prompt's keys written at `exchange.slots` instead."""
+        key = self.kernels.elementwise.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias,
+                                                  INDEX_KEY_NORM_EPS)
+        quantized = self.kernels.indexer.quantize_keys(self.kernels.indexer.hadamard(key), fmt=view.fmt)
+        values, scales = quantized.values, quantized.scales
+        if exchange is not None:
+            pages, offsets = exchange.slots(view.values.shape[1])
+            values, scales = exchange.gather(values), exchange.gather(scales)
+        view.values[pages, offsets] = values
+        view.scales[pages, offsets] = scales
+
     def forward(self, x: torch.Tensor, c_q: torch.Tensor, meta: ForwardMetadata, view: IndexKeyCacheView,
-                pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+                pages: torch.Tensor, offsets: torch.Tensor, *, keys_written: bool = False) -> torch.Tensor:
         """Write this step's index keys, return top-k positions [T, index_topk] int32 (-1 pad).
 
-        x [T, d] layer input; c_q [T, q_lora_rank] normed MLA query latent.
+        x [T, d] layer input; c_q [T, q_lora_rank] normed MLA query latent. keys_written: the
+        keys are already in the cache (`write_keys` with an exchange: token-sharded prefill).
         """
         cfg, k, t = self.cfg, self.kernels.indexer, x.shape[0]
         hi, dim = cfg.index_n_heads, cfg.index_head_dim
         q = k.hadamard(F.linear(c_q, self.wq_b).view(t, hi, dim))
-        key = self.kernels.elementwise.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias,
-                                                  INDEX_KEY_NORM_EPS)
-        quantized = k.quantize_keys(k.hadamard(key), fmt=view.fmt)
-        view.values[pages, offsets] = quantized.values
-        view.scales[pages, offsets] = quantized.scales
+        if not keys_written:
+            self.write_keys(x, view, pages, offsets)
         head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
         if meta.mode is ForwardMode.DECODE:   # decode: every sequence's pages, padded and masked (no host sync)
             scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,

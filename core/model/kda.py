@@ -155,14 +155,25 @@ class KDAMixer(K3Module):
         qkv, gate = qkv.contiguous(), gate.contiguous()
         conv_in = view.conv[rows].masked_fill(fresh[:, None, None], 0)           # [N, 3P, W-1]
         s0 = view.recurrent[rows].masked_fill(fresh[:, None, None, None], 0)     # [N, H, K, V]
-        g = k.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
-                       lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
-        beta = torch.sigmoid(b.to(g.dtype))                                     # [T, H]
+        g, beta = self.decay_and_beta(f, b)
         if path == "verify":
             o, states = verify(self, meta, cache, qkv, conv_w, conv_in, s0, g, beta)
         else:
             o, states = self._recur(meta, view, qkv, conv_w, conv_in, s0, g, beta, path == "per_position")
-        return k.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(t, hl * hd), states
+        return self.output_norm(o, gate), states
+
+    def decay_and_beta(self, f: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """f [T, H, K] (after f_b), b [T, H] -> (the log decay g [T, H, K] fp32, beta [T, H])."""
+        hl, hd = self.num_heads, self.head_dim
+        g = self.kernels.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
+                                  lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
+        beta = torch.sigmoid(b.to(g.dtype))                                     # [T, H]
+        return g, beta
+
+    def output_norm(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The recurrence's o [T, H, V] through the gated per-head RMSNorm: [T, H * V]."""
+        return self.kernels.elementwise.gated_rms_norm(o, gate, self.o_norm, self.cfg.rms_norm_eps).reshape(
+            o.shape[0], self.num_heads * self.head_dim)
 
     def heads(self, y: torch.Tensor):
         """Conv output [.., 3P] -> L2-normalised q, k and v, each [T, H_local, K]."""

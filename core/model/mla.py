@@ -22,7 +22,7 @@ from k3.plugin.tables import KernelSet
 from .indexer import DSAIndexer
 from .module import K3Module
 from .paging import gather_sequences, token_page_slots
-from .parallel import ParallelContext
+from .parallel import ParallelContext, RowExchange
 
 
 class MLAMixer(K3Module):
@@ -84,8 +84,17 @@ class MLAMixer(K3Module):
             return self._absorbed[1], self._absorbed[2]
         return self._absorb()
 
-    def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews) -> torch.Tensor:
-        """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks."""
+    def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
+                *, exchange: RowExchange | None = None, attend=None) -> torch.Tensor:
+        """x [T, d] (mixed and normed). Returns [T, d] reduced over ranks.
+
+        exchange: token-sharded prefill (`k3.model.token_sharded`): this call's tokens are one
+        rank's pieces of a prompt; every new latent row (and DSA index key) is gathered over the
+        ranks before it is written, so the cache holds the whole prompt's rows and the queries
+        attend over all the tokens before them. None: the rows written are this call's own.
+        attend: a stand-in for the attention step (token-sharded prefill under TP), called as
+        attend(self, x, q [T, H_local, Dn + Dr], c_q, cache, pages, offsets) -> [T, H_local, Dv]
+        after the latents are written; it writes the DSA index keys itself."""
         cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
         q, kv, *g = F.linear(x, self.in_proj).split(self.in_proj_split, -1)      # kv [T, R + Dr]
@@ -99,16 +108,25 @@ class MLAMixer(K3Module):
 
         view = cache.latent[self.mla_index]
         pages, offsets = token_page_slots(meta, view.page_size)
+        at, rows = (pages, offsets), row
+        if exchange is not None:    # the whole prompt's rows, [T_all, R + Dr], at their slots
+            at, rows = exchange.slots(view.page_size), exchange.gather(row)
         if view.scale is None:
-            view.pages[pages, offsets] = row.to(view.pages.dtype)
+            view.pages[at] = rows.to(view.pages.dtype)
         else:                       # fp8 pages with a per-tensor scale
-            view.pages[pages, offsets] = k.quant.fp8_quantize(row, scale=view.scale, dtype=view.pages.dtype)[0]
+            view.pages[at] = k.quant.fp8_quantize(rows, scale=view.scale, dtype=view.pages.dtype)[0]
+        if self.indexer is not None and exchange is not None:
+            self.indexer.write_keys(x, cache.index_keys[self.mla_index], pages, offsets, exchange=exchange)
+        if t == 0:                  # a token-sharded rank without tokens only writes the gathered rows
+            return x.new_zeros(0, x.shape[1])
 
-        if meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
+        if attend is not None:
+            o = attend(self, x, q, c_q, cache, pages, offsets)
+        elif meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
             o = torch.cat([self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
                                         offsets[cut]) for cut, part in meta.split_decodes()])
         else:
-            o = self._attend(x, q, c_q, meta, cache, pages, offsets)
+            o = self._attend(x, q, c_q, meta, cache, pages, offsets, exchange)
         o = o.reshape(t, hl * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
@@ -117,7 +135,8 @@ class MLAMixer(K3Module):
         return self.parallel.all_reduce(F.linear(o, self.o_proj))
 
     def _attend(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
-                cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+                cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor,
+                exchange: RowExchange | None = None) -> torch.Tensor:
         """Attention of q [T, H, Dn + Dr] over the cached context (this call's latents already
         written): the DSA selection first (writing the index keys), then the absorbed form when
         every sequence brings one token or DSA selects the rows, the expanded form otherwise.
@@ -127,7 +146,8 @@ class MLAMixer(K3Module):
         view = cache.latent[self.mla_index]
         topk = None
         if self.indexer is not None:
-            topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets)
+            topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets,
+                                keys_written=exchange is not None)
         scale = cfg.mla_softmax_scale
         decode = meta.mode is ForwardMode.DECODE
         if decode or topk is not None:

@@ -114,11 +114,15 @@ class K3Model(K3Module):
 
     def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds=None,
                 tap_layers=(), per_position_kda_states: bool = False, ep_dispatch: str | None = None,
-                ep_capacity: int | None = None) -> ForwardOutput:
+                ep_capacity: int | None = None, mixer=None) -> ForwardOutput:
+        """mixer: a stand-in for the layers' mixer calls, called as mixer(layer, h [T, d], meta,
+        cache, per_position_kda_states, states) -> [T, d] (the token-sharded prefill runs the
+        token-wise parts here and its own KDA / MLA calls); None: each layer's own mixer."""
         x0 = self.embed(meta.input_ids, media_embeds)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
         ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity}
-        hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn)
+        hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn,
+                                   mixer or self._mixer)
         return ForwardOutput(logits=torch.empty(0), hidden_states=hidden, taps=taps, kda_states=states)
 
     def _mixer(self, layer, h, meta, cache, per_position, states):
@@ -129,7 +133,7 @@ class K3Model(K3Module):
             return a
         return layer.self_attn(h, meta, cache)
 
-    def _attn_res_layers(self, x0, meta, cache, tap_layers, per_position, ffn):
+    def _attn_res_layers(self, x0, meta, cache, tap_layers, per_position, ffn, mixer):
         cfg, eps, attn_res = self.cfg, self.cfg.rms_norm_eps, self.kernels.attn_res
         block = cfg.attn_res_block_size
         bank = x0.new_empty(x0.shape[0], cfg.num_attn_res_blocks, x0.shape[1])   # [T, NB, d]
@@ -142,7 +146,7 @@ class K3Model(K3Module):
                                  write_index=l // block if starts_block else None, eps=eps,
                                  out_norm_weight=layer.input_layernorm, out_eps=eps)
             prefix = step.prefix
-            a = self._mixer(layer, step.h, meta, cache, per_position, states)
+            a = mixer(layer, step.h, meta, cache, per_position, states)
             prefix = a if starts_block else (prefix + a).to(x0.dtype)
             query = self._attn_res_query(layer.mlp_res_norm, layer.mlp_res_proj)
             step = attn_res.step(prefix, None, bank, query=query, num_visible_blocks=visible + starts_block,
@@ -157,11 +161,11 @@ class K3Model(K3Module):
         query = self._attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
         return attn_res.mix(sources, query, eps=eps), taps, states
 
-    def _residual_layers(self, x0, meta, cache, tap_layers, per_position, ffn):
+    def _residual_layers(self, x0, meta, cache, tap_layers, per_position, ffn, mixer):
         eps, norm = self.cfg.rms_norm_eps, self.kernels.elementwise.rms_norm
         residual, taps, states = x0, {}, {}
         for layer in self.layers:
-            a = self._mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
+            a = mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
             residual = (residual + a).to(x0.dtype)
             h = norm(residual, layer.post_attention_layernorm, eps)
             residual = (residual + layer.ffn(h, **ffn)).to(x0.dtype)

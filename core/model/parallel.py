@@ -50,6 +50,19 @@ class Collectives(Protocol):
         that cannot use device counts reads them on the host: one synchronisation)."""
 
 
+class RowExchange(Protocol):
+    """What a layer needs from a token-sharded prefill (`k3.model.token_sharded`): its call's
+    tokens are this rank's pieces of one prompt, and the rows it caches per token (MLA latents,
+    DSA index keys) are gathered over the ranks so every rank's cache holds the whole prompt."""
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """local [T_local, ...] rows of this rank's tokens -> [T_all, ...] every rank's, in
+        token order (any dtype, float8 included)."""
+
+    def slots(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page [T_all], offset [T_all]) of every prompt token's cache row."""
+
+
 def _host_splits(splits: Splits) -> list[int] | None:
     return splits.tolist() if isinstance(splits, torch.Tensor) else None if splits is None else list(splits)
 

@@ -76,3 +76,23 @@ def test_ep_all_to_all_smoke(tmp_path):
     for r in result["rows"]:
         assert 0 < r["exact_error_ratio"] < 1e-2 and 0 < r["static_error_ratio"] < 1e-2
         assert all(r[k] > 0 for k in ("exact_ms", "static_ms", "raw_a2a_ms", "tp_all_reduce_ms", "raw_a2a_GBps"))
+
+
+def test_token_sharded_prefill_smoke(tmp_path):
+    """2 gloo ranks, float64: the sharded prefill's last logits equal the unsharded one's, the
+    bytes gathered match the count from the shapes, and every time is reported."""
+    result = _smoke("token_sharded_prefill.py", tmp_path)
+    assert result["world"] == 2 and [r["length"] for r in result["rows"]] == [40]
+    for r in result["rows"]:
+        assert r["max_abs_logit_diff"] < 1e-9 and r["unsharded_ms"] > 0 and r["sharded_ms"] > 0
+        assert r["token_bytes_per_token"] == r["model_token_bytes_per_token"] > 0
+        assert r["piece_bytes"] == r["model_piece_bytes"] > 0
+
+
+def test_token_sharded_prefill_tp_smoke(tmp_path):
+    """--tp: the heads <-> tokens variant against the TP prefill, the all-to-all bytes as counted."""
+    result = _smoke("token_sharded_prefill.py", tmp_path, "--tp")
+    assert result["tp"] and result["world"] == 2
+    for r in result["rows"]:
+        assert r["max_abs_logit_diff"] < 1e-9 and r["tp_unsharded_ms"] > 0 and r["sharded_ms"] > 0
+        assert r["all_to_all_bytes_per_token"] == r["model_all_to_all_bytes_per_token"] > 0
