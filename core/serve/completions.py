@@ -125,7 +125,7 @@ async def create_completion(req: CompletionRequest, request: Request):
     prompts = await run_in_threadpool(_prompts, state, req.prompt)     # tokenising stays off the event loop
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
-                          prompt_logprobs=req.prompt_logprobs)
+                          prompt_logprobs=req.prompt_logprobs, vocab_size=state.vocab_size)
     for ids in prompts:
         check_context(len(ids), req.max_tokens, state.max_model_len, prompt_param="prompt",
                       max_tokens_param="max_tokens")

@@ -122,7 +122,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return validation_error(exc).response()
+        # FastAPI reads the body before the route's dependencies run: check the key first, so
+        # a client without it learns nothing about the API from the validation message
+        from .state import api_key_error
+
+        denied = api_key_error(request) if request.url.path.startswith("/v1/") else None
+        return (denied or validation_error(exc)).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -132,7 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
             phrase = "error"
         message = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else (
             f"{phrase}: {request.method} {request.url.path}")
-        return APIError(exc.status_code, message).response()
+        response = APIError(exc.status_code, message).response()
+        for name, value in (exc.headers or {}).items():     # 405's Allow, among others
+            response.headers[name] = value
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

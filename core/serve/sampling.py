@@ -20,11 +20,17 @@ LOGPROB_FLOOR = -9999.0   # -inf is not JSON; vLLM clamps the same way
 
 def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None, skip_special_tokens: bool,
                  defaults: dict[str, Any], renamed: dict[str, str] | None = None,
-                 prompt_logprobs: int | None = None) -> SamplingParams:
+                 prompt_logprobs: int | None = None, vocab_size: int | None = None) -> SamplingParams:
     """SamplingParams for `req`; an out-of-range value is a 400 naming the request field
-    (`renamed` maps engine field names to the names this request used)."""
+    (`renamed` maps engine field names to the names this request used; `vocab_size` bounds
+    stop_token_ids)."""
     if req.logit_bias:
         raise bad_request("logit_bias is not supported by k3 yet", param="logit_bias")
+    if vocab_size is not None and req.stop_token_ids:
+        bad = [t for t in req.stop_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise bad_request(f"stop_token_ids has ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}",
+                              param="stop_token_ids")
 
     def pick(name: str, fallback):
         value = getattr(req, name)

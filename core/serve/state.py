@@ -63,14 +63,22 @@ def get_state(request: Request) -> ServerState:
     return request.app.state.k3
 
 
-async def require_api_key(request: Request) -> None:
-    """Dependency of the /v1 routes: `Authorization: Bearer KEY` when the server has a key."""
+def api_key_error(request: Request) -> APIError | None:
+    """The 401 for a request without the server's key (None when it has it, or no key is set)."""
     key = get_state(request).api_key
     if key is None:
-        return
+        return None
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise APIError(401, "Missing API key: send `Authorization: Bearer KEY`.", code="invalid_api_key")
+        return APIError(401, "Missing API key: send `Authorization: Bearer KEY`.", code="invalid_api_key")
     if not secrets.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return None
+
+
+async def require_api_key(request: Request) -> None:
+    """Dependency of the /v1 routes: `Authorization: Bearer KEY` when the server has a key."""
+    error = api_key_error(request)
+    if error is not None:
+        raise error

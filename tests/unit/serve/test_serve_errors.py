@@ -138,7 +138,15 @@ def test_unknown_model_is_404(http, engine, client):
 
 def test_unknown_route_and_method(http, engine):
     _error(http.get("/v1/nothing"), 404, type_="not_found_error")
-    _error(http.get(CHAT), 405)
+    r = http.get(CHAT)
+    _error(r, 405)
+    assert r.headers["allow"] == "POST"                      # RFC 9110: a 405 names the methods allowed
+
+
+def test_stop_token_ids_outside_the_vocabulary(http, engine):
+    for path, body in ((CHAT, _chat(stop_token_ids=[3, 10**6])), (COMPLETIONS, {"model": MODEL, "prompt": "a",
+                                                                                "stop_token_ids": [512, 2]})):
+        _error(http.post(path, json=body), 400, param="stop_token_ids")
 
 
 def test_openai_client_sees_bad_request(client, engine):
@@ -160,6 +168,12 @@ def test_api_key(keyed, engine):
         _error(c.post(COMPLETIONS, json={"model": MODEL, "prompt": "a"}, headers={"Authorization": "Basic sekret"}),
                401)
         assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+        # the key is checked before the body: no validation detail without it
+        _error(c.post(CHAT, content=b"{not json", headers={"content-type": "application/json"}), 401,
+               code="invalid_api_key")
+        _error(c.post(CHAT, json={"model": MODEL}), 401, code="invalid_api_key")
+        _error(c.post(CHAT, content=b"{not json", headers={"content-type": "application/json",
+                                                           "Authorization": "Bearer sekret"}), 400, code="invalid_json")
         ok = c.post(CHAT, json=_chat(), headers={"Authorization": "Bearer sekret"})
         assert ok.status_code == 200, ok.text
     good = openai.OpenAI(base_url=keyed.url + "/v1", api_key="sekret", max_retries=0)
