@@ -92,7 +92,7 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
         model = load_model(job["checkpoint"], dtype=torch.float64, parallel=ParallelContext(dcp=dcp),
                            progress=False)
         scale_index_keys(model, job["index_scale"])
-        logits = teacher_forced(model, job["prompts"], chunk=job["chunk"])
+        logits = teacher_forced(model, job["prompts"], chunk=job["chunk"], first=job.get("first"))
         results[index] = {"logits": logits, "resent": dcp.stats.resent_rows, "stored": dcp.stats.stored_rows}
     torch.save(results, f"{out}.{rank}.pt")
     dist.barrier()
