@@ -9,7 +9,8 @@ world 2 runs on two groups at once ({0, 1} and {2, 3}); world 4 on all ranks.
   model: {"checkpoint", "chunk", "prompts", "index_scale"}: the model with a DCP group of
          `world`, teacher-forced over the prompts (`chunk` tokens per call, then one);
          result {"logits": [per prompt], "resent": resend rows counted by the DCP record,
-         "stored": latent rows this rank wrote}.
+         "decode_resent": those of the one-token (decode) calls, "stored": latent rows this
+         rank wrote}.
 Writes OUT.RANK.pt: {job index: result}.
 """
 
@@ -92,8 +93,12 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
         model = load_model(job["checkpoint"], dtype=torch.float64, parallel=ParallelContext(dcp=dcp),
                            progress=False)
         scale_index_keys(model, job["index_scale"])
+        calls: list[tuple[int, int]] = []           # per forward call: (tokens per sequence at most, resends so far)
+        model.register_forward_hook(lambda m, args, out: calls.append((args[0].max_q_len, dcp.stats.resent_rows)))
         logits = teacher_forced(model, job["prompts"], chunk=job["chunk"], first=job.get("first"))
-        results[index] = {"logits": logits, "resent": dcp.stats.resent_rows, "stored": dcp.stats.stored_rows}
+        decode_resent = sum(b - a for (_, a), (q, b) in zip([(0, 0)] + calls, calls) if q == 1)
+        results[index] = {"logits": logits, "resent": dcp.stats.resent_rows, "decode_resent": decode_resent,
+                          "stored": dcp.stats.stored_rows}
     torch.save(results, f"{out}.{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
