@@ -14,6 +14,11 @@ partial output o_r and log-sum-exp l_r per head; the exact output is
     o = sum_r exp(l_r - m) o_r / sum_r exp(l_r - m),    m = max_r l_r
 (a rank with nothing visible has l_r = -inf and weight 0). The combine travels on the latent
 (R values + 1 per head), before w_uv, which is linear.
+
+When the DCP group lies inside the tensor-parallel group (`DecodeContextParallel.heads_split`,
+vLLM's layout), its ranks hold different heads: the absorbed queries [T, H_local, R + Dr] are
+all-gathered over the group first, every rank attends with all of the group's heads over its
+own tokens, and keeps its heads of the combined output.
 """
 
 from __future__ import annotations
@@ -117,8 +122,13 @@ def dcp_mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tens
         allowed = allowed & selected
     q_lat = torch.einsum("thd,hdr->thr", upcast(q_nope, cd), upcast(w_uk, cd))  # [T, H, R]
     q_full = torch.cat([q_lat, upcast(q_pe, cd)], -1)                         # [T, H, R + Dr]
+    h = q_full.shape[1]
+    if dcp.heads_split:                       # every head of the DCP group: [T, W * H, R + Dr], rank order
+        q_full = dcp.stack_gather(q_full).permute(1, 0, 2, 3).reshape(q_full.shape[0], dcp.size * h, -1)
     out, lse = partial_attention(q_full, rows, token_sequences(meta), allowed, scale=scale, latent_dim=r)
-    out = combine(out, lse, dcp)
+    out = combine(out, lse, dcp)                                              # [T, (W *) H, R]
+    if dcp.heads_split:
+        out = out[:, dcp.rank * h: (dcp.rank + 1) * h]                        # this rank's heads
     return torch.einsum("thr,hrv->thv", out, upcast(w_uv, cd)).to(q_nope.dtype)
 
 

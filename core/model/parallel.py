@@ -173,6 +173,10 @@ class DecodeContextParallel:
         (the block table and page pool address local positions).
     collectives: the DCP group's collectives (`all_gather` of the partial attention and of the
         top-k candidates).
+    heads_split: the DCP group lies inside the tensor-parallel group (vLLM's layout: DCP
+        divides TP), so its ranks hold different attention heads: the absorbed queries are
+        all-gathered over the DCP group before attention and each rank keeps its own heads of
+        the combined output. False: every DCP rank holds the same heads (TP = 1 inside it).
     stats: counters (`DCPStats`), mutable.
 
     Every rank of the group must run the same tokens in the same forward calls (the tokens are
@@ -182,6 +186,7 @@ class DecodeContextParallel:
     rank: int = 0
     size: int = 1
     collectives: Collectives = field(default_factory=LocalCollectives)
+    heads_split: bool = False
     stats: DCPStats = field(default_factory=DCPStats, compare=False)
 
     def __post_init__(self):
@@ -245,7 +250,8 @@ class ParallelContext:
     def from_groups(cls, tp_group=None, ep_group=None, dp_rank: int = 0, dp_size: int = 1,
                     dispatch: str = "all_to_all", *, capacity: int | None = None,
                     tp_collectives: Collectives | None = None,
-                    ep_collectives: Collectives | None = None) -> "ParallelContext":
+                    ep_collectives: Collectives | None = None, dcp_group=None,
+                    dcp_collectives: Collectives | None = None) -> "ParallelContext":
         """The context a runtime builds from initialised torch.distributed process groups.
 
         tp_group: this process's tensor-parallel group (None: TP = 1, this process alone; not
@@ -257,7 +263,10 @@ class ParallelContext:
             num_experts must divide by its size.
         dp_rank, dp_size: this process's data-parallel replica (bookkeeping).
         dispatch, capacity: the defaults of `ExpertParallel.dispatch` / `.capacity`.
-        tp_collectives, ep_collectives: the groups' collectives, e.g. the platform's
+        dcp_group: its decode-context-parallel group (None: DCP = 1), a subset of the TP group
+            (`DecodeContextParallel.heads_split` when TP > 1) or, with TP = 1, any group of
+            ranks running the same tokens.
+        tp_collectives, ep_collectives, dcp_collectives: the groups' collectives, e.g. the platform's
             `Platform.collectives(group)` (vendor backends first); default
             `TorchDistributedCollectives(group)`.
 
@@ -275,7 +284,13 @@ class ParallelContext:
             ep = ExpertParallel(rank=dist.get_rank(ep_group), size=dist.get_world_size(ep_group),
                                 collectives=ep_collectives or TorchDistributedCollectives(ep_group),
                                 split_tokens_over_tp=tp_size > 1, dispatch=dispatch, capacity=capacity)
-        return cls(rank=tp_rank, world_size=tp_size, collectives=tp_coll, ep=ep, dp_rank=dp_rank, dp_size=dp_size)
+        dcp = None
+        if dcp_group is not None:
+            dcp = DecodeContextParallel(rank=dist.get_rank(dcp_group), size=dist.get_world_size(dcp_group),
+                                        collectives=dcp_collectives or TorchDistributedCollectives(dcp_group),
+                                        heads_split=tp_size > 1)
+        return cls(rank=tp_rank, world_size=tp_size, collectives=tp_coll, ep=ep, dp_rank=dp_rank, dp_size=dp_size,
+                   dcp=dcp)
 
     @property
     def context_parallel(self) -> DecodeContextParallel | None:

@@ -6,8 +6,8 @@ JOBS_JSON: a list of jobs, each {"kind": "topk" | "model", "world": 2 or 4, ...}
 world 2 runs on two groups at once ({0, 1} and {2, 3}); world 4 on all ranks.
   topk:  {"case": name}: the scores of `topk_case(name)` (the same on every rank), this rank's
          interleaved share through `distributed_topk`; result {"indices", "resent"}.
-  model: {"checkpoint", "chunk", "prompts", "index_scale"}: the model with a DCP group of
-         `world`, teacher-forced over the prompts (`chunk` tokens per call, then one);
+  model: {"checkpoint", "chunk", "first", "prompts", "index_scale", "tp"}: the model with a DCP
+         group of `world` inside a TP group of `tp` ranks (None: TP = 1), teacher-forced over the prompts (`chunk` tokens per call, then one);
          result {"logits": [per prompt], "resent": resend rows counted by the DCP record,
          "decode_resent": those of the one-token (decode) calls, "stored": latent rows this
          rank wrote}.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_runs import teacher_forced  # noqa: E402
 
 from k3.model.dcp_topk import distributed_topk, interleave, stack_gather  # noqa: E402
-from k3.model.parallel import DecodeContextParallel, ParallelContext, TorchDistributedCollectives  # noqa: E402
+from k3.model.parallel import ParallelContext, TorchDistributedCollectives  # noqa: E402
 
 WORLD = 4
 
@@ -89,9 +89,10 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
             continue
         from k3.checkpoint.loader import load_model
 
-        dcp = DecodeContextParallel(rank=dcp_rank, size=world, collectives=TorchDistributedCollectives(group))
-        model = load_model(job["checkpoint"], dtype=torch.float64, parallel=ParallelContext(dcp=dcp),
-                           progress=False)
+        tp = {None: None, 2: pairs[rank // 2], 4: dist.group.WORLD}[job.get("tp")]
+        parallel = ParallelContext.from_groups(tp_group=tp, dcp_group=group)
+        dcp = parallel.dcp
+        model = load_model(job["checkpoint"], dtype=torch.float64, parallel=parallel, progress=False)
         scale_index_keys(model, job["index_scale"])
         calls: list[tuple[int, int]] = []           # per forward call: (tokens per sequence at most, resends so far)
         model.register_forward_hook(lambda m, args, out: calls.append((args[0].max_q_len, dcp.stats.resent_rows)))

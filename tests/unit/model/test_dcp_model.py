@@ -21,11 +21,13 @@ from model_runs import teacher_forced
 PROMPTS = [[(7 * i + 3 + 5 * j) % 384 for i in range(n)] for j, n in enumerate((30, 23))]
 # one rank (1 of 4) holds the same token at every 4th position: its index keys cluster
 SKEWED = [[200 if i % 4 == 1 else (7 * i + 3) % 384 for i in range(34)]]
-# (name, preset, world, prompts, first, chunk)
-PLAN = (("decode", "k3-tiny", 2, PROMPTS, 18, 1), ("decode", "k3-tiny", 4, PROMPTS, 18, 1),
-        ("decode", "k3.1-pro-tiny", 2, PROMPTS, 18, 1), ("decode", "k3.1-pro-tiny", 4, PROMPTS, 18, 1),
-        ("decode", "kimi-linear-tiny", 4, PROMPTS, 18, 1),
-        ("chunked", "k3.1-pro-tiny", 4, PROMPTS, None, 7), ("skewed", "k3.1-pro-tiny", 4, SKEWED, 14, 1))
+# (name, preset, DCP world, prompts, first, chunk, TP size: None = 1, else the DCP group lies inside it)
+PLAN = (("decode", "k3-tiny", 2, PROMPTS, 18, 1, None), ("decode", "k3-tiny", 4, PROMPTS, 18, 1, None),
+        ("decode", "k3.1-pro-tiny", 2, PROMPTS, 18, 1, None), ("decode", "k3.1-pro-tiny", 4, PROMPTS, 18, 1, None),
+        ("decode", "kimi-linear-tiny", 4, PROMPTS, 18, 1, None),
+        ("chunked", "k3.1-pro-tiny", 4, PROMPTS, None, 7, None), ("skewed", "k3.1-pro-tiny", 4, SKEWED, 14, 1, None),
+        ("tp2", "k3.1-pro-tiny", 2, PROMPTS, 18, 1, 2), ("tp4", "k3-tiny", 2, PROMPTS, 18, 1, 4),
+        ("tp4", "k3.1-pro-tiny", 4, PROMPTS, 18, 1, 4))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,7 +43,7 @@ def one_thread():
 def dcp_runs(tiny_checkpoint, tmp_path_factory):
     """{(name, preset, world): (job, [rank results])} for PLAN."""
     jobs = [{"kind": "model", "name": n, "preset": p, "world": w, "checkpoint": str(tiny_checkpoint(p)),
-             "prompts": ps, "first": f, "chunk": c, "index_scale": 1} for n, p, w, ps, f, c in PLAN]
+             "prompts": ps, "first": f, "chunk": c, "index_scale": 1, "tp": tp} for n, p, w, ps, f, c, tp in PLAN]
     ranks = launch(jobs, tmp_path_factory.mktemp("dcp_model"))
     return {(j["name"], j["preset"], j["world"]): (j, [r[i] for r in ranks]) for i, j in enumerate(jobs)}
 
@@ -50,6 +52,14 @@ def dcp_runs(tiny_checkpoint, tmp_path_factory):
 def _dcp1(path: str, name: str) -> list[torch.Tensor]:
     job = next(p for p in PLAN if p[0] == name)
     return teacher_forced(load_model(path, dtype=torch.float64, progress=False), job[3], chunk=job[5], first=job[4])
+
+
+def test_dcp_inside_tensor_parallel(dcp_runs):
+    """vLLM's layout: the DCP ranks are TP ranks holding different heads (queries all-gathered
+    over DCP, each rank keeping its heads of the combined output): TP 2 = DCP 2, TP 4 with two
+    DCP groups of 2, TP 4 = DCP 4."""
+    for key in (("tp2", "k3.1-pro-tiny", 2), ("tp4", "k3-tiny", 2), ("tp4", "k3.1-pro-tiny", 4)):
+        _check(dcp_runs, *key)
 
 
 def _check(dcp_runs, name: str, preset: str, world: int) -> list[dict]:
