@@ -21,12 +21,15 @@ def test_tp2_dcp2_equals_one_process(ckpt):
     one = k3.LLM(str(ckpt), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False)
     expected = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
     dcp = k3.LLM(str(ckpt), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False, tensor_parallel_size=2,
+                 block_size=8,                 # several logical blocks (16 tokens) per sequence
                  decode_context_parallel_size=2)
     try:
         assert [o.outputs[0].token_ids for o in dcp.generate(prompts, params, use_tqdm=False)] == expected
         group = dcp.engine.engine.model.parallel.context_parallel          # rank 0's (the TP leader's) model
         assert (group.rank, group.size, group.heads_split) == (0, 2, True)
         assert group.stats.topk_calls > 0 and group.stats.stored_rows > 0
+        parts = dcp.engine.engine
+        assert (parts.plan.block_size, parts.scheduler.config.block_size) == (8, 16)    # a row holds 2 x 8 tokens
     finally:
         dcp.shutdown()
 
