@@ -41,7 +41,7 @@ All functions are pure; `distributed_topk` runs the protocol over an `all_gather
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -208,6 +208,6 @@ def stack_gather(all_gather_dim0: Callable[[torch.Tensor, int], torch.Tensor]) -
     return lambda x: all_gather_dim0(x.unsqueeze(0), 0)
 
 
-__all__: Sequence[str] = ("DistributedTopK", "candidate_count", "distributed_topk", "interleave", "merge",
+__all__ = ("DistributedTopK", "candidate_count", "distributed_topk", "interleave", "merge",
                           "ordered_topk", "pack", "resend_flags", "resend_payload", "simulate_distributed_topk",
                           "stack_gather", "unpack")
