@@ -125,7 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 SERVE_HELP = {
     "max_model_len": "context limit, prompt + output (default: the smaller of the config's and what the cache holds)",
     "gpu_memory": "a `k3 plan` option: refused (the server reads the accelerator's memory)",
-    "decode_context_parallel_size": "not implemented yet: only 1",
+    "decode_context_parallel_size": "DCP ranks inside each TP group: each stores every N-th token's MLA latents "
+                                    "and index keys (N divides --tensor-parallel-size; docs/context-parallel.md)",
     "tensor_parallel_size": "TP ranks per DP rank, one process each (default 1)",
     "gpu_memory_utilization": "fraction of accelerator memory for weights + cache (default 0.9)",
 }
@@ -156,8 +157,12 @@ def _check_flags(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except SpeculativeConfigError as e:
             raise CliError(f"--speculative-config: {e}") from None
-    if args.decode_context_parallel_size != 1:
-        raise CliError("--decode-context-parallel-size: decode context parallelism is not implemented yet")
+    dcp, tp = args.decode_context_parallel_size, args.tensor_parallel_size
+    if isinstance(tp, Default):
+        tp = tp.value                    # k3's default (a platform's is checked again by EngineConfig)
+    if dcp < 1 or tp % dcp:
+        raise CliError(f"--decode-context-parallel-size {dcp} must divide --tensor-parallel-size {tp} (the DCP "
+                       "ranks lie inside a TP group)")
     if args.gpu_memory is not None:
         raise CliError("--gpu-memory is a `k3 plan` option; k3 serve reads the accelerator's memory "
                        "(use --gpu-memory-utilization)")
@@ -246,7 +251,7 @@ def engine_config(args: argparse.Namespace):
         model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, expert_parallel_size=args.expert_parallel_size,
-        distributed_timeout=args.distributed_timeout, max_num_seqs=args.max_num_seqs,
+        decode_context_parallel_size=args.decode_context_parallel_size, distributed_timeout=args.distributed_timeout, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,

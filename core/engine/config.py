@@ -20,6 +20,7 @@ class EngineConfig:
     data_parallel_size: int = 1               # DP ranks, each with its own scheduler and cache (k3.engine.distributed)
     enable_expert_parallel: bool = False      # split the routed experts over the ranks (docs/expert-parallel.md)
     expert_parallel_size: int | None = None   # None: the world size; a multiple of TP dividing it (implies EP)
+    decode_context_parallel_size: int = 1     # DCP ranks inside each TP group (docs/context-parallel.md)
     distributed_timeout: float = 600.0        # seconds: every collective's timeout (a dead rank is an error after it)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -52,6 +53,12 @@ class EngineConfig:
             raise ValueError("async_scheduling needs tensor_parallel_size 1 and no speculative decoding (got "
                              f"tensor_parallel_size {self.tensor_parallel_size}, speculative_config "
                              f"{self.speculative_config!r})")
+        dcp, tp = self.decode_context_parallel_size, self.tensor_parallel_size
+        if dcp < 1 or tp % dcp:
+            raise ValueError(f"decode_context_parallel_size {dcp} must divide tensor_parallel_size {tp}")
+        if dcp > 1 and (self.speculative_config or self.enable_prefix_caching):
+            raise ValueError("decode context parallelism does not run with speculative decoding or prefix caching "
+                             "yet (docs/context-parallel.md)")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
 

@@ -83,10 +83,15 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     if plan.record_slots:
         cache.allocate_records(slots=plan.record_slots, tokens=plan.record_tokens)
     pool = BlockPool(plan.token_rows)
+    # under decode context parallelism a row's block_size local positions hold block_size x DCP
+    # tokens of the sequence (every DCP-th one on this rank): the scheduler and the metadata count
+    # tokens in those logical blocks, so a sequence takes 1 / DCP of the rows (docs/context-parallel.md)
+    dcp = model.parallel.context_parallel
+    logical_block = plan.block_size * (dcp.size if dcp is not None else 1)
     prefix_cache = _prefix_cache(config, cfg, pool, plan.block_size)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=plan.max_model_len, block_size=plan.block_size,
+        max_model_len=plan.max_model_len, block_size=logical_block,
         adaptive_token_limit=prefill_token_limit(cfg, config.max_num_batched_tokens, accelerator=device.type != "cpu"),
         checkpoint_interval=config.kda_checkpoint_interval), pool, prefix_cache)
 
@@ -99,7 +104,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     graphs, graph_capture_error = None, None
     if graph_runner is not None:
         graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device)
-    runner = ModelRunner(model, cache, block_size=plan.block_size, vocab_size=cfg.vocab_size, device=device,
+    runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
                          graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,

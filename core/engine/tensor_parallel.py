@@ -14,6 +14,7 @@ def distributed_config(config: EngineConfig, **launch) -> DistributedConfig:
                              data_parallel_size=config.data_parallel_size,
                              enable_expert_parallel=config.enable_expert_parallel,
                              expert_parallel_size=config.expert_parallel_size,
+                             decode_context_parallel_size=config.decode_context_parallel_size,
                              timeout_s=config.distributed_timeout, **launch)
 
 

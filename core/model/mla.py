@@ -5,7 +5,9 @@ cache at its position, then queries attend over the cached context: the absorbed
 when every sequence brings one token (decode) and for every query under DSA (each reads its own
 selection of rows), the expanded (MHA) form for dense prefill and chunked prefill. A mixed batch
 runs its decodes and its prefill chunks on their own paths (`ForwardMetadata.split_decodes`).
-Latents and index keys are replicated across tensor-parallel ranks.
+Latents and index keys are replicated across tensor-parallel ranks. Under decode context
+parallelism each rank stores only its tokens' records and every query runs on
+`k3.model.dcp_attention` (partial attention per rank, log-sum-exp combine).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from k3.dtypes import compute_dtype
 from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
 from k3.plugin.tables import KernelSet
 
+from .dcp_attention import dcp_mla_attention, dcp_token_slots
 from .indexer import DSAIndexer
 from .module import K3Module
 from .paging import gather_sequences, token_page_slots
@@ -106,6 +109,12 @@ class MLAMixer(K3Module):
         q = q.view(t, hl, dn + dr)
         row = torch.cat([k.elementwise.rms_norm(kv[:, :r], self.kv_a_layernorm, eps), kv[:, r:]], -1)
 
+        dcp = self.parallel.context_parallel
+        if dcp is not None:
+            if exchange is not None or attend is not None:
+                raise NotImplementedError("token-sharded prefill under decode context parallelism is not built yet")
+            o = self._attend_dcp(x, q, c_q, row, meta, cache, dcp)
+            return self._output(o, g, x)
         view = cache.latent[self.mla_index]
         pages, offsets = token_page_slots(meta, view.page_size)
         at, rows = (pages, offsets), row
@@ -127,12 +136,40 @@ class MLAMixer(K3Module):
                                         offsets[cut]) for cut, part in meta.split_decodes()])
         else:
             o = self._attend(x, q, c_q, meta, cache, pages, offsets, exchange)
-        o = o.reshape(t, hl * cfg.v_head_dim)
+        return self._output(o, g, x)
+
+    def _output(self, o: torch.Tensor, g: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """o [T, H, Dv] -> the gated o_proj output [T, d], reduced over tensor-parallel ranks."""
+        cfg = self.cfg
+        o = o.reshape(x.shape[0], self.num_heads * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
             gate = torch.sigmoid(g[0].to(cd))
             o = (o.to(cd) * gate).to(x.dtype)
         return self.parallel.all_reduce(F.linear(o, self.o_proj))
+
+    def _attend_dcp(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, row: torch.Tensor,
+                    meta: ForwardMetadata, cache: CacheViews, dcp) -> torch.Tensor:
+        """Decode context parallelism, every mode: write the owned tokens' latent rows (and index
+        keys), select the DSA top-k across the group, attend over this rank's rows and combine
+        (`k3.model.dcp_attention`). Returns [T, H, Dv], the same on every DCP rank."""
+        cfg, k, dn = self.cfg, self.kernels, self.cfg.qk_nope_head_dim
+        view = cache.latent[self.mla_index]
+        owned, pages, offsets = dcp_token_slots(meta, view.page_size, dcp)
+        mine = row[owned]
+        if view.scale is None:
+            view.pages[pages[owned], offsets[owned]] = mine.to(view.pages.dtype)
+        else:                       # fp8 pages with a per-tensor scale
+            view.pages[pages[owned], offsets[owned]] = k.quant.fp8_quantize(mine, scale=view.scale,
+                                                                            dtype=view.pages.dtype)[0]
+        dcp.stats.stored_rows += mine.shape[0]
+        selected = None
+        if self.indexer is not None:
+            selected = self.indexer.forward_dcp(x, c_q, meta, cache.index_keys[self.mla_index], owned, pages,
+                                                offsets, dcp)
+        w_uk, w_uv = self.absorbed_weights()
+        return dcp_mla_attention(q[..., :dn], q[..., dn:], w_uk, w_uv, view.pages, view.scale, meta, dcp,
+                                 scale=cfg.mla_softmax_scale, selected=selected)
 
     def _attend(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
                 cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor,

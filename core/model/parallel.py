@@ -13,6 +13,13 @@ that group instead and each token's rows travel to the ranks owning its experts 
 TP = 1 on one process is the degenerate case: every shard is the whole tensor and every
 collective is the identity.
 
+Decode context parallelism (DCP, `DecodeContextParallel`) splits the MLA layers' attention
+records (latent rows and DSA index keys) by token over its group: rank r of W stores the tokens
+t with t % W == r. Every DCP rank runs the same tokens through the whole model (its TP shard of
+it); only MLA attention reads the context across ranks: partial attention over each rank's
+tokens, combined by log-sum-exp, and the DSA top-k through `k3.model.dcp_topk`. KDA states are
+not sharded. docs/context-parallel.md.
+
 Collectives go through the small `Collectives` interface so the plugin layer can put vendor
 backends (NVLink mailboxes, HIP-IPC all-gather) behind it; `TorchDistributedCollectives` is the
 portable default.
@@ -160,6 +167,59 @@ class ExpertParallel:
         return self.collectives.all_to_all_single(x, output_split_sizes, input_split_sizes)
 
 
+@dataclass
+class DCPStats:
+    """Counters of one DCP group (tests, benchmarks): rows that took the distributed top-k's
+    resend path, top-k calls, and the attention records (latent rows) this rank stored."""
+
+    resent_rows: int = 0
+    topk_calls: int = 0
+    stored_rows: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeContextParallel:
+    """The decode-context-parallel group of this process (token-interleaved attention records).
+
+    rank, size: this process's place in the DCP group; it stores the MLA latent rows and index
+        keys of the tokens at positions p with p % size == rank, at its local position p // size
+        (the block table and page pool address local positions).
+    collectives: the DCP group's collectives (`all_gather` of the partial attention and of the
+        top-k candidates).
+    heads_split: the DCP group lies inside the tensor-parallel group (vLLM's layout: DCP
+        divides TP), so its ranks hold different attention heads: the absorbed queries are
+        all-gathered over the DCP group before attention and each rank keeps its own heads of
+        the combined output. False: every DCP rank holds the same heads (TP = 1 inside it).
+    stats: counters (`DCPStats`), mutable.
+
+    Every rank of the group must run the same tokens in the same forward calls (the tokens are
+    replicated over DCP, like over TP) or the collectives deadlock.
+    """
+
+    rank: int = 0
+    size: int = 1
+    collectives: Collectives = field(default_factory=LocalCollectives)
+    heads_split: bool = False
+    stats: DCPStats = field(default_factory=DCPStats, compare=False)
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"decode-context-parallel rank {self.rank} is outside decode-context-parallel size "
+                             f"{self.size}")
+
+    def owns(self, positions: torch.Tensor) -> torch.Tensor:
+        """bool, positions' shape: the tokens whose attention records this rank stores."""
+        return positions % self.size == self.rank
+
+    def local_lens(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Tokens of each sequence stored on this rank, of seq_lens tokens in all (same shape)."""
+        return ((seq_lens - self.rank + self.size - 1) // self.size).clamp_min(0)
+
+    def stack_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[size, *x.shape]: every rank's x in rank order."""
+        return x[None] if self.size == 1 else self.collectives.all_gather(x.unsqueeze(0), 0)
+
+
 def check_dispatch(dispatch: str, capacity: int | None) -> None:
     """Raise ValueError for an unknown dispatch mode or a negative capacity."""
     if dispatch not in DISPATCH_MODES:
@@ -173,7 +233,8 @@ class ParallelContext:
     """This process's place in the tensor-parallel group (rank, world_size, collectives:
     attention heads, dense MLP and shared-expert widths, vocabulary), and optionally its
     expert-parallel group (`ep`; None: the experts split over the TP group, every TP rank
-    seeing every token). dp_rank / dp_size: the data-parallel replica this process serves
+    seeing every token), and optionally its decode-context-parallel group (`dcp`; None or
+    size 1: every rank stores every token's attention records). dp_rank / dp_size: the data-parallel replica this process serves
     (the runtime's bookkeeping; the graph reads only `ep`)."""
 
     rank: int = 0
@@ -182,6 +243,7 @@ class ParallelContext:
     ep: ExpertParallel | None = None
     dp_rank: int = 0
     dp_size: int = 1
+    dcp: DecodeContextParallel | None = None
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -201,7 +263,8 @@ class ParallelContext:
     def from_groups(cls, tp_group=None, ep_group=None, dp_rank: int = 0, dp_size: int = 1,
                     dispatch: str = "all_to_all", *, capacity: int | None = None,
                     tp_collectives: Collectives | None = None,
-                    ep_collectives: Collectives | None = None) -> "ParallelContext":
+                    ep_collectives: Collectives | None = None, dcp_group=None,
+                    dcp_collectives: Collectives | None = None) -> "ParallelContext":
         """The context a runtime builds from initialised torch.distributed process groups.
 
         tp_group: this process's tensor-parallel group (None: TP = 1, this process alone; not
@@ -213,7 +276,10 @@ class ParallelContext:
             num_experts must divide by its size.
         dp_rank, dp_size: this process's data-parallel replica (bookkeeping).
         dispatch, capacity: the defaults of `ExpertParallel.dispatch` / `.capacity`.
-        tp_collectives, ep_collectives: the groups' collectives, e.g. the platform's
+        dcp_group: its decode-context-parallel group (None: DCP = 1), a subset of the TP group
+            (`DecodeContextParallel.heads_split` when TP > 1) or, with TP = 1, any group of
+            ranks running the same tokens.
+        tp_collectives, ep_collectives, dcp_collectives: the groups' collectives, e.g. the platform's
             `Platform.collectives(group)` (vendor backends first); default
             `TorchDistributedCollectives(group)`.
 
@@ -231,7 +297,18 @@ class ParallelContext:
             ep = ExpertParallel(rank=dist.get_rank(ep_group), size=dist.get_world_size(ep_group),
                                 collectives=ep_collectives or TorchDistributedCollectives(ep_group),
                                 split_tokens_over_tp=tp_size > 1, dispatch=dispatch, capacity=capacity)
-        return cls(rank=tp_rank, world_size=tp_size, collectives=tp_coll, ep=ep, dp_rank=dp_rank, dp_size=dp_size)
+        dcp = None
+        if dcp_group is not None:
+            dcp = DecodeContextParallel(rank=dist.get_rank(dcp_group), size=dist.get_world_size(dcp_group),
+                                        collectives=dcp_collectives or TorchDistributedCollectives(dcp_group),
+                                        heads_split=tp_size > 1)
+        return cls(rank=tp_rank, world_size=tp_size, collectives=tp_coll, ep=ep, dp_rank=dp_rank, dp_size=dp_size,
+                   dcp=dcp)
+
+    @property
+    def context_parallel(self) -> DecodeContextParallel | None:
+        """The DCP group when it has more than one rank (None: attention records unsharded)."""
+        return self.dcp if self.dcp is not None and self.dcp.size > 1 else None
 
     def shard(self, total: int, what: str) -> tuple[int, int]:
         """(start, size) of this rank's even share of `total` items; `what` names them in errors."""

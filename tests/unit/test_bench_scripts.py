@@ -96,3 +96,16 @@ def test_token_sharded_prefill_tp_smoke(tmp_path):
     for r in result["rows"]:
         assert r["max_abs_logit_diff"] < 1e-9 and r["tp_unsharded_ms"] > 0 and r["sharded_ms"] > 0
         assert r["all_to_all_bytes_per_token"] == r["model_all_to_all_bytes_per_token"] > 0
+
+
+def test_dcp_decode_smoke(tmp_path):
+    """DCP = 1 and 2 (gloo): each rank stores its share of the records (the planner's bytes
+    per token / DCP, up to the odd token) and both decode the same greedy tokens."""
+    result = _smoke("dcp_decode.py", tmp_path)
+    one, two = result["runs"]
+    assert (one["dcp"], two["dcp"]) == (1, 2) and one["decode_step_ms"] > 0 and two["decode_step_ms"] > 0
+    assert one["stored_bytes_per_token_per_rank"] == result["planner_bytes_per_token"]
+    tokens = result["context"] + result["steps"]
+    per_record = result["planner_bytes_per_token"]
+    assert two["stored_bytes_per_token_per_rank"] == per_record * ((tokens + 1) // 2) / tokens
+    assert two["topk_calls"] > 0 and two["tokens_equal_dcp1"]

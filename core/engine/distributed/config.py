@@ -25,7 +25,8 @@ class DistributedConfig:
     enable_expert_parallel / expert_parallel_size: the routed experts split over EP groups of
     expert_parallel_size contiguous ranks (default: one group of all ranks; a size implies
     enable_expert_parallel, is a multiple of TP and divides the world, and the experts are then
-    replicated over the world / EP groups); nnodes, node_rank: the nodes and this one;
+    replicated over the world / EP groups); decode_context_parallel_size: DCP groups of that
+    many contiguous ranks inside each TP group (it divides TP; docs/context-parallel.md); nnodes, node_rank: the nodes and this one;
     master_addr, master_port: the env:// rendezvous (rank 0's TCP store; port None: a free one,
     single node only); timeout_s: every collective's timeout (a dead peer is an error after at
     most this long); heartbeat_s: rank 0's exchange interval while idle (default timeout / 10,
@@ -36,6 +37,7 @@ class DistributedConfig:
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     expert_parallel_size: int | None = None
+    decode_context_parallel_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -88,6 +90,10 @@ class DistributedConfig:
         if self.heartbeat_interval >= self.timeout_s:
             raise ValueError(f"the heartbeat interval ({self.heartbeat_interval} s) must be below the timeout "
                              f"({self.timeout_s} s)")
+        dcp = self.decode_context_parallel_size
+        if dcp < 1 or self.tensor_parallel_size % dcp:
+            raise ValueError(f"decode_context_parallel_size {dcp} must divide tensor_parallel_size "
+                             f"{self.tensor_parallel_size} (the DCP ranks lie inside a TP group)")
         if self.enable_expert_parallel:
             ep, tp = self.ep_size, self.tensor_parallel_size
             if ep < 1 or self.world_size % ep or ep % tp:

@@ -11,7 +11,9 @@ same order on every rank, as torch.distributed requires):
 - control: every rank, on gloo (heartbeats and start-up checks even when the device is NCCL);
 - ep: this rank's expert-parallel group, when expert parallelism is on: contiguous blocks of
   `ep_size` ranks (whole DP ranks, since EP is a multiple of TP), on the device backend; the
-  experts are split within a group and replicated across groups.
+  experts are split within a group and replicated across groups;
+- dcp: this rank's decode-context-parallel group, when DCP > 1: contiguous blocks of
+  `decode_context_parallel_size` ranks inside each TP group, on the device backend.
 
 Every group has the deployment's timeout, so a peer that died is an error, not a hang.
 """
@@ -41,6 +43,7 @@ class Groups:
     control: object
     ep: object | None
     tp_leader: int                   # global rank of this DP rank's TP leader
+    dcp: object | None = None        # None: DCP = 1
 
     @property
     def is_tp_leader(self) -> bool:
@@ -72,17 +75,24 @@ def init_groups(cfg: DistributedConfig, rank: int, backend: str) -> Groups:
             group = dist.new_group(list(range(start, start + cfg.ep_size)), timeout=timeout, backend=backend)
             if start <= rank < start + cfg.ep_size:
                 ep = group
+    dcp, dcp_size = None, cfg.decode_context_parallel_size
+    if dcp_size > 1:
+        for start in range(0, cfg.world_size, dcp_size):         # contiguous blocks inside the TP groups
+            group = dist.new_group(list(range(start, start + dcp_size)), timeout=timeout, backend=backend)
+            if start <= rank < start + dcp_size:
+                dcp = group
     return Groups(rank=rank, world_size=cfg.world_size, dp_rank=dp_rank, dp_size=dp_size, tp_rank=tp_rank,
                   tp_size=tp_size, tp=tp_group, dp_leaders=leaders if tp_rank == 0 else None, control=control,
-                  ep=ep, tp_leader=dp_rank * tp_size)
+                  ep=ep, tp_leader=dp_rank * tp_size, dcp=dcp)
 
 
 def build_parallel_context(platform, groups: Groups, cfg: DistributedConfig):
-    """The model's ParallelContext for this rank: the one place expert parallelism is wired.
+    """The model's ParallelContext for this rank: the one place expert and decode context
+    parallelism are wired.
 
-    EP off: TP over this DP rank's TP group (each DP rank holds every expert). EP on: the
-    model's `ParallelContext.from_groups` over the TP and EP groups."""
-    if not cfg.enable_expert_parallel:
+    EP and DCP off: TP over this DP rank's TP group (each DP rank holds every expert).
+    Otherwise the model's `ParallelContext.from_groups` over the TP, EP and DCP groups."""
+    if not cfg.enable_expert_parallel and groups.dcp is None:
         return platform.parallel_context(groups.tp)
     from k3.model.parallel import ParallelContext
 
@@ -90,7 +100,9 @@ def build_parallel_context(platform, groups: Groups, cfg: DistributedConfig):
     return ParallelContext.from_groups(tp_group=tp, ep_group=groups.ep, dp_rank=groups.dp_rank,
                                        dp_size=groups.dp_size, dispatch="all_to_all",
                                        tp_collectives=platform.collectives(tp) if tp is not None else None,
-                                       ep_collectives=platform.collectives(groups.ep))
+                                       ep_collectives=platform.collectives(groups.ep) if groups.ep is not None else None,
+                                       dcp_group=groups.dcp,
+                                       dcp_collectives=platform.collectives(groups.dcp) if groups.dcp is not None else None)
 
 
 def idle_forward(model, cfg: DistributedConfig) -> None:

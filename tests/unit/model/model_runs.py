@@ -14,9 +14,10 @@ PAGE_SIZE = 16
 
 
 def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int | None = None,
-                   slots: list[int] | None = None) -> list[torch.Tensor]:
+                   slots: list[int] | None = None, first: int | None = None) -> list[torch.Tensor]:
     """Logits of every position of every prompt, fed `chunk` tokens per sequence per call
-    (None: all at once; 1: pure decode steps after the first token), sequences batched."""
+    (None: all at once; 1: pure decode steps after the first token), sequences batched.
+    first: the first call's tokens per sequence (a prefill before `chunk`-token steps)."""
     n = len(prompts)
     slots = slots or list(range(n))
     pages, states = -(-max(map(len, prompts)) // PAGE_SIZE), max(slots) + 1
@@ -27,7 +28,8 @@ def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int
     logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
     while any(d < len(p) for d, p in zip(done, prompts)):
         active = [i for i in range(n) if done[i] < len(prompts[i])]
-        pieces = [prompts[i][done[i]: done[i] + (chunk or len(prompts[i]))] for i in active]
+        size = [first if first is not None and done[i] == 0 else chunk or len(prompts[i]) for i in active]
+        pieces = [prompts[i][done[i]: done[i] + n] for i, n in zip(active, size)]
         batch = ForwardMetadata.build(pieces, context_lens=[done[i] for i in active],
                                       state_indices=[slots[i] for i in active],
                                       block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,

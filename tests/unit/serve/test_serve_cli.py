@@ -32,7 +32,7 @@ def _refused(capsys, argv, pattern):
     (["--prefix-match-unit", "32"], "need --enable-prefix-caching"),
     (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
-    (["--decode-context-parallel-size", "2"], "not implemented"),
+    (["--decode-context-parallel-size", "2"], "must divide --tensor-parallel-size 1"),
     (["--platform", "nvidia"], "platform 'nvidia' is unavailable"),
     (["--platform", "nonesuch"], "unknown platform"),
     (["--port", "70000"], "--port"),
