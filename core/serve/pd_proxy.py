@@ -148,8 +148,13 @@ def build_proxy(prefill: list[str], decode: list[str], *, timeout_s: float = 600
         return StreamingResponse(chunks, status_code=status,
                                  media_type=head.get("content-type", "application/json"))
 
+    def route(path: str):
+        async def endpoint(request: Request):
+            return await handle(request, path)
+        return endpoint
+
     for path in ROUTES:
-        app.add_api_route(path, (lambda p: lambda request: handle(request, p))(path), methods=["POST"])
+        app.add_api_route(path, route(path), methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request):
