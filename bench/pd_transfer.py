@@ -111,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--block-size", type=int, default=64)
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 512, 2048])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--connectors", nargs="+", default=["TCPConnector", "MooncakeConnector"],
+                   help="MooncakeConnector is skipped (and the reason recorded) where its wheel does not load")
     p.add_argument("--smoke", action="store_true", help="two short lengths, one repeat, TCP only")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
@@ -120,10 +122,8 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = init_checkpoint(args.preset, Path(tmp) / args.preset, progress=False)
-        connectors = ["TCPConnector"]
         mooncake_error = None if args.smoke else _mooncake_loads()
-        if not args.smoke and mooncake_error is None:
-            connectors.append("MooncakeConnector")
+        connectors = [c for c in args.connectors if c == "TCPConnector" or (not args.smoke and mooncake_error is None)]
         results = [measure(ckpt, dtype=args.dtype, block=args.block_size, lengths=args.lengths,
                            repeats=args.repeats, connector=c) for c in connectors]
     out = {"bench": "pd_transfer", "date": datetime.date.today().isoformat(), "preset": args.preset,

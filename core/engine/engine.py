@@ -71,7 +71,11 @@ class LLMEngine:
         (consumer), whose first token is among the outputs."""
         if self.kv_producer is not None:
             self.kv_producer.poll()
-        arrived = self._admit_transfers() if self.kv_consumer is not None else []
+        arrived = []
+        if self.kv_consumer is not None:
+            if not self.scheduler.has_unfinished() and not self.strategy.in_flight:
+                self.kv_consumer.idle_wait(0.01)        # only pulls in flight: wait for one, do not spin
+            arrived = self._admit_transfers()
         return arrived + self.strategy.step()
 
     def _admit_transfers(self) -> list[RequestOutput]:

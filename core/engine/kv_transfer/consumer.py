@@ -18,7 +18,7 @@ import math
 import sys
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from k3.cache.block_pool import BlockPool
@@ -188,6 +188,13 @@ class KVConsumer:
         if not self.backend.confirm(handle.remote_control, handle.transfer_id):
             raise TransferError(f"the producer's pin {handle.transfer_id} expired before the confirm")
         return time.perf_counter() - t0
+
+    def idle_wait(self, timeout_s: float) -> None:
+        """Block up to `timeout_s` for a pull to finish: an engine with nothing else to run waits
+        here instead of spinning (which would also starve the pull threads of the GIL)."""
+        futures = [p.future for p in self.inflight + self.abandoned]
+        if futures:
+            wait(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
 
     def wait(self, timeout_s: float = 30.0) -> None:
         """Block until every in-flight pull's thread is done (tests, benchmarks)."""
