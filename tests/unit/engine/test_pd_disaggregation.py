@@ -180,3 +180,19 @@ def test_expired_pin_falls_back(tiny_checkpoint, engines):
         assert consumer.kv_transfer_stats()["kv_fallbacks_total"] == before + 1
     finally:
         producer.shutdown()
+
+
+def test_abort_during_pull_frees_rows_after_it(engines):
+    _, producer, consumer = engines
+    prompt = _prompt(505, 3 * BLOCK + 1)
+    params = SamplingParams(max_tokens=5, temperature=0)
+    handle = _prefill(producer, "ab", prompt, params)
+    consumer.add_request("ab", prompt, _with(params, handle))
+    (pull,) = consumer.kv_consumer.inflight
+    consumer.abort_request("ab")                        # the pull thread may still be writing its rows
+    assert consumer.pool.num_used >= len(pull.own)      # so they are not free yet
+    while consumer.has_unfinished_requests():
+        assert consumer.step() == []
+    _only_cache_holds_rows(consumer)
+    _settle(producer)
+    assert producer.kv_transfer_stats()["kv_pinned_rows"] == 0       # the pull still confirmed
