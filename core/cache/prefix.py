@@ -101,6 +101,25 @@ class PrefixCache:
         self.stats.reused_tokens += usable * self.unit
         return PrefixHit(usable * self.unit, rows, ckpt)
 
+    def lookup_rows(self, tokens: list[int]) -> list[int]:
+        """The rows of the leading full blocks of `tokens` the cache holds, attention only (no
+        KDA checkpoint clamp: for a request whose state comes from elsewhere, a disaggregated
+        prefill). The caller takes its own references."""
+        self.stats.queries += 1
+        keys = self.keys(tokens, len(tokens) // self.unit)
+        matched = 0
+        while matched < len(keys) and keys[matched] in self.units:
+            matched += 1
+        per_row = self.block // self.unit
+        full = matched // per_row
+        if full == 0:
+            return []
+        for k in range(full * per_row):
+            self._touch(self.units[keys[k]])
+        self.stats.hits += 1
+        self.stats.reused_tokens += full * self.block
+        return [self.units[keys[(b + 1) * per_row - 1]].row for b in range(full)]
+
     # ------------------------------------------------------------------ insertion
     def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0) -> int:
         """Cache the full units among the first `computed` tokens, held in `rows` (the request's

@@ -115,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
                             "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
                             "each process joins as $RANK and only rank 0 serves HTTP")
+    group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
+    group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                       help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
+                            '"kv_producer" | "kv_consumer" | "kv_both", "kv_ip": ..., "kv_port": ..., '
+                            '"kv_connector_extra_config": {...}}\'; put k3-pd-proxy in front of the instances')
     for action in parser._actions:
         action.help = SERVE_HELP.get(action.dest, action.help)
         if action.dest in PLATFORM_TUNABLE:  # let platform defaults tell unset options from set ones
@@ -157,6 +162,13 @@ def _check_flags(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except SpeculativeConfigError as e:
             raise CliError(f"--speculative-config: {e}") from None
+    if args.kv_transfer_config is not None:
+        from k3.engine.kv_transfer.config import KVTransferConfig, KVTransferConfigError
+
+        try:
+            KVTransferConfig.parse(args.kv_transfer_config)
+        except KVTransferConfigError as e:
+            raise CliError(str(e)) from None
     dcp, tp = args.decode_context_parallel_size, args.tensor_parallel_size
     if isinstance(tp, Default):
         tp = tp.value                    # k3's default (a platform's is checked again by EngineConfig)
@@ -258,7 +270,7 @@ def engine_config(args: argparse.Namespace):
         seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling, kv_transfer_config=args.kv_transfer_config,
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
     problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
     if problems:

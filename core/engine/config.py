@@ -46,6 +46,9 @@ class EngineConfig:
     # k3-slice on the H200: +12-13% tokens/s at 64 requests, +2-5% at 16, within the run-to-run
     # spread at 1), off elsewhere
     async_scheduling: bool | None = None
+    # prefill/decode disaggregation: vLLM's --kv-transfer-config JSON (k3.engine.kv_transfer.config,
+    # docs/disaggregation.md); None: a standalone engine
+    kv_transfer_config: str | dict | None = None
 
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""
@@ -61,6 +64,15 @@ class EngineConfig:
                              "yet (docs/context-parallel.md)")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
+        if self.kv_transfer_config is not None:
+            from .kv_transfer.config import KVTransferConfig
+
+            KVTransferConfig.parse(self.kv_transfer_config)       # a malformed one fails here, named
+            if self.tensor_parallel_size > 1 or self.data_parallel_size > 1 or self.speculative_config:
+                raise ValueError("kv_transfer_config (prefill/decode disaggregation) needs tensor_parallel_size 1, "
+                                 "data_parallel_size 1 and no speculative decoding (got tensor_parallel_size "
+                                 f"{self.tensor_parallel_size}, data_parallel_size {self.data_parallel_size}, "
+                                 f"speculative_config {self.speculative_config!r})")
 
 
 def default_cpu_cache_bytes() -> int:

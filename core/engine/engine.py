@@ -7,6 +7,9 @@ runner, the output processor and the step strategy that drives them.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import torch
 
 from .config import EngineConfig, default_cpu_cache_bytes
@@ -32,29 +35,71 @@ class LLMEngine:
         self.scheduler, self.runner, self.outputs = parts.scheduler, parts.runner, parts.outputs
         self.strategy = parts.strategy
         self.async_scheduling, self.graph_capture_error = parts.async_scheduling, parts.graph_capture_error
+        self.kv_producer, self.kv_consumer = parts.kv_producer, parts.kv_consumer
         self._on_shutdown = on_shutdown
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
-        """Queue a request; `prompt` is text (encoded with special tokens as text) or token ids."""
-        self.outputs.add(request_id, prompt, params or SamplingParams())
+        """Queue a request; `prompt` is text (encoded with special tokens as text) or token ids.
+
+        Disaggregation (docs/disaggregation.md): on a producer, params.kv_transfer_params
+        {"do_remote_decode": true} runs the prefill and first token only (max_tokens 1) and the
+        final output's kv_transfer_params is the handle; on a consumer, a handle pulls the
+        prompt's rows and decodes on (a failed pull prefills here)."""
+        params = params or SamplingParams()
+        kv = params.kv_transfer_params
+        if self.kv_producer is not None and kv and kv.get("do_remote_decode") and params.n == 1:
+            params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
+        self.outputs.add(request_id, prompt, params)
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request (or every child of an n > 1 request); its rows are free at once."""
         self.outputs.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self.strategy.in_flight
+        return (self.scheduler.has_unfinished() or self.strategy.in_flight
+                or (self.kv_consumer is not None and self.kv_consumer.busy)
+                or (self.kv_producer is not None and self.kv_producer.due()))
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         """Run one scheduled forward; returns the outputs of every request that progressed.
 
         With async_scheduling the forward whose outputs are returned may have been launched by
-        the previous call, and this call launches the next decode step before reading them."""
-        return self.strategy.step()
+        the previous call, and this call launches the next decode step before reading them.
+        Disaggregation: first frees confirmed pins (producer) and admits arrived transfers
+        (consumer), whose first token is among the outputs."""
+        if self.kv_producer is not None:
+            self.kv_producer.poll()
+        arrived = []
+        if self.kv_consumer is not None:
+            if not self.scheduler.has_unfinished() and not self.strategy.in_flight:
+                self.kv_consumer.idle_wait(0.01)        # only pulls in flight: wait for one, do not spin
+            arrived = self._admit_transfers()
+        return arrived + self.strategy.step()
+
+    def _admit_transfers(self) -> list[RequestOutput]:
+        """Requests whose rows arrived: append the producer's first token and queue them for
+        decode; failed transfers are queued for local prefill."""
+        admitted, fallback = self.kv_consumer.poll()
+        self.scheduler.waiting.extend(fallback)
+        touched: set[str] = set()
+        now = time.monotonic()
+        for request in admitted:
+            kv = request.params.kv_transfer_params
+            top = kv.get("first_top") or ([], []) if request.params.logprobs else None
+            self.outputs.append(request, int(kv["first_token"]), float(kv["first_logprob"]), top, now)
+            if not request.finished:
+                self.scheduler.waiting.append(request)
+            touched.add(request.request_id)
+        return self.outputs.collect(touched)
 
     def shutdown(self) -> None:
+        if self.kv_consumer is not None:
+            self.kv_consumer.close()
+        kv = self.kv_producer or self.kv_consumer
+        if kv is not None:
+            kv.backend.close()
         if self._on_shutdown is not None:
             self._on_shutdown()
 
@@ -75,7 +120,18 @@ class LLMEngine:
         rows, prefix caching, speculation."""
         return {**self.stats, "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "preemptions_total": self.scheduler.num_preemptions, "cache_rows": self.pool.num_rows,
-                "cache_rows_free": self.pool.num_free, **self.prefix_cache_stats(), **self.spec_stats()}
+                "cache_rows_free": self.pool.num_free, **self.prefix_cache_stats(), **self.spec_stats(),
+                **self.kv_transfer_stats()}
+
+    def kv_transfer_stats(self) -> dict:
+        """Disaggregation counters ({} without a kv_transfer_config): pins and pulls."""
+        out = {}
+        if self.kv_producer is not None:
+            out.update({f"kv_{k}_total": v for k, v in self.kv_producer.stats.items()},
+                       kv_pinned_rows=self.kv_producer.num_pinned_rows)
+        if self.kv_consumer is not None:
+            out.update({f"kv_{k}_total": v for k, v in self.kv_consumer.stats.items()})
+        return out
 
     @property
     def num_lookahead_steps(self) -> int:

@@ -53,6 +53,8 @@ class EngineParts:
     strategy: PlainStep
     async_scheduling: bool
     graph_capture_error: str | None
+    kv_producer: object = None          # k3.engine.kv_transfer.producer.KVProducer (disaggregation)
+    kv_consumer: object = None          # k3.engine.kv_transfer.consumer.KVConsumer
 
 
 def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
@@ -120,9 +122,32 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
         strategy = LookaheadStep(scheduler, runner, outputs, max_model_len=plan.max_model_len)
     else:
         strategy = PlainStep(scheduler, runner, outputs)
+    kv_producer, kv_consumer = _kv_transfer(config, cache, pool, prefix_cache, scheduler)
     return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
                        prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
-                       strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error)
+                       strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
+                       kv_producer=kv_producer, kv_consumer=kv_consumer)
+
+
+def _kv_transfer(config: EngineConfig, cache: CachePool, pool: BlockPool, prefix_cache, scheduler: Scheduler):
+    """(producer, consumer) of prefill/decode disaggregation ((None, None) without a kv_transfer_config):
+    one backend serves both roles of a kv_both engine."""
+    from .kv_transfer.config import KVTransferConfig
+
+    kv = KVTransferConfig.parse(config.kv_transfer_config)
+    if kv is None:
+        return None, None
+    from .kv_transfer.backend import make_backend
+    from .kv_transfer.consumer import KVConsumer
+    from .kv_transfer.producer import KVProducer
+
+    backend = make_backend(kv)
+    producer = KVProducer(kv, backend, cache, pool) if kv.is_producer else None
+    consumer = None
+    if kv.is_consumer:
+        consumer = KVConsumer(kv, backend, cache, pool, prefix_cache, registered=producer.base if producer else None)
+    scheduler.kv_producer, scheduler.kv_consumer = producer, consumer
+    return producer, consumer
 
 
 def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):

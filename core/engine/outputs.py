@@ -186,4 +186,4 @@ def build_output(request_id: str, prompt: str | None, children: list[Request],
     prompt_logprobs = None if first.params.prompt_logprobs is None else list(first.prompt_logprobs)
     return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=list(first.prompt_token_ids),
                          outputs=outputs, finished=all(r.finished for r in children), metrics=metrics,
-                         prompt_logprobs=prompt_logprobs)
+                         prompt_logprobs=prompt_logprobs, kv_transfer_params=first.kv_transfer_params)

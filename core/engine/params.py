@@ -43,6 +43,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     allowed_tokens: AllowedTokensFn | None = field(default=None, repr=False)
+    # prefill/decode disaggregation (vLLM's field, docs/disaggregation.md): {"do_remote_decode": true}
+    # on a producer (prefill here, publish the rows), a producer's handle ({"do_remote_prefill":
+    # true, ...}) on a consumer (pull the rows, decode here)
+    kv_transfer_params: dict | None = field(default=None, repr=False)
 
     MAX_LOGPROBS = 20
 
@@ -78,6 +82,8 @@ class SamplingParams:
         need(self.prompt_logprobs is None
              or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS),
              "prompt_logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
+        need(self.kv_transfer_params is None or isinstance(self.kv_transfer_params, dict), "kv_transfer_params",
+             f"must be an object or None, got {type(self.kv_transfer_params).__name__}")
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
         # Seeds go to int64 tensors; sample i of n uses seed + i.

@@ -59,6 +59,8 @@ class Request:
     spec_probs: object = None               # [k, V] draft distributions, or None (one-hot)
     spec_rows: list[int] = field(default_factory=list)
     record_slot: int | None = None
+    # prefill/decode disaggregation: the handle a producer published for this request's rows
+    kv_transfer_params: dict | None = None
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -95,3 +97,5 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs: None for the first prompt token, then per prompt token
     # {token id: Logprob} holding that token and the top-n at its position; None when not asked
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # a producer's transfer handle of a published prefill (vLLM's field; None otherwise)
+    kv_transfer_params: dict | None = None

@@ -91,12 +91,19 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # prefill/decode disaggregation (k3.engine.kv_transfer): a producer publishes the rows of
+        # a finished prefill instead of freeing them; a consumer pulls a request's rows before
+        # it is queued (it queues it itself, or refuses and the request waits for local prefill)
+        self.kv_producer = None
+        self.kv_consumer = None
 
     # ----------------------------------------------------------------- bookkeeping
     def add(self, request: Request) -> None:
         if request.num_tokens >= self.config.max_model_len:
             raise ValueError(f"the request has {request.num_tokens} tokens; the limit is "
                              f"{self.config.max_model_len - 1} (max model length {self.config.max_model_len})")
+        if self.kv_consumer is not None and self.kv_consumer.wants(request) and self.kv_consumer.start(request):
+            return
         self.waiting.append(request)
 
     def release(self, request: Request) -> None:
@@ -109,6 +116,8 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        if reason != "abort" and self.kv_producer is not None and self.kv_producer.wants(request):
+            request.kv_transfer_params = self.kv_producer.publish(request)   # takes the rows, pinned
         self.release(request)
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
 

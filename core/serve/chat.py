@@ -200,7 +200,7 @@ def _response(state: ServerState, plan: ChatPlan, request_id: str, model: str, o
         choices.append({"index": c.index, "message": message, "logprobs": logprobs,
                         "finish_reason": "tool_calls" if calls else c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage([out])}
+            "choices": choices, "usage": usage([out]), "kv_transfer_params": out.kv_transfer_params}
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,

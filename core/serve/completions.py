@@ -51,6 +51,10 @@ def _check(req: CompletionRequest) -> None:
         raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}", param="logprobs")
     if req.prompt_logprobs is not None and req.stream:
         raise bad_request("prompt_logprobs are not available with stream=true", param="prompt_logprobs")
+    batch = not (isinstance(req.prompt, str) or isinstance(req.prompt[0], int)) and len(req.prompt) > 1
+    if req.kv_transfer_params is not None and batch:
+        raise bad_request("kv_transfer_params (prefill/decode disaggregation) takes one prompt per request",
+                          param="kv_transfer_params")
 
 
 class _Choice:
@@ -109,7 +113,7 @@ def _response(state: ServerState, req: CompletionRequest, request_id: str, model
                             "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(finals)}
+            "choices": choices, "usage": usage(finals), "kv_transfer_params": finals[0].kv_transfer_params}
 
 
 @router.post("/v1/completions", response_model=CompletionResponse,

@@ -141,6 +141,10 @@ class _Sampling(_Strict):
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = Field(None, description="not implemented: must be absent or empty")
     user: str | None = None
+    kv_transfer_params: dict[str, Any] | None = Field(
+        None, description="vLLM extra, prefill/decode disaggregation (docs/disaggregation.md): "
+                          "{\"do_remote_decode\": true} on a prefill instance, its answer's kv_transfer_params on a "
+                          "decode instance")
 
 
 class ChatCompletionRequest(_Sampling):

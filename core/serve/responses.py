@@ -72,6 +72,8 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
+    kv_transfer_params: dict | None = Field(
+        None, description="vLLM extra: a prefill instance's transfer handle (docs/disaggregation.md)")
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -104,6 +106,8 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
+    kv_transfer_params: dict | None = Field(
+        None, description="vLLM extra: a prefill instance's transfer handle (docs/disaggregation.md)")
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int

@@ -45,7 +45,8 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
             repetition_penalty=pick("repetition_penalty", 1.0),
             presence_penalty=req.presence_penalty if req.presence_penalty is not None else 0.0,
             frequency_penalty=req.frequency_penalty if req.frequency_penalty is not None else 0.0,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=skip_special_tokens)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=skip_special_tokens,
+            kv_transfer_params=req.kv_transfer_params)
     except SamplingParamsError as e:
         name = (renamed or {}).get(e.field, e.field)
         raise bad_request(f"{name}: {str(e).split(': ', 1)[1]}", param=name) from None
