@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import k3.checkpoint.loader as loader
+import k3.checkpoint.shard_file as shard_file
 from ep_worker import SCENARIOS, WORLD, prompts
 from k3.checkpoint.loader import load_checkpoint, load_model
 from k3.config import K3Config
@@ -191,7 +191,7 @@ def test_static_dispatch_has_no_host_sync(tiny_checkpoint):
         _moe_capture(exact)
 
 
-_SAFE_OPEN = loader.safe_open
+_SAFE_OPEN = shard_file.safe_open
 
 
 class _CountingReader:
@@ -248,7 +248,7 @@ def test_loader_reads_only_the_ranks_experts(tiny_checkpoint, monkeypatch, prese
     el = cfg.num_experts // ep_size
     for rank in range(ep_size):
         read: list[str] = []
-        monkeypatch.setattr(loader, "safe_open", _CountingReader(read))
+        monkeypatch.setattr(shard_file, "safe_open", _CountingReader(read))
         model = K3ForCausalLM(cfg, parallel=ParallelContext(ep=ExpertParallel(rank=rank, size=ep_size)),
                               dtype=torch.float64)
         report = load_checkpoint(model, path, progress=False)
