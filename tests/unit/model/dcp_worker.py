@@ -51,22 +51,9 @@ def topk_case(name: str) -> tuple[torch.Tensor, int, int]:
 def launch(jobs: list[dict], work: Path, timeout: float = 300) -> list[dict]:
     """Run `jobs` on WORLD worker processes (one launch); returns every job's result per rank:
     [{job index: result} for each rank]. Raises with the workers' logs if one fails."""
-    import os
-    import subprocess
+    from rank_launch import run_ranks
 
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(rank), str(work / "rendezvous"), str(work / "out"),
-                               str(work / "jobs.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env) for rank in range(WORLD)]
-    try:
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    if any(p.returncode for p in procs):
-        raise RuntimeError("a DCP worker failed:\n" + "\n".join(logs))
-    return [torch.load(work / f"out.{rank}.pt") for rank in range(WORLD)]
+    return run_ranks(__file__, jobs, work, WORLD, timeout)
 
 
 def _dcp_group(world: int, rank: int, pairs):

@@ -17,6 +17,7 @@ from k3.config import K3Config
 from k3.model import DecodeContextParallel, ParallelContext
 from k3.model.dcp_attention import combine, local_selection, partial_attention
 from model_runs import teacher_forced
+from rank_launch import one_thread  # noqa: F401 (an autouse fixture)
 
 PROMPTS = [[(7 * i + 3 + 5 * j) % 384 for i in range(n)] for j, n in enumerate((30, 23))]
 # one rank (1 of 4) holds the same token at every 4th position: its index keys cluster
@@ -29,14 +30,6 @@ PLAN = (("decode", "k3-tiny", 2, PROMPTS, 18, 1, None), ("decode", "k3-tiny", 4,
         ("tp2", "k3.1-pro-tiny", 2, PROMPTS, 18, 1, 2), ("tp4", "k3-tiny", 2, PROMPTS, 18, 1, 4),
         ("tp4", "k3.1-pro-tiny", 4, PROMPTS, 18, 1, 4))
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny float64 ops: one intra-op thread is much faster than two on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

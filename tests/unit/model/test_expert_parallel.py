@@ -6,11 +6,7 @@ placement errors, the static capacity, a sync-free decode capture, and the loade
 the rank's experts."""
 
 import functools
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +18,7 @@ from k3.checkpoint.loader import load_checkpoint, load_model
 from k3.config import K3Config
 from k3.model import ExpertParallel, K3ForCausalLM, ParallelContext
 from model_runs import teacher_forced
+from rank_launch import one_thread, run_ranks  # noqa: F401 (one_thread: an autouse fixture)
 
 WORKER = Path(__file__).with_name("ep_worker.py")
 MODES = ("all_to_all", "all_to_all_static")
@@ -33,14 +30,6 @@ PLAN = (("ep4", ALL, 6, None), ("ep2", ALL, 6, None), ("ep4_idle", ALL[1:], 6, N
         ("ep4", ALL[:1], 1, 5), ("dp2_tp2_ep4", ALL[2:], 1, 5))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny float64 ops: one intra-op thread is ~30x faster than two on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def ep_runs(tiny_checkpoint, tmp_path_factory):
@@ -48,18 +37,7 @@ def ep_runs(tiny_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("ep")
     jobs = [{"scenario": s, "mode": m, "checkpoint": str(tiny_checkpoint(p)), "chunk": c, "trim": t, "preset": p}
             for s, presets, c, t in PLAN for p in presets for m in MODES]
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(work / "rendezvous"), str(work / "out"),
-                               str(work / "jobs.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env) for rank in range(WORLD)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    ranks = [torch.load(work / f"out.{rank}.pt") for rank in range(WORLD)]
+    ranks = run_ranks(WORKER, jobs, work, WORLD)
     return {(j["scenario"], j["preset"], j["chunk"], j["mode"]): (j, [r.get(i) for r in ranks])
             for i, j in enumerate(jobs)}
 

@@ -8,10 +8,6 @@ the model sharded over the group as its TP group (the MLA heads <-> tokens re-la
 process: the piece rule, W = 1, and the refusals."""
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ from k3.checkpoint.loader import load_model
 from k3.config import K3Config
 from k3.model import ExpertParallel, K3ForCausalLM, LocalCollectives, ParallelContext
 from k3.model.token_sharded import PiecePlan, TokenShardedPrefill, piece_bounds, rank_pieces
+from rank_launch import one_thread, run_ranks  # noqa: F401 (one_thread: an autouse fixture)
 from tsp_worker import (PAGE_SIZE, STATE_ROW, WORLD, cache_snapshot, greedy_decode, new_cache, prompt,
                         reference_prefill)
 
@@ -33,14 +30,6 @@ LAST_ONLY = 53
 # TP = W: the heads <-> tokens re-layout of the MLA layers (3 tokens at W = 4: idle ranks)
 TP_LENGTHS = {2: (37,), 4: (37, 3)}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny float64 ops: one intra-op thread is much faster than two on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _jobs(tiny_checkpoint) -> list[dict]:
@@ -59,18 +48,7 @@ def tsp_runs(tiny_checkpoint, tmp_path_factory):
     """[(job, [rank results or None])] for every job of `_jobs`."""
     work = tmp_path_factory.mktemp("tsp")
     jobs = _jobs(tiny_checkpoint)
-    (work / "jobs.json").write_text(json.dumps(jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(work / "rendezvous"), str(work / "out"),
-                               str(work / "jobs.json")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env) for rank in range(WORLD)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
-    ranks = [torch.load(work / f"out.{rank}.pt") for rank in range(WORLD)]
+    ranks = run_ranks(WORKER, jobs, work, WORLD)
     return [(job, [r.get(i) for r in ranks]) for i, job in enumerate(jobs)]
 
 
