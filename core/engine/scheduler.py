@@ -23,6 +23,16 @@ from k3.cache.prefix import PrefixCache
 from .request import Request, RequestStatus
 
 
+def allocate_rows(pool, prefix_cache, n: int) -> list[int] | None:
+    """n rows of `pool`, evicting cached prefixes (when there is a prefix cache) if it is short;
+    None when even that does not free enough."""
+    rows = pool.allocate(n)
+    if rows is None and prefix_cache is not None:
+        prefix_cache.evict(n - pool.num_free)
+        rows = pool.allocate(n)
+    return rows
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int
@@ -129,12 +139,7 @@ class Scheduler:
         return math.ceil((request.num_computed_tokens + num_new) / self.config.block_size) - len(request.rows)
 
     def _allocate(self, n: int) -> list[int] | None:
-        """n rows, evicting cached prefixes when the pool is short."""
-        rows = self.pool.allocate(n)
-        if rows is None and self.prefix_cache is not None:
-            self.prefix_cache.evict(n - self.pool.num_free)
-            rows = self.pool.allocate(n)
-        return rows
+        return allocate_rows(self.pool, self.prefix_cache, n)
 
     def _grow(self, request: Request, num_new: int) -> bool:
         need = self._rows_needed(request, num_new) + (1 if request.state_row is None else 0)

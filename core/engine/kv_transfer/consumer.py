@@ -26,6 +26,7 @@ from k3.cache.pool import CachePool
 from k3.cache.prefix import PrefixCache
 
 from ..request import Request
+from ..scheduler import allocate_rows
 from .backend import TransferBackend
 from .config import KVTransferConfig
 from .handle import TransferHandle, layout_digest, prompt_digest
@@ -120,11 +121,7 @@ class KVConsumer:
         return handle
 
     def _allocate(self, n: int) -> list[int] | None:
-        rows = self.pool.allocate(n)
-        if rows is None and self.prefix_cache is not None:
-            self.prefix_cache.evict(n - self.pool.num_free)
-            rows = self.pool.allocate(n)
-        return rows
+        return allocate_rows(self.pool, self.prefix_cache, n)
 
     def poll(self) -> tuple[list[Request], list[Request]]:
         """(requests whose rows arrived, requests to prefill locally); engine thread. An
