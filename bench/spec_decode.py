@@ -1,11 +1,14 @@
-"""Decode speed with and without speculative decoding (k3-tiny, random weights, CPU).
+"""Decode speed with and without speculative decoding (k3-tiny, random weights, CPU or GPU).
 
     python bench/spec_decode.py [--tokens 64 --repeats 3 --preset k3-tiny]
+    python bench/spec_decode.py --preset k3-tiny-mtp        # adds the checkpoint's MTP layer ("mtp")
 
 One request, greedy, a repetitive prompt (so n-gram lookup has something to match). Variants,
 each on a fresh engine in the same run: plain decoding (the peer), n-gram k=3 with each KDA
-rollback, and a draft model identical to the target (every draft accepted: the upper bound of
-what a perfect draft buys at this size, and the verify overhead). Reported: decode tokens/s
+rollback, a draft model identical to the target (every draft accepted: the upper bound of
+what a perfect draft buys at this size, and the verify overhead), and with a preset that has
+MTP layers the "mtp" method (its random MTP layer rarely agrees with the target: the figure is
+its draft + verify overhead). Reported: decode tokens/s
 (tokens after the first / time after the first), mean acceptance length (tokens per verify
 step), and whether the output equals plain decoding (it must). Acceptance on random weights
 says nothing about a trained model (DESIGN.md "Testing equality"); the figure that counts
@@ -21,6 +24,7 @@ import tempfile
 import time
 
 from k3.cli.checkpoint import init_checkpoint
+from k3.config import K3Config
 from k3.engine.engine import EngineConfig, LLMEngine
 from k3.engine.params import SamplingParams
 
@@ -53,6 +57,8 @@ def main() -> None:
         "ngram_k3_recover": {"method": "ngram", "num_speculative_tokens": 3, "kda_rollback": "recover"},
         "identical_draft_k3": {"method": "draft_model", "model": ckpt, "num_speculative_tokens": 3},
     }
+    if K3Config.from_pretrained(ckpt).num_nextn_predict_layers:
+        variants["mtp_k3"] = {"method": "mtp", "num_speculative_tokens": 3}
     rates = {name: [] for name in variants}
     results = {}
     for _ in range(args.repeats):
@@ -74,7 +80,10 @@ def main() -> None:
                        # one engine step (propose + verify 1 + k tokens) against one plain decode step
                        "step_time_vs_plain_step": round(accept / rate * plain, 2),
                        "output_equals_plain": results[name]["ids"] == results["plain"]["ids"]}
-    print(json.dumps({"model": f"{args.preset} (bf16, random weights)", "generated_tokens": args.tokens,
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(json.dumps({"model": f"{args.preset} (bf16, random weights)", "device": device, "generated_tokens": args.tokens,
                       "prompt_tokens": len(prompt), "repeats": args.repeats, "variants": table,
                       "date": time.strftime("%Y-%m-%d")}, indent=2))
 

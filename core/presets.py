@@ -178,6 +178,13 @@ def k3_tiny() -> dict[str, Any]:
     return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision=False)
 
 
+def k3_tiny_mtp() -> dict[str, Any]:
+    """k3-tiny with one MTP layer (index 8: MLA, LatentMoE), for the "mtp" speculative method."""
+    text = _tiny_text()
+    text["num_nextn_predict_layers"] = 1
+    return _nest(text, media_placeholder=compact_special_id(163605), vision=False)
+
+
 def k3_1_pro_tiny() -> dict[str, Any]:
     """k3-tiny plus a DSA indexer whose top-16 is smaller than test contexts (sparsity is exercised).
 
@@ -247,6 +254,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "kimi-k3.1-pro": kimi_k3_1_pro,
     "kimi-linear-48b-a3b": kimi_linear_48b_a3b,
     "k3-tiny": k3_tiny,
+    "k3-tiny-mtp": k3_tiny_mtp,
     "k3.1-pro-tiny": k3_1_pro_tiny,
     "kimi-linear-tiny": kimi_linear_tiny,
     "k3-slice": k3_slice,

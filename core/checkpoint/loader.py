@@ -30,6 +30,7 @@ from .writer import INDEX_FILE
 
 _FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 _MAX_LISTED = 8
+_LAYER_PREFIX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 class CheckpointError(ValueError):
@@ -97,15 +98,19 @@ def _describe(spec, dtype: torch.dtype, cfg: K3Config | None = None, *, shape=No
     return f"shape {shape}{fields}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
 
 
-def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> LoadReport:
+def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part: str = "text") -> LoadReport:
     """Fill `model` (a K3ForCausalLM built for this rank) from a checkpoint directory; W4A16
     routed experts are dequantised to the model's dtype once every tensor is read (a packed
-    weight's `weight_shape` record, when present, is checked against it)."""
+    weight's `weight_shape` record, when present, is checked against it).
+
+    part "mtp": `model` is an MTP layer (`k3.model.mtp.MTPLayer`) filled from the checkpoint's
+    MTP tensors; the text model's tensors and the other MTP layers' are skipped."""
     model_dir = Path(model_dir)
     cfg: K3Config = model.cfg
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
     targets = {template: (tensors[param], spec) for template, param, spec in model.weight_specs()}
+    layers = {m.group(1) for m in map(_LAYER_PREFIX.match, targets) if m} if part == "mtp" else None
     files = shard_files(model_dir)
     seen: set[tuple[str, int | None]] = set()
     unexpected: list[str] = []
@@ -114,7 +119,7 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
     try:
         for path in files:
             with open_shard(path, CheckpointError) as f:
-                _read_shard(f, cfg, targets, seen, unexpected, report)
+                _read_shard(f, cfg, targets, seen, unexpected, report, part=part, layers=layers)
             bar.update(1)
     finally:
         bar.close()       # before any error, so it starts a line of its own
@@ -132,19 +137,25 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True) -> L
                         + (" ..." if len(unexpected) > _MAX_LISTED else ""))
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not match the config: " + " | ".join(problems))
-    if report.skipped.get("vision"):
+    if report.skipped.get("vision") and part == "text":
         print(f"k3: skipped {report.skipped['vision']} vision tensors (no vision tower yet)", file=sys.stderr)
     dequantize_int4_experts(model)
     return report
 
 
-def _read_shard(f, cfg: K3Config, targets: dict, seen: set, unexpected: list[str], report: LoadReport) -> None:
+def _read_shard(f, cfg: K3Config, targets: dict, seen: set, unexpected: list[str], report: LoadReport, *,
+                part: str = "text", layers: set[str] | None = None) -> None:
     """Copy every tensor of one open shard `f` this rank needs into `targets`; record the
-    others in `unexpected` (no such tensor) or `report.skipped`."""
+    others in `unexpected` (no such tensor) or `report.skipped`. layers: with part "mtp", the
+    MTP layer indices `targets` holds (the others are skipped)."""
     for key in f.keys():
-        name = canonical_name(key, cfg)
+        name = canonical_name(key, cfg, part)
         if name.skip_reason:
             report.skipped[name.skip_reason] += 1
+            continue
+        layer = _LAYER_PREFIX.match(name.template)
+        if layers is not None and layer and layer.group(1) not in layers:
+            report.skipped["unused MTP layer"] += 1
             continue
         if name.fused is not None:
             parts = [targets.get(t) for t in name.fused.templates]

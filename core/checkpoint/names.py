@@ -6,7 +6,9 @@ checkpoints prefix the text model with `language_model.` (and some tools write
 `language_model.layers.` without `model.`); transformers' `save_pretrained` of Kimi-Linear
 writes a dense layer's MLP under `block_sparse_moe.{gate,up,down}_proj`, and its runtime names
 are renamed or unfused as `k3.checkpoint.families` tabulates. Vision weights, rotary caches and
-MTP layers (index >= num_hidden_layers) are skipped.
+MTP layers (index >= num_hidden_layers) are skipped; with part="mtp" it is the other way round:
+only the MTP layers map (their AttnRes weights skipped: the MTP block has none), the text model
+is skipped.
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ class CanonicalName:
     fused: Unfused | None = None
 
 
-def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
-    """Map one checkpoint tensor name (see the module docstring)."""
+_ATTN_RES = re.compile(r"\.(self_attention_res|mlp_res)_(norm|proj)\.")
+PARTS = ("text", "mtp")
+
+
+def canonical_name(name: str, cfg: K3Config, part: str = "text") -> CanonicalName:
+    """Map one checkpoint tensor name (see the module docstring); part "text" (the text
+    model) or "mtp" (its MTP layers, `k3.model.mtp`)."""
+    if part not in PARTS:
+        raise ValueError(f"unknown checkpoint part {part!r}; known: {', '.join(PARTS)}")
     if name.startswith(SKIPPED_PREFIXES):
         return CanonicalName(name, skip_reason="vision")
     if name.startswith(K3_PREFIX):
@@ -48,10 +57,16 @@ def canonical_name(name: str, cfg: K3Config) -> CanonicalName:
         return CanonicalName(name, skip_reason="rotary cache")
     name = apply_renames(name)
     layer = _LAYER.match(name)
+    index = int(layer.group(1)) if layer else None
+    is_mtp = index is not None and index >= cfg.num_hidden_layers
+    if part == "text" and is_mtp:
+        return CanonicalName(name, skip_reason="MTP layer")
+    if part == "mtp":
+        if not is_mtp:
+            return CanonicalName(name, skip_reason="text model")
+        if _ATTN_RES.search(name):
+            return CanonicalName(name, skip_reason="MTP AttnRes weight (the MTP block has no AttnRes)")
     if layer:
-        index = int(layer.group(1))
-        if index >= cfg.num_hidden_layers:
-            return CanonicalName(name, skip_reason="MTP layer")
         if not cfg.is_moe_layer(index):   # transformers' save_pretrained of a dense Kimi-Linear layer
             name = re.sub(r"\.block_sparse_moe\.(gate|up|down)_proj\.", r".mlp.\1_proj.", name)
     fused = match_fused(name)

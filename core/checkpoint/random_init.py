@@ -28,10 +28,22 @@ INT4_RMS = math.sqrt(sum(q * q for q in range(-8, 8)) / 16)                  # r
 
 
 def checkpoint_tensor_specs(cfg: K3Config) -> list[tuple[str, tuple[int, ...], torch.dtype, int | None]]:
-    """(canonical template, full shape, checkpoint dtype, expert or None) of every tensor."""
-    from k3.model import K3ForCausalLM
+    """(canonical template, full shape, checkpoint dtype, expert or None) of every tensor: the
+    text model's, then each MTP layer's (`num_nextn_predict_layers`; sharing the target's
+    embedding and lm_head, `k3.model.mtp`)."""
+    from k3.model import K3ForCausalLM, ParallelContext, reference_kernels
+    from k3.model.mtp import MTPLayer
 
-    model = K3ForCausalLM(cfg, dtype=torch.float32, device="meta")
+    modules = [K3ForCausalLM(cfg, dtype=torch.float32, device="meta")]
+    modules += [MTPLayer(cfg, i, kernels=reference_kernels(), parallel=ParallelContext(), dtype=torch.float32,
+                         device="meta") for i in range(cfg.num_nextn_predict_layers)]
+    out = []
+    for model in modules:
+        out += _module_tensor_specs(model, cfg)
+    return out
+
+
+def _module_tensor_specs(model, cfg: K3Config) -> list[tuple[str, tuple[int, ...], torch.dtype, int | None]]:
     weights = dict(model.named_parameters())
     weights.update(model.named_buffers())
     out = []

@@ -102,7 +102,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
         from .spec.driver import build_proposer
 
         proposer = build_proposer(spec, target=model, platform=platform, cache_format=fmt,
-                                  max_model_len=plan.max_model_len, max_num_seqs=config.max_num_seqs)
+                                  max_model_len=plan.max_model_len, max_num_seqs=config.max_num_seqs,
+                                  model_dir=config.model, token_rows=plan.token_rows)
     graphs, graph_capture_error = None, None
     if graph_runner is not None:
         graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device)

@@ -49,7 +49,8 @@ class ModelRunner:
     """Runs scheduled steps on one rank's model and cache.
 
     eos_token_ids: what a request under min_tokens may not sample yet.
-    tap_layers: target layers whose features a DSpark draft reads (`Launched.taps`).
+    tap_layers: target layers whose features a DSpark or MTP draft reads (`Launched.taps`;
+        `k3.model.model.FINAL_HIDDEN`: the final hidden state).
     graphs: DecodeGraphs replaying plain decode steps (None: eager).
     pinned_uploads: stage uploads in page-locked memory (asynchronous scheduling).
     broadcast: called with each step's metadata and row copies before the forward (rank 0

@@ -27,11 +27,17 @@ from .module import K3Module
 from .parallel import ParallelContext
 
 
+# A `tap_layers` entry for the pre-norm final hidden state (what an MTP layer reads), beside
+# layer numbers: taps[FINAL_HIDDEN] is `hidden_states`.
+FINAL_HIDDEN = -1
+
+
 @dataclass
 class ForwardOutput:
     """logits [M, V] fp32 (fp64 for a float64 model) at meta.logits_indices; hidden_states
     [T, d] the pre-norm final hidden state (draft-model features); taps {layer: [T, d]} the
-    running partial-block sum after that layer's FFN (vLLM's auxiliary hidden state);
+    running partial-block sum after that layer's FFN (vLLM's auxiliary hidden state), and
+    taps[FINAL_HIDDEN] = hidden_states when asked for;
     kda_states {layer: [T, H_local, K, V]} the state after every token (speculative verify)."""
 
     logits: torch.Tensor
@@ -123,6 +129,8 @@ class K3Model(K3Module):
         ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity}
         hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn,
                                    mixer or self._mixer)
+        if FINAL_HIDDEN in tap_layers:
+            taps[FINAL_HIDDEN] = hidden
         return ForwardOutput(logits=torch.empty(0), hidden_states=hidden, taps=taps, kda_states=states)
 
     def _mixer(self, layer, h, meta, cache, per_position, states):

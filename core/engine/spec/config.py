@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model", "dspark")
+METHODS = ("ngram", "draft_model", "dspark", "mtp")
 SAMPLE_METHODS = ("greedy", "probabilistic")
 ROLLBACKS = ("states", "recover")
 
@@ -58,7 +58,8 @@ class SpeculativeConfig:
         need(self.method in METHODS, "method", f"one of {', '.join(METHODS)}, got {self.method!r}")
         need(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
              "num_speculative_tokens", f"an integer in [1, 16], got {self.num_speculative_tokens!r}")
-        need(self.method == "ngram" or bool(self.model), "model", f"method {self.method!r} needs a draft model directory")
+        need(self.method in ("ngram", "mtp") or bool(self.model), "model",
+             f"method {self.method!r} needs a draft model directory")
         need(isinstance(self.prompt_lookup_min, int) and self.prompt_lookup_min >= 1, "prompt_lookup_min",
              f"an integer >= 1, got {self.prompt_lookup_min!r}")
         need(isinstance(self.prompt_lookup_max, int) and self.prompt_lookup_max >= self.prompt_lookup_min,

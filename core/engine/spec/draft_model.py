@@ -22,11 +22,10 @@ from k3.cache.plan import draft_cache_rows
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
-from k3.engine.sampler import uniform_noise
 from k3.model.metadata import ForwardMetadata
 
+from .drafting import draw_drafts
 from .ngram import Proposal
-from .rejection import target_probs
 
 _DRAFT_STREAM = 0xD4AF7
 
@@ -101,15 +100,6 @@ class DraftModelProposer:
             seq.computed += len(piece)
         return logits
 
-    def _draw(self, logits: torch.Tensor, requests, step: int) -> tuple[list[int], torch.Tensor | None]:
-        if self.greedy:
-            return logits.argmax(-1).tolist(), None
-        probs = torch.stack([target_probs(row[None], r.params)[0] for row, r in zip(logits, requests)])
-        seeds = torch.tensor([r.seed ^ _DRAFT_STREAM for r in requests])
-        steps = torch.tensor([len(r.output_token_ids) + step for r in requests])
-        race = -torch.log(uniform_noise(seeds, steps, probs.shape[1]))
-        return (probs / race.to(probs.device)).argmax(-1).tolist(), probs
-
     def propose_batch(self, batch: list[tuple]) -> list[Proposal]:
         if not batch:
             return []
@@ -123,7 +113,7 @@ class DraftModelProposer:
         for j in range(steps):
             for seq in seqs:                   # the state after the input just processed
                 self.cache.copy_row(seq.state_row, seq.scratch[j])
-            tokens, q = self._draw(logits, requests, j)
+            tokens, q = draw_drafts(logits, requests, j, greedy=self.greedy, stream=_DRAFT_STREAM)
             for i, token in enumerate(tokens):
                 drafts[i].append(token)
                 if q is not None:

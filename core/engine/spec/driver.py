@@ -1,5 +1,6 @@
 """The speculative step strategy: propose, verify in one target pass, accept exactly, commit
-the KDA state at the accepted length. Proposers: n-gram, a draft model, a DSpark draft.
+the KDA state at the accepted length. Proposers: n-gram, a draft model, a DSpark draft, the
+checkpoint's MTP layer.
 
 Per step: every running request in its decode phase gets up to k drafts from the proposer;
 the scheduler verifies them as 1 + k tokens in the same forward as everyone else (requests
@@ -50,10 +51,12 @@ class SpecStats:
 
 
 def build_proposer(config: SpeculativeConfig, *, target, platform, cache_format, max_model_len: int,
-                   max_num_seqs: int):
+                   max_num_seqs: int, model_dir=None, token_rows: int | None = None):
     """The proposer `config.method` names, for the target model `target` (n-gram, a draft
-    model with its own cache in the target's record formats, or a DSpark draft that reads the
-    target's tapped layers: `proposer.tap_layers`)."""
+    model with its own cache in the target's record formats, a DSpark draft that reads the
+    target's tapped layers: `proposer.tap_layers`, or the target checkpoint's own MTP layer).
+    model_dir: the target checkpoint (the MTP layer's default source); token_rows: the target
+    cache's token rows (the MTP cache holds as many pages, plus room for each request's drafts)."""
     if target.parallel.world_size > 1:
         raise SpeculativeConfigError("speculative decoding with tensor parallel size > 1 is not implemented yet "
                                      "(the KDA commit is not broadcast to worker ranks)")
@@ -65,6 +68,13 @@ def build_proposer(config: SpeculativeConfig, *, target, platform, cache_format,
 
         return DraftModelProposer(config, target=target, platform=platform, cache_format=cache_format,
                                   max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+    if config.method == "mtp":
+        from .mtp import MTPProposer
+
+        rows = token_rows if token_rows is not None else max_num_seqs * -(-max_model_len // cache_format.block_size)
+        rows += max_num_seqs * (1 + -(-k // cache_format.block_size))
+        return MTPProposer(config, target=target, platform=platform, cache_format=cache_format, model_dir=model_dir,
+                           num_rows=rows)
     from .dspark import DSparkProposer
 
     return DSparkProposer(config, target=target, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
@@ -98,7 +108,7 @@ class SpeculativeStep(PlainStep):
         starts = [s.request.num_computed_tokens for s in out.scheduled]
         verified = self.accept(out, launched.spec_logits)
         self.scheduler.commit(out, self.kept if verified else None)
-        if launched.taps is not None:        # a DSpark draft reads the committed tokens' features
+        if launched.taps is not None:        # a DSpark or MTP draft reads the computed tokens' features
             for i, s in enumerate(out.scheduled):
                 kept = s.request.num_computed_tokens - starts[i]
                 first = launched.token_starts[i]
