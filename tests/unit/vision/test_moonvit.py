@@ -128,3 +128,23 @@ def test_image_to_patches_layout():
     torch.testing.assert_close(patches[5], (img[:, 4:8, 4:8] - 0.5) / 0.5)  # row 1, column 1
     with pytest.raises(ValueError, match="RGB"):
         image_to_patches(torch.rand(8, 8), patch_size=4, merge_kernel=2, in_patch_limit=10, patch_limit_on_one_side=10)
+
+
+def test_load_vision_tower_from_checkpoint_dir(tmp_path, tower):
+    import json
+
+    from safetensors.torch import save_file
+
+    from k3.checkpoint.loader import CheckpointError
+    from k3.vision.weights import load_vision_tower
+    cfg, params, model = tower
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_k3", "vision_config": TINY}))
+    save_file({n: t.contiguous() for n, t in params.items()} | {"language_model.norm.weight": torch.ones(4)},
+              str(tmp_path / "model.safetensors"))
+    loaded = load_vision_tower(tmp_path, dtype=torch.float64)
+    x = torch.randn(16, 3, 4, 4, dtype=torch.float64)
+    torch.testing.assert_close(loaded.encode_one(x, 4, 4), model.encode_one(x, 4, 4), rtol=0, atol=0)
+    partial = {n: t for n, t in params.items() if "blocks.1." not in n}
+    save_file(partial, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="blocks.1"):
+        load_vision_tower(tmp_path)
