@@ -85,7 +85,19 @@ def _k3_text() -> dict[str, Any]:
     }
 
 
-def _nest(text: dict[str, Any], *, media_placeholder: int, vision: bool = True) -> dict[str, Any]:
+# a CPU-sized MoonViT tower with the K3 vision config's field names (vt_*, qkv_hidden_size != hidden)
+TINY_VISION_CONFIG: dict[str, Any] = {
+    "model_type": "kimi_k3_vision", "patch_size": 14, "init_pos_emb_height": 8, "init_pos_emb_width": 8,
+    "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed", "vt_num_attention_heads": 2,
+    "vt_num_hidden_layers": 2, "vt_hidden_size": 32, "vt_intermediate_size": 64, "qkv_hidden_size": 48,
+    "merge_kernel_size": [2, 2], "merge_type": "sd2_tpool", "mm_projector_type": "patchmergerv2",
+    "projector_ln_eps": 1e-5, "norm_type": "rmsnorm", "attn_bias": False, "patch_embed_proj_bias": False,
+    "linear_bias": False, "activation_func": "gelu_pytorch_tanh", "pos_emb_interpolation_mode": "bilinear",
+}
+
+
+def _nest(text: dict[str, Any], *, media_placeholder: int, vision: bool = True,
+          vision_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wrap a text config as the published nested `kimi_k3` config."""
     top: dict[str, Any] = {
         "architectures": ["KimiK3ForConditionalGeneration"],
@@ -97,7 +109,9 @@ def _nest(text: dict[str, Any], *, media_placeholder: int, vision: bool = True) 
         "text_config": text,
         "quantization_config": copy.deepcopy(text.get("quantization_config")),
     }
-    if vision:  # MoonViT tower: k3 keeps the section but builds no vision model yet
+    if vision_config is not None:
+        top["vision_config"] = {**copy.deepcopy(vision_config), "text_hidden_size": text["hidden_size"]}
+    elif vision:  # MoonViT tower (k3.vision builds it)
         top["vision_config"] = {"model_type": "moonvit", "patch_size": 14, "init_pos_emb_height": 64,
                                 "init_pos_emb_width": 64, "num_attention_heads": 16,
                                 "num_hidden_layers": 27, "hidden_size": 1152,
@@ -178,6 +192,11 @@ def k3_tiny() -> dict[str, Any]:
     return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision=False)
 
 
+def k3_tiny_vision() -> dict[str, Any]:
+    """k3-tiny (identical text weights) plus a tiny MoonViT tower and projector (k3.vision)."""
+    return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision_config=TINY_VISION_CONFIG)
+
+
 def k3_tiny_mtp() -> dict[str, Any]:
     """k3-tiny with one MTP layer (index 8: MLA, LatentMoE), for the "mtp" speculative method."""
     text = _tiny_text()
@@ -255,6 +274,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "kimi-linear-48b-a3b": kimi_linear_48b_a3b,
     "k3-tiny": k3_tiny,
     "k3-tiny-mtp": k3_tiny_mtp,
+    "k3-tiny-vision": k3_tiny_vision,
     "k3.1-pro-tiny": k3_1_pro_tiny,
     "kimi-linear-tiny": kimi_linear_tiny,
     "k3-slice": k3_slice,

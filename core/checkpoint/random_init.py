@@ -114,6 +114,18 @@ def random_checkpoint(cfg: K3Config, *, seed: int = 0) -> Iterator[tuple[str, to
     for template, shape, dtype, expert in checkpoint_tensor_specs(cfg):
         name = published_name(template, cfg, expert)
         yield name, random_tensor(template, shape, dtype, seed=seed, name=name, cfg=cfg)
+    yield from _random_vision_tensors(cfg, seed=seed)
+
+
+def _random_vision_tensors(cfg: K3Config, *, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """The MoonViT tower + projector of a config with a vision_config, after the text tensors (their own
+    generator: the text tensors are the same with or without a tower)."""
+    vision = cfg.extra_top.get("vision_config")
+    if not vision:
+        return
+    from k3.vision import MoonViTConfig, init_vision_params
+
+    yield from init_vision_params(MoonViTConfig.from_dict(vision), seed=seed, dtype=torch_dtype(cfg.dtype)).items()
 
 
 def random_draft_checkpoint(raw_config: dict, *, seed: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
