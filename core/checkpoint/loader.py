@@ -138,7 +138,7 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not match the config: " + " | ".join(problems))
     if report.skipped.get("vision") and part == "text":
-        print(f"k3: skipped {report.skipped['vision']} vision tensors (no vision tower yet)", file=sys.stderr)
+        print(f"k3: skipped {report.skipped['vision']} vision tensors (the tower loads through k3.vision.weights)", file=sys.stderr)
     dequantize_int4_experts(model)
     return report
 

@@ -109,3 +109,9 @@ def test_dcp_decode_smoke(tmp_path):
     per_record = result["planner_bytes_per_token"]
     assert two["stored_bytes_per_token_per_rank"] == per_record * ((tokens + 1) // 2) / tokens
     assert two["topk_calls"] > 0 and two["tokens_equal_dcp1"]
+
+
+def test_vision_encoder_bench_smoke(tmp_path):
+    rows = _smoke("vision_encoder.py", tmp_path)["rows"]
+    assert [r["tower"] for r in rows] == ["k3-tiny-vision"]
+    assert rows[0]["image_tokens"] == 16 and rows[0]["encoder_ms_per_image"] > 0 and rows[0]["ratio"] > 0
