@@ -108,7 +108,7 @@ def test_accepted_name_and_shape_variants(tiny_checkpoint, tmp_path, capsys):
     model = load_model(_rewrite(tiny_checkpoint("k3-tiny"), tmp_path, cfg, edit), dtype=torch.float64, progress=False)
     torch.testing.assert_close(_logits(model), _logits(base), rtol=0, atol=0)
     notices = [line for line in capsys.readouterr().err.splitlines() if "vision" in line]
-    assert notices == ["k3: skipped 1 vision tensors (no vision tower yet)"]      # one notice
+    assert notices == ["k3: skipped 1 vision tensors (the tower loads through k3.vision.weights)"]      # one notice
 
 
 def test_kimi_linear_dense_layer_saved_by_transformers(tiny_checkpoint, tmp_path):
