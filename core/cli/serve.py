@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
                         help="name(s) clients pass as `model` (default: --model as given); the first is reported")
     parser.add_argument("--api-key", default=os.environ.get("K3_API_KEY"),
-                        help="require `Authorization: Bearer KEY` on /v1 routes (default: $K3_API_KEY)")
+                        help="require `Authorization: Bearer KEY` on /v1 routes and the API docs pages "
+                             "(default: $K3_API_KEY)")
+    parser.add_argument("--public-docs", action="store_true",
+                        help="with --api-key, leave /docs, /redoc and /openapi.json open without the key")
     parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
                         help="activation dtype (auto: the checkpoint's)")
@@ -365,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
                             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                             sampling_defaults=generation_defaults(args.model) if args.generation_config == "auto"
                             else None, max_prompts_per_request=args.max_prompts_per_request,
-                            max_prompt_tokens_per_request=args.max_prompt_tokens_per_request)
+                            max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
+                            public_docs=args.public_docs)
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from . import chat, completions, metrics, models
+from .docs_auth import protect_docs
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
 from .sampling import DEFAULT_KEYS
@@ -34,11 +35,12 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
-              max_prompt_tokens_per_request: int | None = None) -> FastAPI:
+              max_prompt_tokens_per_request: int | None = None, public_docs: bool = False) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
-    api_key: when set, /v1 routes need `Authorization: Bearer KEY` (/health, /metrics do not).
+    api_key: when set, /v1 routes need `Authorization: Bearer KEY` (/health, /metrics do not),
+    and so do /docs, /redoc and /openapi.json unless public_docs (`k3.serve.docs_auth`).
     enable_auto_tool_choice + tool_call_parser="kimi_k3": tool calls in K3 output become
     `tool_calls` (else they stay in the content). reasoning_parser="kimi_k3": the think
     channel becomes `reasoning_content`. Both parsers read K3 XTML: ValueError for a model
@@ -76,6 +78,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
                   description="OpenAI-compatible API of k3 (Kimi K3-architecture models). See docs/serving.md.")
     app.state.k3 = state
     install_error_handlers(app)
+    if api_key is not None and not public_docs:
+        protect_docs(app)
     for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
         app.include_router(router)
     return app
