@@ -77,7 +77,13 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     fmt = CacheFormat.build(cfg, activation_dtype=model.dtype, kv_cache_dtype=config.kv_cache_dtype,
                             index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp,
                             block_size=config.block_size, platform=platform)
-    plan = plan_cache(cfg, fmt, cache_bytes=cache_bytes(config, cfg, fmt, platform),
+    budget = cache_bytes(config, cfg, fmt, platform)
+    if spec is not None and spec.method == "mtp":
+        # the MTP layer's own cache comes out of the same budget (as big as the target's token rows)
+        from .spec.mtp import target_cache_share
+
+        budget = target_cache_share(budget, cfg, fmt, platform=platform, activation_dtype=model.dtype)
+    plan = plan_cache(cfg, fmt, cache_bytes=budget,
                       max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       kda_rollback=spec.kda_rollback if spec else "states", graph_scratch=graph_runner is not None)

@@ -127,16 +127,18 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float | None) -> torch
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + e) * weight
 
 
-def rope_2d_angles(h: int, w: int, head_dim: int, *, dtype: torch.dtype) -> torch.Tensor:
+def rope_2d_angles(h: int, w: int, head_dim: int, *, dtype: torch.dtype,
+                   device: torch.device | str | None = None) -> torch.Tensor:
     """[h*w, head_dim/2] rotation angles: pair 2j rotates by col*f_j, pair 2j+1 by row*f_j.
 
     The angles are computed in float32 whatever `dtype` is (the tower's rotary table is complex64 in
     the released code and in vLLM), then cast; cos/sin are taken in `dtype`."""
     if not (1 <= h <= ROPE_MAX_SIDE and 1 <= w <= ROPE_MAX_SIDE):
         raise ValueError(f"image patch grid {h}x{w} exceeds the rotary table ({ROPE_MAX_SIDE} per side)")
-    freqs = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 4, dtype=torch.float32)[: head_dim // 4] / head_dim))
-    rows = torch.arange(h, dtype=torch.float32).repeat_interleave(w)
-    cols = torch.arange(w, dtype=torch.float32).repeat(h)
+    f32 = dict(dtype=torch.float32, device=device)
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 4, **f32)[: head_dim // 4] / head_dim))
+    rows = torch.arange(h, **f32).repeat_interleave(w)
+    cols = torch.arange(w, **f32).repeat(h)
     ang = torch.stack([torch.outer(cols, freqs), torch.outer(rows, freqs)], dim=-1)  # [hw, hd/4, 2]
     return ang.reshape(h * w, head_dim // 2).to(dtype)
 
@@ -196,7 +198,7 @@ class MoonViTTower:
         dt = patches.dtype
         proj = p["vision_tower.patch_embed.proj.weight"].to(dt)
         x = patches.flatten(1) @ proj.flatten(1).T + self._pos_embed(h, w, dt)
-        angles = rope_2d_angles(h, w, c.head_dim, dtype=dt)
+        angles = rope_2d_angles(h, w, c.head_dim, dtype=dt, device=patches.device)
         for i in range(c.num_layers):
             x = self._block(x, i, angles)
         x = _rms_norm(x, p["vision_tower.encoder.final_layernorm.weight"].to(dt), None)

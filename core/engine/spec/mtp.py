@@ -48,6 +48,27 @@ class _Seq:
     last: torch.Tensor | None = None      # the MTP output [d] at position written - 1
 
 
+def mtp_cache_format(cfg, cache_format: CacheFormat, *, platform, activation_dtype) -> CacheFormat:
+    """The MTP layer's own cache format: the target's record dtypes and block size over
+    `mtp_cache_config(cfg)` (one MLA layer, no KDA state)."""
+    return CacheFormat.build(mtp_cache_config(cfg), activation_dtype=activation_dtype,
+                             kv_cache_dtype=cache_format.kv_cache_dtype,
+                             index_cache_dtype=cache_format.index_cache_dtype, block_size=cache_format.block_size,
+                             platform=platform)
+
+
+def target_cache_share(cache_bytes: int, cfg, cache_format: CacheFormat, *, platform, activation_dtype) -> int:
+    """The target's part of `cache_bytes` when the MTP cache comes out of the same budget.
+
+    The MTP cache holds as many pages as the target has token rows (plus a few per request), so
+    the budget splits in the ratio of the two row sizes. Without this the target plans the whole
+    budget (on an accelerator: what the weights leave) and the MTP cache's allocation fails."""
+    target_row = cache_format.layout(cfg).row_bytes
+    mtp_row = mtp_cache_format(cfg, cache_format, platform=platform,
+                               activation_dtype=activation_dtype).layout(mtp_cache_config(cfg)).row_bytes
+    return cache_bytes * target_row // (target_row + mtp_row)
+
+
 class MTPProposer:
     """Drafts k tokens per request with the MTP layer of the target checkpoint (`model_dir`, or
     the speculative config's `model`), for the target model `target`; its cache pages hold up to
@@ -72,9 +93,7 @@ class MTPProposer:
         load_checkpoint(self.layer, source, progress=False, part="mtp")
         self.layer.block.self_attn.fold_weights()
         cache_cfg = mtp_cache_config(cfg)
-        fmt = CacheFormat.build(cache_cfg, activation_dtype=target.dtype, kv_cache_dtype=cache_format.kv_cache_dtype,
-                                index_cache_dtype=cache_format.index_cache_dtype, block_size=cache_format.block_size,
-                                platform=platform)
+        fmt = mtp_cache_format(cfg, cache_format, platform=platform, activation_dtype=target.dtype)
         self.block = fmt.block_size
         self.cache = CachePool.on_platform(platform, cache_cfg, fmt, num_rows)
         self.pool = BlockPool(num_rows)

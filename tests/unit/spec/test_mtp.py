@@ -186,3 +186,17 @@ def test_the_target_skips_its_mtp_layer_and_the_mtp_loader_skips_the_target(targ
     report = load_checkpoint(engine.strategy.proposer.layer, target, progress=False, part="mtp")
     assert report.skipped["text model"] > 0 and report.tensors_read > 0
     assert cfg.num_nextn_predict_layers == 1
+
+
+def test_the_mtp_cache_comes_out_of_the_same_budget(target):
+    """kv_cache_memory_gib bounds the target's cache and the MTP layer's cache together (on an
+    accelerator the budget is what the weights leave, so planning the target alone fails the
+    MTP allocation); the split still leaves the MTP cache a page per target token row."""
+    budget = 0.02 * 2**30
+    plain = _engine(target)
+    engine = _engine(target, MTP)
+    proposer = engine.strategy.proposer
+    both = engine.cache.backing.numel() + proposer.cache.backing.numel()
+    assert both <= budget * 1.01, f"{both} bytes of cache for a {budget:.0f}-byte budget"
+    assert engine.cache.backing.numel() < plain.cache.backing.numel()
+    assert proposer.cache.backing.shape[0] >= engine.plan.token_rows

@@ -148,3 +148,13 @@ def test_load_vision_tower_from_checkpoint_dir(tmp_path, tower):
     save_file(partial, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="blocks.1"):
         load_vision_tower(tmp_path)
+
+
+def test_the_tower_builds_everything_on_the_patches_device(tower):
+    """Weights and patches on another device (meta here, standing in for an accelerator): every
+    table the tower builds per call (rotary angles, positions) must follow, or CUDA fails mixing
+    host and device tensors."""
+    cfg, params, _ = tower
+    model = MoonViTTower(cfg, {n: t.to("meta") for n, t in params.items()})
+    out = model.encode_one(torch.empty(4 * 8, 3, 4, 4, dtype=torch.float64, device="meta"), 4, 8)
+    assert out.device.type == "meta" and out.shape == (model.tokens_for_grid(4, 8), 20)
