@@ -68,10 +68,12 @@ def verify(mixer, meta: ForwardMetadata, cache: CacheViews, qkv, conv_w, conv_in
             raise ValueError(f"{longest} verified tokens exceed the record slots' {rec.keys.shape[1]}")
         slot = meta.spec.record_slots[seq]
         heads = rec.keys.shape[2]
-        rec.keys[slot, j] = kk[src].repeat_interleave(heads // kk.shape[1], dim=1)
-        rec.decays[slot, j] = g[src]
-        rec.corrections[slot, j] = u[0, src]
-        rec.qkv[slot, j] = qkv[src]
+        # records are kept in the state dtype (float32 for bf16 activations): the recovery replays the
+        # recurrence from them in that dtype, as the kernel computed it
+        rec.keys[slot, j] = kk[src].repeat_interleave(heads // kk.shape[1], dim=1).to(rec.keys.dtype)
+        rec.decays[slot, j] = g[src].to(rec.decays.dtype)
+        rec.corrections[slot, j] = u[0, src].to(rec.corrections.dtype)
+        rec.qkv[slot, j] = qkv[src].to(rec.qkv.dtype)
     return o[0], None
 
 

@@ -200,3 +200,17 @@ def test_the_mtp_cache_comes_out_of_the_same_budget(target):
     assert both <= budget * 1.01, f"{both} bytes of cache for a {budget:.0f}-byte budget"
     assert engine.cache.backing.numel() < plain.cache.backing.numel()
     assert proposer.cache.backing.shape[0] >= engine.plan.token_rows
+
+
+def test_recover_rollback_with_bf16_activations(target):
+    """The "recover" rollback's records are kept in the state dtype (float32) while bf16 activations
+    come in: the verify pass casts them (it once failed on the dtype mismatch). Greedy output equals
+    plain bf16 decoding of the same prompts."""
+    def bf16(spec=None):
+        return LLMEngine(EngineConfig(model=str(target), dtype="bfloat16", kv_cache_memory_gib=0.02, max_num_seqs=4,
+                                      load_progress=False, speculative_config=spec))
+
+    params = SamplingParams(max_tokens=6, temperature=0)
+    engine = bf16({**MTP, "kda_rollback": "recover"})
+    assert _run(engine, params) == _run(bf16(), params)
+    assert engine.strategy.proposer is not None
