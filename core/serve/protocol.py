@@ -9,6 +9,7 @@ must fit the context) is checked by the handlers. Unknown top-level fields are i
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
@@ -32,8 +33,40 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value, path: str = "") -> str | None:
+    """Where in `value` (JSON as Python objects) a string holds a lone UTF-16 surrogate, or None.
+
+    json.loads turns an escaped pair into one code point, so any surrogate left in a str is
+    unpaired: such text has no UTF-8 form, and the tokenizer would have to guess."""
+    if isinstance(value, str):
+        return path or "value" if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = lone_surrogate_path(k, f"{path}.<key>") or lone_surrogate_path(v, f"{path}.{k}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if not isinstance(v, (int, float)) and (found := lone_surrogate_path(v, f"{path}[{i}]")):
+                return found
+    return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        """One rule for every text field: a lone surrogate is refused (400 naming the field)."""
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
+                             "(surrogates come in escaped pairs)")
+        return value
 
 
 class StreamOptions(_Strict):

@@ -207,3 +207,25 @@ def test_dead_engine_is_503(engine):
             with c.stream("POST", COMPLETIONS, json={"model": MODEL, "prompt": "a", "stream": True}) as r:
                 lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200 and '"code": "engine_dead"' in lines[0] and lines[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (CHAT, _chat(messages=[{"role": "user", "content": "a\ud800b"}]), "messages"),
+    (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]), "messages"),
+    (CHAT, _chat(messages=MSG + [{"role": "assistant", "content": "x\udc00"}, {"role": "user", "content": "y"}]),
+     "messages"),
+    (CHAT, _chat(stop=["x\ud800"]), "stop"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f", "description": "\udc00"}}]), "tools"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "a\ud800", "max_tokens": 2}, "prompt"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "a", "stop": "\ud83d", "max_tokens": 2}, "stop"),
+], ids=["content", "text-part", "assistant", "stop", "tool-description", "prompt", "completion-stop"])
+def test_a_lone_surrogate_is_refused_wherever_it_is(http, engine, path, body, param):
+    """One rule for text: a lone surrogate (valid JSON, invalid Unicode) is a 400 naming the field,
+    in chat content as in `stop` (chat content was once accepted and `stop` refused)."""
+    import json
+
+    r = http.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    error = _error(r, 400, param=param)
+    assert "surrogate" in error["message"], error
+    ok = http.post(CHAT, json=_chat(messages=[{"role": "user", "content": "a pair is fine: \U0001F600"}]))
+    assert ok.status_code == 200, ok.text
