@@ -12,9 +12,9 @@ import os
 import sys
 import time
 
-from k3.dtypes import DTYPES
+from k3.dtype_names import DTYPE_NAMES as DTYPES
 
-from .common import CliError
+from .common import CliError, check_model_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from k3.engine.params import SamplingParams
 
     _check(args)
+    check_model_dir(args.model)
     engine = _engine(args)
     tokenizer = engine.tokenizer
     if args.chat is not None:

@@ -29,7 +29,7 @@ def _refused(capsys, argv, pattern):
 
 
 @pytest.mark.parametrize("extra,pattern", [
-    (["--prefix-match-unit", "32"], "need --enable-prefix-caching"),
+    (["--no-enable-prefix-caching", "--prefix-match-unit", "32"], "need prefix caching"),
     (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
     (["--decode-context-parallel-size", "2"], "must divide --tensor-parallel-size 1"),
