@@ -2,7 +2,9 @@
 
 `K3ArgumentParser` refuses abbreviated long options (`--max-model` is not `--max-model-len`),
 reports an unknown option with the usage of the subcommand it was given to (not the top-level
-`k3` usage), and adds "did you mean" hints for unknown options, subcommands and choices.
+`k3` usage), and adds "did you mean" hints for unknown options, subcommands and choices. A
+parser's `refused_options` ({flag: reason}) answers flags it knows but does not implement (vLLM's
+that k3 has no counterpart of) with the reason instead.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class K3ArgumentParser(argparse.ArgumentParser):
         args, extras = self.parse_known_args(args, namespace)
         if extras:
             target = self._innermost(args)
+            refused = getattr(target, "refused_options", {})
+            for e in extras:
+                if e.split("=", 1)[0] in refused:
+                    target.error(f"{e.split('=', 1)[0]} (vLLM's) is not supported by k3: {refused[e.split('=', 1)[0]]}")
             options = target.option_strings()
             hints = "".join(did_you_mean(e, options) for e in extras if e.startswith("-"))
             target.error(f"unrecognized arguments: {' '.join(extras)}{hints}")

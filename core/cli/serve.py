@@ -22,6 +22,7 @@ from k3.dtype_names import DTYPE_ALIASES, DTYPE_NAMES
 from . import values
 from .common import CliError, check_model_dir, fail
 from .plan import add_cache_arguments, resolve_prefix_caching
+from .vllm_flags import REFUSED
 
 # --dtype: "auto" (the checkpoint's), k3's dtype names and vLLM's aliases for them
 DTYPES = {"auto": "auto", **{name: name for name in DTYPE_NAMES}, **DTYPE_ALIASES}
@@ -90,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-overrides", type=values.json_object, default=None, metavar="JSON",
                         help="fields merged into the checkpoint's config.json before it is read (nested objects "
                              'merge key by key), e.g. \'{"max_position_embeddings": 65536}\'')
+    parser.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                        help="a Jinja chat template (a file, or the template itself) that renders chat prompts "
+                             "instead of the model's own format (default: the model's; docs/serving.md)")
     parser.add_argument("--quantization", "-q", default=None, metavar="METHOD",
                         help="accepted for vLLM command lines when it names the checkpoint's own "
                              "quantization_config.quant_method (k3 serves the checkpoint's format; another is refused)")
@@ -107,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM / Ctrl-C: stop admitting (503), give running requests up to S seconds, then "
                              "end the rest with finish_reason 'abort' (default 30; a second signal stops at once)")
     parser.add_argument("--uvicorn-log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's log level (default info: the access log)")
     group = parser.add_argument_group("distributed serving (docs/distributed.md)")
     group.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
                        help="DP ranks, each with its own scheduler and cache (data-parallel attention); the server on "
@@ -139,6 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
                             '"kv_producer" | "kv_consumer" | "kv_both", "kv_ip": ..., "kv_port": ..., '
                             '"kv_connector_extra_config": {...}}\'; put k3-pd-proxy in front of the instances')
+    parser.refused_options = REFUSED          # vLLM flags k3 does not implement: answered with the reason
     for action in parser._actions:
         action.help = SERVE_HELP.get(action.dest, action.help)
         if action.dest in PLATFORM_TUNABLE:  # let platform defaults tell unset options from set ones
@@ -147,7 +153,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Help of the shared cache flags where serving reads them differently from `k3 plan`.
 SERVE_HELP = {
-    "max_model_len": "context limit, prompt + output (default: the smaller of the config's and what the cache holds)",
+    "max_model_len": "context limit, prompt + output: N, 32k (32,000), 32K (32,768), 1M, or auto (the default: the "
+                     "smaller of the config's and what the cache holds)",
     "gpu_memory": "a `k3 plan` option: refused (the server reads the accelerator's memory)",
     "decode_context_parallel_size": "DCP ranks inside each TP group: each stores every N-th token's MLA latents "
                                     "and index keys (N divides --tensor-parallel-size; docs/context-parallel.md)",
@@ -341,6 +348,19 @@ def _check_quantization(method: str | None, model_config) -> None:
                        "load; leave --quantization out")
 
 
+def chat_template(args: argparse.Namespace):
+    """The JinjaChatTemplate of --chat-template (None without it); CliError when it cannot be
+    read or compiled."""
+    if args.chat_template is None:
+        return None
+    from k3.chat.jinja_template import JinjaChatTemplate, JinjaTemplateError
+
+    try:
+        return JinjaChatTemplate(args.chat_template)
+    except (JinjaTemplateError, OSError) as e:
+        raise CliError(f"--chat-template: {e}") from None
+
+
 def sampling_defaults(args: argparse.Namespace) -> dict | None:
     """The request defaults of --generation-config (auto: the checkpoint's
     generation_config.json, DIR: DIR's, vllm: none) with --override-generation-config over
@@ -426,7 +446,8 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_arguments(args)
     _check_flags(args)
-    defaults = sampling_defaults(args)          # a bad override fails before the model loads
+    defaults = sampling_defaults(args)          # a bad override or template fails before the model loads
+    template = chat_template(args)
     code = run_without_server(args)
     if code is not None:
         return code
@@ -441,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
                             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                             sampling_defaults=defaults, max_prompts_per_request=args.max_prompts_per_request,
                             max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
-                            public_docs=args.public_docs)
+                            public_docs=args.public_docs, chat_template=template)
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate

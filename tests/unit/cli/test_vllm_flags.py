@@ -171,3 +171,14 @@ def test_model_card_command_line_runs(tmp_path):
                 last = out
         outputs.append(last.outputs[0].token_ids)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 8
+
+
+def test_chat_template_flag(model, tmp_path):
+    from k3.cli.serve import chat_template
+
+    assert chat_template(parse("serve MODEL", model)) is None
+    path = tmp_path / "t.jinja"
+    path.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert chat_template(parse(f"serve MODEL --chat-template {path}", model)).render([{"content": "x"}]) == "x"
+    with pytest.raises(CliError, match="--chat-template: .*no such file"):
+        chat_template(parse(f"serve MODEL --chat-template {tmp_path / 'missing.jinja'}", model))
