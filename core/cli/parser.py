@@ -15,6 +15,7 @@ import re
 import sys
 from typing import NoReturn
 
+_ARGV: list[str] = []          # the command line being parsed (for hints in errors of subparsers)
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)")
 
 
@@ -46,6 +47,8 @@ class K3ArgumentParser(argparse.ArgumentParser):
         return [s for action in self._actions for s in action.option_strings]
 
     def parse_args(self, args=None, namespace=None):
+        global _ARGV
+        _ARGV = list(sys.argv[1:] if args is None else args)
         args, extras = self.parse_known_args(args, namespace)
         if extras:
             target = self._innermost(args)
@@ -74,5 +77,10 @@ class K3ArgumentParser(argparse.ArgumentParser):
         if m and "did you mean" not in message:
             choices = re.findall(r"'([^']*)'", m.group("choices"))
             message += did_you_mean(m.group("value"), choices)
+        elif message.startswith("the following arguments are required"):
+            # argparse reports a missing required option before unknown ones: name a misspelt one
+            options = self.option_strings()
+            unknown = [w.split("=", 1)[0] for w in _ARGV if w.startswith("--") and w.split("=", 1)[0] not in options]
+            message += "".join(f"; unrecognized {w}{did_you_mean(w, options)}" for w in unknown)
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")

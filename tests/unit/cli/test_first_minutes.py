@@ -47,6 +47,11 @@ def test_bad_flag_shows_the_subcommands_usage_and_a_hint(capsys):
     assert err.startswith("usage: k3 plan ") and "(did you mean --tensor-parallel-size?)" in err
 
 
+def test_misspelt_required_option_gets_a_hint(capsys):
+    err = _usage_error(capsys, ["generate", "--modle", "x", "--prompt", "a"])
+    assert err.startswith("usage: k3 generate ") and "unrecognized --modle (did you mean --model?)" in err
+
+
 def test_abbreviations_are_refused(capsys):
     err = _usage_error(capsys, ["serve", "m", "--max-model", "4"])
     assert err.startswith("usage: k3 serve ") and "unrecognized arguments: --max-model" in err
