@@ -19,7 +19,8 @@ from .parser import K3ArgumentParser
 SUBCOMMANDS = {
     "info": ("k3.cli.info", "architecture summary of a preset or a checkpoint"),
     "checkpoint": ("k3.cli.checkpoint", "make checkpoints (random weights for tests and benchmarks)"),
-    "generate": ("k3.cli.generate", "generate text for one prompt or chat turn (one request, on the platform k3 serve picks)"),
+    "generate": ("k3.cli.generate",
+                 "generate text for one prompt or chat turn (one request, on the platform k3 serve picks)"),
     "serve": ("k3.cli.serve", "the OpenAI-compatible server (vLLM-style flags)"),
     "plan": ("k3.cli.plan", "the packed cache plan and its capacity for a memory budget"),
     "plugins": ("k3.cli.plugins", "plugins, platforms, kernel providers"),

@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                        help="name(s) clients pass as `model` (default: --model as given); the first is reported")
+                        help="name(s) clients pass as `model` (default: the model as given); the first is reported")
     parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help="require `Authorization: Bearer KEY` (any of the keys given) on /v1 routes and the "
                              "API docs pages (default: $K3_API_KEY and $VLLM_API_KEY, those set)")
@@ -83,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reasoning-parser", choices=["kimi_k3"], default=None,
                         help="split the think channel into reasoning_content")
     parser.add_argument("--generation-config", default="auto", metavar="{auto,vllm,DIR}",
-                        help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty): auto: from the checkpoint's generation_config.json; "
-                             "DIR: from DIR/generation_config.json; vllm: none")
+                        help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty): auto: "
+                             "from the checkpoint's generation_config.json; DIR: from DIR/generation_config.json; "
+                             "vllm: none")
     parser.add_argument("--override-generation-config", type=values.json_object, default=None, metavar="JSON",
                         help='request defaults over --generation-config\'s, e.g. \'{"temperature": 0.6}\' (with '
                              '--generation-config vllm: only these)')

@@ -23,7 +23,8 @@ VLLM_SPELLINGS = (
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--chat-template",
 )
 
-_PP = "pipeline parallelism is not implemented: use --tensor-parallel-size, --data-parallel-size, --enable-expert-parallel"
+_PP = ("pipeline parallelism is not implemented: use --tensor-parallel-size, --data-parallel-size, "
+       "--enable-expert-parallel")
 _HUB = "k3 serves a local checkpoint directory (no hub downloads): pass its path as MODEL"
 _COMPILE = "k3 captures decode graphs itself: use --cudagraph-capture-sizes or --enforce-eager"
 

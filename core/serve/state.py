@@ -21,7 +21,8 @@ class ServerState:
     parse_tool_calls: bool = False   # --enable-auto-tool-choice with --tool-call-parser kimi_k3
     parse_reasoning: bool = False    # --reasoning-parser kimi_k3
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
-    chat_template: Any = None        # --chat-template: a k3.chat.jinja_template.JinjaChatTemplate (None: the model's format)
+    chat_template: Any = None        # --chat-template: a k3.chat.jinja_template.JinjaChatTemplate (None: the
+                                     # model's own chat format)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
     created: int = field(default_factory=lambda: int(time.time()))
