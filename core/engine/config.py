@@ -49,6 +49,9 @@ class EngineConfig:
     # prefill/decode disaggregation: vLLM's --kv-transfer-config JSON (k3.engine.kv_transfer.config,
     # docs/disaggregation.md); None: a standalone engine
     kv_transfer_config: str | dict | None = None
+    # fields merged into the checkpoint's config.json before it is read (vLLM's --hf-overrides;
+    # k3.config.with_overrides)
+    hf_overrides: dict | None = None
 
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""

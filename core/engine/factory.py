@@ -61,7 +61,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     """Every part of an engine for `config` (broadcast: the tensor-parallel rank 0's sender)."""
     config.validate()
     platform = platform or select_platform(config.platform)
-    cfg = K3Config.from_pretrained(config.model)
+    cfg = K3Config.from_pretrained(config.model, config.hf_overrides)
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
     model = load_model(config, cfg, platform, parallel)
     device = torch.device(platform.info.device)

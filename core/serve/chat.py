@@ -73,15 +73,18 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     try:
         k3 = chat_format(tok) == "k3"
     except ChatFormatUnavailable as e:
-        raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
-                          code="chat_format_unavailable") from None
+        if state.chat_template is None:
+            raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
+                              code="chat_format_unavailable") from None
+        k3 = False
+    render = state.chat_template.prompt_ids if state.chat_template is not None else chat_prompt_ids
     kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
     if req.reasoning_effort is not None:
         kwargs.setdefault("thinking_effort", req.reasoning_effort)
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)
-        ids = chat_prompt_ids(
+        ids = render(
             tok, [m.model_dump(exclude_none=True) for m in req.messages],
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None, tool_choice=choice,
             response_format=req.response_format.model_dump(exclude_none=True) if req.response_format else None,

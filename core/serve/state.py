@@ -17,10 +17,12 @@ from .metrics import Metrics
 class ServerState:
     engine: Any                      # AsyncEngine (or anything with its interface)
     model_names: list[str]           # the first is reported in responses
-    api_key: str | None = None
+    api_keys: tuple[str, ...] | None = None   # --api-key: any of these (None: no key needed)
     parse_tool_calls: bool = False   # --enable-auto-tool-choice with --tool-call-parser kimi_k3
     parse_reasoning: bool = False    # --reasoning-parser kimi_k3
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template: Any = None        # --chat-template: a k3.chat.jinja_template.JinjaChatTemplate (None: the
+                                     # model's own chat format)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
     created: int = field(default_factory=lambda: int(time.time()))
@@ -65,14 +67,16 @@ def get_state(request: Request) -> ServerState:
 
 def api_key_error(request: Request) -> APIError | None:
     """The 401 for a request without the server's key (None when it has it, or no key is set)."""
-    key = get_state(request).api_key
-    if key is None:
+    keys = get_state(request).api_keys
+    if keys is None:
         return None
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         return APIError(401, "Missing API key: send `Authorization: Bearer KEY`.", code="invalid_api_key")
-    if not secrets.compare_digest(token.strip().encode(), key.encode()):
+    given = token.strip().encode()
+    # every key compared (no early exit), each in constant time
+    if not sum(secrets.compare_digest(given, key.encode()) for key in keys):
         return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
     return None
 

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = (
-    ("base", {"k3.dtypes", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
+    ("base", {"k3.dtypes", "k3.dtype_names", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
               "k3.__version__"}),           # the root package's version string (a constant, no import)
     ("text", {"k3.tokenizer", "k3.chat"}),
     ("number formats", {"k3.quant"}),

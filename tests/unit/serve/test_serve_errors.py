@@ -182,6 +182,16 @@ def test_api_key(keyed, engine):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_several_api_keys(engine):
+    """--api-key a b: either key opens /v1, anything else is a 401."""
+    with LiveServer(build_app(engine, served_model_name=MODEL, api_key=["first", "second"])) as live, \
+            httpx.Client(base_url=live.url) as c:
+        for key in ("first", "second"):
+            assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        for key in ("third", "firstsecond", "first second"):
+            _error(c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}), 401, code="invalid_api_key")
+
+
 def test_server_still_serves_after_all_that(client, engine):
     assert client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2).usage.completion_tokens == 2
 
