@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import chat, completions, metrics, models
+from . import chat, completions, lora, metrics, models
 from .docs_auth import protect_docs
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
@@ -80,6 +80,6 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
     install_error_handlers(app)
     if api_key is not None and not public_docs:
         protect_docs(app)
-    for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
+    for router in (chat.router, completions.router, models.v1, lora.v1, models.router, metrics.router):
         app.include_router(router)
     return app
