@@ -62,7 +62,13 @@ class MoE(K3Module):
 
     W4A16 experts (compressed-tensors `pack-quantized`) load into packed int32 planes and fp32
     scales; `dequantize_int4_experts` turns them into the dense stacks (the model's dtype)
-    once every tensor is read, and frees the planes: the kernels see dense experts."""
+    once every tensor is read, and frees the planes: the kernels see dense experts.
+
+    LoRA adapters (`k3.model.lora`) may add to every routed expert's w1 / w3 / w2 (bf16 adapters
+    beside MXFP4 or dense bases) and to the latent projections; a batch with expert adapters
+    runs its routed experts on `k3.reference.lora.lora_experts_forward`."""
+
+    LORA_PARAMS = ("w13", "w2", "routed_expert_down_proj", "routed_expert_up_proj")
 
     def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype, device=None):
         super().__init__()
