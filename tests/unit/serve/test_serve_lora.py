@@ -105,3 +105,25 @@ def test_prefix_caching_never_shares_across_adapters(lora_server):
         assert lp[1] == pytest.approx(lp[2], abs=1e-4)      # the cached prefix gives b2's own answer
     finally:
         httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "b2"})
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    (["--lora-modules", "a=/x"], "--lora-modules needs --enable-lora"),
+    (["--enable-lora", "--lora-modules", "a"], "'a' is not name=path"),
+    (["--enable-lora", "--lora-modules", "a=/nonexistent-adapter"], "LoRA adapter /nonexistent-adapter: not a folder"),
+    (["--enable-lora", "--tensor-parallel-size", "2"], "does not combine with tensor_parallel_size"),
+], ids=["modules-without-enable", "not-name-path", "missing-folder", "tensor-parallel"])
+def test_serve_flags_are_checked(capsys, checkpoint, extra, pattern):
+    import re
+
+    from k3.cli.main import main
+
+    assert main(["serve", "--model", str(checkpoint), "--port", "0", *extra]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line.startswith("k3: error: ")]
+    assert len(err) == 1 and re.search(re.escape(pattern), err[0]), err
+
+
+def test_lora_modules_take_vllm_json():
+    from k3.cli.serve import lora_modules
+
+    assert lora_modules(['{"name": "x", "path": "/p", "base_model_name": "m"}', "y=/q"]) == {"x": "/p", "y": "/q"}
