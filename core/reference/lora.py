@@ -42,11 +42,15 @@ def lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.
     Returns [T, out] in the compute dtype of x and the adapters (no host synchronisation)."""
     _check("lora_delta", x, a, b, scales, indices, 0)
     cd = compute_dtype(x, a, b)
-    has = indices >= 0
-    slot = indices.clamp(min=0).long()
-    shrink = torch.einsum("tri,ti->tr", a[slot].to(cd), x.to(cd))               # [T, R]
-    out = torch.einsum("tor,tr->to", b[slot].to(cd), shrink)                     # [T, out]
-    return out * torch.where(has, scales.to(cd)[slot], torch.zeros((), dtype=cd, device=x.device))[:, None]
+    xc, sc = x.to(cd), scales.to(cd)
+    zero = torch.zeros((), dtype=cd, device=x.device)
+    out = torch.zeros(x.shape[0], b.shape[1], dtype=cd, device=x.device)
+    # one shrink and one expand per slot over every row, each row weighted by its slot's scale or 0:
+    # no gather of per-row adapter copies ([T, R, in] would not fit at real sizes), no host sync
+    for s in range(a.shape[0]):
+        weight = torch.where(indices == s, sc[s], zero)                          # [T]
+        out += ((xc @ a[s].to(cd).T) * weight[:, None]) @ b[s].to(cd).T
+    return out
 
 
 def lora_experts_forward(

@@ -80,6 +80,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
     install_error_handlers(app)
     if api_key is not None and not public_docs:
         protect_docs(app)
-    for router in (chat.router, completions.router, models.v1, lora.v1, models.router, metrics.router):
+    for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
         app.include_router(router)
+    if getattr(getattr(engine, "engine", None), "lora", None) is not None:   # as vLLM: LoRA routes only with LoRA on
+        app.include_router(lora.v1)
     return app

@@ -3,12 +3,13 @@
 Bodies as vLLM's: {"lora_name", "lora_path"} to load, {"lora_name"} to unload; a success answers
 200 with vLLM's plain-text sentence, a refusal an OpenAI error (400: a bad or duplicate adapter,
 LoRA not enabled, no free slot; 404: unloading a name that is not loaded). The registry is
-changed on the engine thread, between steps (`AsyncEngine.call`).
+changed on the engine thread, between steps (`AsyncEngine.call`). The routes exist only on a
+server whose engine has LoRA enabled (elsewhere they are unknown routes, 404).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,7 +18,8 @@ from .responses import ERROR_RESPONSES
 from .state import get_state, require_api_key
 
 v1 = APIRouter(dependencies=[Depends(require_api_key)])
-_RESPONSES = {400: ERROR_RESPONSES[400], 401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]}
+_RESPONSES = {200: {"description": "vLLM's success sentence", "content": {"text/plain": {"schema": {"type": "string"}}}},
+              400: ERROR_RESPONSES[400], 401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]}
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -49,7 +51,7 @@ def _engine_has_lora(request: Request) -> None:
         raise APIError(400, "LoRA is not enabled on this server: start it with --enable-lora", code="lora_disabled")
 
 
-@v1.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_RESPONSES)
+@v1.post("/v1/load_lora_adapter", response_class=Response, responses=_RESPONSES)
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
     """Load a PEFT adapter under `lora_name`; requests then select it with `model`."""
     _engine_has_lora(request)
@@ -59,7 +61,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@v1.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_RESPONSES)
+@v1.post("/v1/unload_lora_adapter", response_class=Response, responses=_RESPONSES)
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
     """Unload adapter `lora_name` (requests running on it finish on it)."""
     _engine_has_lora(request)

@@ -53,7 +53,7 @@ class ServerState:
 
     def lora_adapters(self) -> list:
         """The engine's loaded LoRA adapters (k3.lora.LoadedAdapter), [] without LoRA."""
-        registry = getattr(self.engine.engine, "lora", None)
+        registry = getattr(getattr(self.engine, "engine", None), "lora", None)
         return [] if registry is None else list(registry.adapters.values())
 
     def check_model(self, name: str) -> str:

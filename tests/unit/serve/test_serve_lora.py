@@ -127,3 +127,11 @@ def test_lora_modules_take_vllm_json():
     from k3.cli.serve import lora_modules
 
     assert lora_modules(['{"name": "x", "path": "/p", "base_model_name": "m"}', "y=/q"]) == {"x": "/p", "y": "/q"}
+
+
+def test_the_lora_routes_exist_only_with_lora(server):
+    """The session server's engine has no LoRA: the routes are unknown (404), as on vLLM
+    without runtime LoRA updating; an adapter name there is an unknown model."""
+    r = httpx.post(server.url + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/x"})
+    assert r.status_code == 404 and "error" in r.json()
+    assert [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]] == [MODEL, "alias"]
