@@ -20,8 +20,6 @@ from k3.plugin.tables import KernelSet
 from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from k3.reference.lora import lora_experts_forward
-
 from .expert_dispatch import dispatch_combine, peer_rows, tp_slice
 from .lora import apply_lora, expert_lora
 from .module import K3Module, WeightSpec
@@ -66,7 +64,7 @@ class MoE(K3Module):
 
     LoRA adapters (`k3.model.lora`) may add to every routed expert's w1 / w3 / w2 (bf16 adapters
     beside MXFP4 or dense bases) and to the latent projections; a batch with expert adapters
-    runs its routed experts on `k3.reference.lora.lora_experts_forward`."""
+    runs its routed experts on the `lora.experts` kernel entry."""
 
     LORA_PARAMS = ("w13", "w2", "routed_expert_down_proj", "routed_expert_up_proj")
 
@@ -214,9 +212,9 @@ class MoE(K3Module):
         if adapters is not None:
             w13, w2 = self.expert_weights()
             w13_lora, w2_lora, scales = adapters
-            return lora_experts_forward(x, w13, w2, chosen.weights, chosen.ids, lora.token_slots, w13_lora=w13_lora,
-                                        w2_lora=w2_lora, scales=scales, expert_start=self.expert_start,
-                                        **_activation(self.cfg))
+            return self.kernels.lora.experts(x, w13, w2, chosen.weights, chosen.ids, lora.token_slots,
+                                             w13_lora=w13_lora, w2_lora=w2_lora, scales=scales,
+                                             expert_start=self.expert_start, **_activation(self.cfg))
         return self._run_experts(x, chosen.ids, chosen.weights, decode)
 
     def _dispatched(self, h: torch.Tensor, capacity_rows: int | None) -> torch.Tensor:

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from k3.reference.lora import lora_delta
-
 from .metadata import LoRAMetadata
 from .module import K3Module
 
@@ -134,14 +132,15 @@ def apply_lora(module: K3Module, param: str, x: torch.Tensor, y: torch.Tensor,
                lora: LoRAMetadata | None) -> torch.Tensor:
     """y = x @ param^T (the module's product) plus every live adapter target of `param`, per row
     (`k3.reference.lora.lora_delta`); y itself when the call has no adapter rows or the
-    parameter no adapter. Each target's rows are rounded once to y's dtype after the add."""
+    parameter no adapter. Each target's rows are rounded once to y's dtype after the add. The
+    delta is the module's `lora.delta` kernel entry (`k3.plugin.kernels.lora`)."""
     targets = _live(module, param, lora)
     if not targets:
         return y
     y = y.clone()
-    scales = module.__dict__["_lora_scales"]
+    scales, delta = module.__dict__["_lora_scales"], module.kernels.lora.delta
     for t in targets:
-        y[:, t.rows] = (y[:, t.rows] + lora_delta(x, t.a, t.b, scales, lora.token_slots)).to(y.dtype)
+        y[:, t.rows] = (y[:, t.rows] + delta(x, t.a, t.b, scales, lora.token_slots)).to(y.dtype)
     return y
 
 
