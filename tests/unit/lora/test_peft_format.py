@@ -38,7 +38,12 @@ def _targets(model):
 def test_a_peft_adapter_reads_with_its_scale(adapter, meta_model):
     read = read_peft_adapter(adapter, _targets(meta_model), max_rank=8)
     assert read.rank == 4 and read.scale == 2.0              # lora_alpha 8 / r 4
-    assert ("model.layers.0.mlp.down_proj", None) in read.weights or read.weights
+    written = load_file(str(adapter / "adapter_model.safetensors"))
+    assert 2 * len(read.weights) == len(written) > 0
+    for (target, expert), (a, b) in read.weights.items():      # each pair back under its PEFT names
+        module = target if expert is None else target.replace("{expert}", str(expert))
+        assert torch.equal(a, written[f"base_model.model.{module}.lora_A.weight"])
+        assert torch.equal(b, written[f"base_model.model.{module}.lora_B.weight"])
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "use_rslora": True}))
     assert read_peft_adapter(adapter, _targets(meta_model), max_rank=8).scale == 4.0   # 8 / sqrt(4)
