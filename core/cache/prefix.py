@@ -12,6 +12,10 @@ prefill pass) not beyond the attention hit; without a checkpoint a hybrid model 
 nothing rather than resume the recurrence from a wrong state. Eviction is LRU over leaves:
 a unit goes only after its descendants, and takes the checkpoint saved at it, so no entry
 survives that points past a missing page.
+
+Every call takes a `salt` that starts the key chain (b"": none): requests that must never share
+cached prefixes (two LoRA adapters, or the base model and an adapter) hash with different salts,
+so equal token prefixes under different salts are different keys.
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ class PrefixCache:
         self.stats = PrefixStats()
 
     # ------------------------------------------------------------------ keys
-    def keys(self, tokens: list[int], num_units: int) -> list[bytes]:
-        """Chain keys of the first num_units units of tokens."""
-        out, parent = [], b""
+    def keys(self, tokens: list[int], num_units: int, salt: bytes = b"") -> list[bytes]:
+        """Chain keys of the first num_units units of tokens, the chain started from `salt`."""
+        out, parent = [], salt
         for k in range(num_units):
             h = hashlib.blake2b(parent, digest_size=16)
             h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens[k * self.unit: (k + 1) * self.unit]))
@@ -77,10 +81,10 @@ class PrefixCache:
         unit.last_used = self._clock
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens: list[int]) -> PrefixHit:
+    def lookup(self, tokens: list[int], salt: bytes = b"") -> PrefixHit:
         """The longest reusable prefix of `tokens`, leaving at least one token to compute."""
         self.stats.queries += 1
-        keys = self.keys(tokens, (len(tokens) - 1) // self.unit)
+        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -121,13 +125,14 @@ class PrefixCache:
         return [self.units[keys[(b + 1) * per_row - 1]].row for b in range(full)]
 
     # ------------------------------------------------------------------ insertion
-    def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0) -> int:
+    def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0,
+                 salt: bytes = b"") -> int:
         """Cache the full units among the first `computed` tokens, held in `rows` (the request's
         rows in position order). Returns the number of units now registered for it."""
         n = computed // self.unit
         if n <= start_unit:
             return start_unit
-        keys = self.keys(tokens, n)
+        keys = self.keys(tokens, n, salt)
         for k in range(start_unit, n):
             if keys[k] in self.units:
                 continue
@@ -143,21 +148,21 @@ class PrefixCache:
             self._row_users[row] = self._row_users.get(row, 0) + 1
         return n
 
-    def add_checkpoint(self, tokens: list[int], position: int, state_row: int) -> bool:
+    def add_checkpoint(self, tokens: list[int], position: int, state_row: int, salt: bytes = b"") -> bool:
         """Keep `state_row` (the KDA state after `position` tokens, a unit boundary) as a
         checkpoint. The cache takes over the row's reference; a duplicate is freed. Returns
         whether it was kept."""
         if position <= 0 or position % self.unit:
             raise ValueError(f"checkpoint position {position} is not a positive multiple of the unit {self.unit}")
-        key = self.keys(tokens, position // self.unit)[-1]
+        key = self.keys(tokens, position // self.unit, salt)[-1]
         if key in self.checkpoints or key not in self.units:
             self.pool.free([state_row])
             return False
         self.checkpoints[key] = state_row
         return True
 
-    def has_checkpoint(self, tokens: list[int], position: int) -> bool:
-        return self.keys(tokens, position // self.unit)[-1] in self.checkpoints
+    def has_checkpoint(self, tokens: list[int], position: int, salt: bytes = b"") -> bool:
+        return self.keys(tokens, position // self.unit, salt)[-1] in self.checkpoints
 
     # ------------------------------------------------------------------ eviction
     def evict(self, rows_wanted: int) -> int:

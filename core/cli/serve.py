@@ -140,6 +140,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
                             "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
                             "each process joins as $RANK and only rank 0 serves HTTP")
+    group = parser.add_argument_group("LoRA adapters (docs/lora.md)")
+    group.add_argument("--enable-lora", action="store_true",
+                       help="serve PEFT LoRA adapters beside the base model (the `model` field selects one; "
+                            "/v1/load_lora_adapter and /v1/unload_lora_adapter change them at run time)")
+    group.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="adapters loaded at start-up: name=path or vLLM's JSON "
+                            "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)")
+    group.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
+                       help="the largest adapter rank accepted (default 16; K3 adapters go up to 32)")
+    group.add_argument("--max-loras", type=int, default=1, metavar="N",
+                       help="adapters resident at once, the slots a batch may mix (default 1)")
     group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
     group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
@@ -198,10 +209,35 @@ def _usage_error(parser, message: str):
     if parser is not None:
         parser.error(message)
     raise CliError(message)
+def lora_modules(values: list[str] | None) -> dict[str, str] | None:
+    """--lora-modules values (name=path, or vLLM's JSON {"name", "path"}) -> {name: path}."""
+    if not values:
+        return None
+    import json
+
+    out: dict[str, str] = {}
+    for value in values:
+        if value.lstrip().startswith("{"):
+            try:
+                item = json.loads(value)
+                name, path = item["name"], item["path"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CliError(f"--lora-modules: {value!r} is not JSON with \"name\" and \"path\"") from None
+        else:
+            name, sep, path = value.partition("=")
+            if not sep or not name or not path:
+                raise CliError(f"--lora-modules: {value!r} is not name=path")
+        if name in out:
+            raise CliError(f"--lora-modules: the name {name!r} is given twice")
+        out[name] = path
+    return out
 
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse what is not implemented or inconsistent before anything loads."""
+    if args.lora_modules and not args.enable_lora:
+        raise CliError("--lora-modules needs --enable-lora")
+    lora_modules(args.lora_modules)
     if not args.enable_prefix_caching and (args.prefix_match_unit is not None or args.kda_checkpoint_interval):
         raise CliError("--prefix-match-unit and --kda-checkpoint-interval need prefix caching (leave out "
                        "--no-enable-prefix-caching)")
@@ -325,7 +361,9 @@ def engine_config(args: argparse.Namespace):
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
         async_scheduling=args.async_scheduling, kv_transfer_config=args.kv_transfer_config,
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
-        hf_overrides=args.hf_overrides)
+        hf_overrides=args.hf_overrides,
+        enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
+        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras)
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)
     problems = platform.validate_config(model_config, vars(args))

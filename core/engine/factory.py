@@ -55,6 +55,7 @@ class EngineParts:
     graph_capture_error: str | None
     kv_producer: object = None          # k3.engine.kv_transfer.producer.KVProducer (disaggregation)
     kv_consumer: object = None          # k3.engine.kv_transfer.consumer.KVConsumer
+    lora: object = None                 # k3.lora.LoRARegistry (enable_lora)
 
 
 def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
@@ -65,6 +66,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
     model = load_model(config, cfg, platform, parallel)
     device = torch.device(platform.info.device)
+    lora = _lora_registry(config, model, device)
     spec = SpeculativeConfig.parse(config.speculative_config)
     tp = model.parallel.world_size
     # decode graphs are captured on one rank without collectives: none under TP, and none under EP
@@ -130,10 +132,28 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     else:
         strategy = PlainStep(scheduler, runner, outputs)
     kv_producer, kv_consumer = _kv_transfer(config, cache, pool, prefix_cache, scheduler)
+    if lora is not None:     # a slot is reused only when no live request still runs on it
+        lora._in_use = lambda: {r.lora_slot for r in outputs.requests.values() if not r.finished}
     return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
                        prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
-                       kv_producer=kv_producer, kv_consumer=kv_consumer)
+                       kv_producer=kv_producer, kv_consumer=kv_consumer, lora=lora)
+
+
+def _lora_registry(config: EngineConfig, model, device):
+    """The LoRA registry over `max_loras` slots of the model (None without enable_lora), the
+    start-up adapters (`lora_modules`) loaded. Adapters are held in the model's dtype."""
+    if not config.enable_lora:
+        return None
+    from k3.lora import LoRARegistry
+    from k3.model.lora import attach_lora
+
+    state = attach_lora(model, max_loras=config.max_loras, max_rank=config.max_lora_rank, dtype=model.dtype,
+                        device=device)
+    registry = LoRARegistry(state)
+    for name, path in (config.lora_modules or {}).items():
+        registry.load(name, path)
+    return registry
 
 
 def _kv_transfer(config: EngineConfig, cache: CachePool, pool: BlockPool, prefix_cache, scheduler: Scheduler):

@@ -59,15 +59,17 @@ class OutputProcessor:
                              "tokens (prompt + output)")
         return ids
 
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
-        """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids."""
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, *, lora_slot: int = -1,
+            cache_salt: bytes = b"") -> None:
+        """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids.
+        lora_slot / cache_salt: the request's LoRA adapter slot and prefix-cache salt (`Request`)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.check(prompt, params)
         children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
-            request = Request(child, ids, params, seed)
+            request = Request(child, ids, params, seed, lora_slot=lora_slot, cache_salt=cache_salt)
             if params.prompt_logprobs is not None:
                 request.prompt_logprobs.append(None)        # the first prompt token has none
             self.scheduler.add(request)

@@ -47,6 +47,10 @@ class SamplingParams:
     # on a producer (prefill here, publish the rows), a producer's handle ({"do_remote_prefill":
     # true, ...}) on a consumer (pull the rows, decode here)
     kv_transfer_params: dict | None = field(default=None, repr=False)
+    # the LoRA adapter the request runs on (a name the engine has loaded, docs/lora.md); None: the
+    # base model. vLLM passes a LoRARequest beside the params; carried here, it reaches the engine
+    # through every path that forwards the params (n > 1 children, the async engine)
+    lora_name: str | None = None
 
     MAX_LOGPROBS = 20
 

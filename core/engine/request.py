@@ -61,6 +61,10 @@ class Request:
     record_slot: int | None = None
     # prefill/decode disaggregation: the handle a producer published for this request's rows
     kv_transfer_params: dict | None = None
+    # LoRA: the adapter slot the request runs on (-1: the base model) and its prefix-cache salt
+    # (the adapter load's: requests of two adapters never share cached prefixes)
+    lora_slot: int = -1
+    cache_salt: bytes = b""
 
     @property
     def all_token_ids(self) -> list[int]:

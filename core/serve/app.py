@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import chat, completions, metrics, models
+from . import chat, completions, lora, metrics, models
 from .docs_auth import protect_docs
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
@@ -104,4 +104,6 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
         protect_docs(app)
     for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
         app.include_router(router)
+    if getattr(getattr(engine, "engine", None), "lora", None) is not None:   # as vLLM: LoRA routes only with LoRA on
+        app.include_router(lora.v1)
     return app

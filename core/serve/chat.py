@@ -213,6 +213,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     state = get_state(request)
     model = state.check_model(req.model)
     plan = await run_in_threadpool(plan_chat, state, req)     # rendering and tokenising off the event loop
+    plan.params = state.with_adapter(plan.params, req.model)
     check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)

@@ -130,6 +130,7 @@ async def create_completion(req: CompletionRequest, request: Request):
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
                           prompt_logprobs=req.prompt_logprobs, vocab_size=state.vocab_size)
+    params = state.with_adapter(params, req.model)
     for ids in prompts:
         check_context(len(ids), req.max_tokens, state.max_model_len, prompt_param="prompt",
                       max_tokens_param="max_tokens")

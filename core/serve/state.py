@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -52,13 +53,28 @@ class ServerState:
     def model_path(self) -> str:
         return str(self.engine.engine.config.model)
 
+    def lora_adapters(self) -> list:
+        """The engine's loaded LoRA adapters (k3.lora.LoadedAdapter), [] without LoRA."""
+        registry = getattr(getattr(self.engine, "engine", None), "lora", None)
+        return [] if registry is None else list(registry.adapters.values())
+
     def check_model(self, name: str) -> str:
-        """The reported model name; 404 for a name this server does not serve."""
-        if name not in self.model_names:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves "
-                                f"{', '.join(repr(n) for n in self.model_names)}.", param="model",
-                           code="model_not_found")
-        return self.model_names[0]
+        """The reported model name (a LoRA adapter's own name, as vLLM reports it); 404 for a
+        name this server does not serve."""
+        if name in self.model_names:
+            return self.model_names[0]
+        if any(a.name == name for a in self.lora_adapters()):
+            return name
+        served = [*self.model_names, *(a.name for a in self.lora_adapters())]
+        raise APIError(404, f"The model `{name}` does not exist; this server serves "
+                            f"{', '.join(repr(n) for n in served)}.", param="model", code="model_not_found")
+
+    def with_adapter(self, params, name: str):
+        """params running on the LoRA adapter `name` selects (the `model` field, as vLLM reads
+        it); unchanged for a served model name."""
+        if name in self.model_names:
+            return params
+        return dataclasses.replace(params, lora_name=name)
 
 
 def get_state(request: Request) -> ServerState:

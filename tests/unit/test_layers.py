@@ -22,7 +22,7 @@ LAYERS = (
     ("kernel libraries", {"k3.platforms.torch_kernels", "k3.platforms.triton_kernels"}),
     ("model", {"k3.model"}),
     ("platform", {"k3.platform"}),
-    ("cache and checkpoints", {"k3.cache", "k3.checkpoint", "k3.vision"}),
+    ("cache and checkpoints", {"k3.cache", "k3.checkpoint", "k3.vision", "k3.lora"}),
     ("engine", {"k3.engine"}),
     ("server", {"k3.serve"}),
     ("entry points", {"k3.cli", "k3.conformance", "k3"}),
