@@ -49,6 +49,10 @@ class EngineConfig:
     # prefill/decode disaggregation: vLLM's --kv-transfer-config JSON (k3.engine.kv_transfer.config,
     # docs/disaggregation.md); None: a standalone engine
     kv_transfer_config: str | dict | None = None
+    # structured outputs (k3.structured): the grammar backend, and the most seconds one
+    # grammar may take to compile (longer: the request is refused)
+    structured_outputs_backend: str = "xgrammar"
+    structured_outputs_timeout_s: float = 10.0
 
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""
