@@ -69,7 +69,7 @@ SCHEMAS = [
                                       "q": {"enum": [1, 2, 3]}},
      "required": ["p", "q"], "additionalProperties": False},
 ]
-PER_SCHEMA = 4         # 80 requests here; bench/structured_output.py --validate runs 10 a schema (200)
+PER_SCHEMA = 2         # 40 requests here; bench/structured_output.py --validate runs 10 a schema (200)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_schema_requests_validate_and_stop(llm):
         c = out.outputs[0]
         assert c.finish_reason == "stop", (schema, c.text)
         jsonschema.validate(json.loads(c.text), schema)        # strict JSON: no raw control characters
-    assert len({o.outputs[0].text for o in outs}) > 20          # the draws differ: the mask is not a script
+    assert len({o.outputs[0].text for o in outs}) > 10          # the draws differ: the mask is not a script
 
 
 def test_regex_and_choice(llm):
