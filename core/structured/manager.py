@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from .backend import GrammarBackend, VocabInfo, make_backend
 from .errors import StructuredOutputError
+from .program import Constrained, Forced, walk_specs
 from .request_state import RequestGrammar
 from .spec import StructuredOutputsParams
 
@@ -44,14 +45,16 @@ class StructuredOutputs:
             if self._backend is None:
                 if self.tokenizer is None:
                     raise StructuredOutputError("structured outputs need a tokenizer (skip_tokenizer_init is set)")
-                vocab = VocabInfo.from_tokenizer(self.tokenizer, self.vocab_size, self.stop_token_ids)
-                self._backend = make_backend(self.backend_name, vocab)
+                self.vocab = VocabInfo.from_tokenizer(self.tokenizer, self.vocab_size, self.stop_token_ids)
+                self._backend = make_backend(self.backend_name, self.vocab)
             return self._backend
 
     def compile(self, spec: StructuredOutputsParams):
         """The compiled grammar of `spec` (cached); StructuredOutputError when it cannot be
         compiled or compiling takes longer than compile_timeout_s."""
         backend = self.backend
+        if spec.sequence is not None:
+            return [self.compile(s) for s in walk_specs(spec.sequence)]
         key = spec.key()
         with self._lock:
             if key in self._cache:
@@ -86,8 +89,12 @@ class StructuredOutputs:
 
     def request_grammar(self, spec: StructuredOutputsParams) -> RequestGrammar:
         """A fresh per-request state for `spec` (compiling it unless cached)."""
-        compiled = self.compile(spec)
-        return RequestGrammar(self.backend.matcher(compiled), spec, self.stop_token_ids)
+        self.compile(spec)
+        core = list(spec.sequence) if spec.sequence is not None else [Constrained(spec)]
+        segments = [Forced(spec.prefix), *core, Forced(spec.suffix)]
+        backend = self.backend
+        return RequestGrammar(segments, spec.trigger, self.stop_token_ids,
+                              lambda s: backend.matcher(self.compile(s)), self.vocab.encoded_vocab)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,19 +1,18 @@
 """RequestGrammar: one request's structured-output state between steps.
 
-The output is split into phases: free text until the output ends with `spec.trigger` (when
-there is one), then the `spec.prefix` tokens one by one, then the grammar, then the
-`spec.suffix` tokens, then only a stop token. Where the grammar may end, the bitmask allows
-the stop ids; with a suffix, those bits move to the suffix's first token instead, so the
-grammar ends by entering the suffix. Forced tokens go through the same bitmask (one bit set),
-so the sampler needs nothing else.
+Free text until the output ends with the spec's `trigger` (when there is one), then the
+segments in order (`k3.structured.program`): the `prefix` tokens, the grammar (or the
+spec's sequence of forced runs and grammars), the `suffix` tokens, then only a stop token.
+Where a grammar may end, the bitmask allows the stop ids; when forced tokens follow, those
+bits move to the first of them instead, so the grammar ends by entering them. Forced tokens
+go through the same bitmask (one bit set), so the sampler needs nothing else.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .backend import GrammarMatcher
-from .spec import StructuredOutputsParams
+from .program import Constrained, Forced
 
 
 def _int32(value: int) -> int:
@@ -43,68 +42,105 @@ def clear_ids(bitmask: torch.Tensor, row: int, ids) -> None:
 
 
 class RequestGrammar:
-    """stop_token_ids: the ids that end the request (EOS, end-of-message)."""
+    """One request's walk through its segment program (`k3.structured.program`).
 
-    def __init__(self, matcher: GrammarMatcher, spec: StructuredOutputsParams, stop_token_ids):
-        self.matcher, self.spec = matcher, spec
+    segments: the program (the spec's prefix, its grammar or sequence, its suffix); trigger:
+    token ids the output must end with before the program starts (empty: at once);
+    stop_token_ids: the ids that end the request; make_matcher(spec): a fresh matcher of a
+    compiled spec; token_bytes[i]: the bytes of id i (a branch reads the text its grammar made).
+    """
+
+    def __init__(self, segments, trigger, stop_token_ids, make_matcher, token_bytes):
+        self.queue = list(segments)
+        self.trigger = tuple(trigger)
         self.stop_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
-        self.forced: list[int] = []
+        self.make_matcher, self.token_bytes = make_matcher, token_bytes
         self.history: list[int] = []
-        self.rejected = 0                   # tokens the grammar refused (a bug if ever non-zero)
-        if spec.trigger:
-            self.phase = "trigger"
-        else:
-            self._start()
+        self.rejected = 0                   # tokens the program refused (a bug if ever non-zero)
+        self.current = None
+        self._pos = 0                       # next index into a Forced segment
+        self._text = b""                    # what the current grammar segment produced
+        self._matcher = None
+        self.phase = "trigger" if self.trigger else "run"
+        if not self.trigger:
+            self._advance()
 
-    def _start(self) -> None:
-        self.forced = list(self.spec.prefix)
-        self.phase = "prefix" if self.forced else "grammar"
+    def _advance(self) -> None:
+        """Move to the next segment (None at the end)."""
+        self.current = self.queue.pop(0) if self.queue else None
+        self._pos, self._text, self._matcher = 0, b"", None
+        if isinstance(self.current, Constrained):
+            self._matcher = self.make_matcher(self.current.spec)
+        elif isinstance(self.current, Forced) and not self.current.ids:
+            self._advance()
 
     @property
     def active(self) -> bool:
         """Whether the next token is constrained (not before the trigger)."""
         return self.phase != "trigger"
 
+    def _next_after_grammar(self) -> list:
+        """The segments that follow the current grammar once it ends with its text so far."""
+        seg = self.current
+        if not seg.branches:
+            return self.queue
+        text = self._text.decode("utf-8", "replace")
+        for key, more in seg.branches:
+            if key == text:
+                return list(more) + self.queue
+        return self.queue
+
+    def _exit_token(self) -> int | None:
+        nxt = self._next_after_grammar()
+        return nxt[0].ids[0] if nxt and isinstance(nxt[0], Forced) and nxt[0].ids else None
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """The allowed next tokens into row `row` of the int32 CPU bitmask."""
-        if self.phase in ("prefix", "suffix"):
-            set_only(bitmask, row, self.forced[:1])
-        elif self.phase == "end":
-            set_only(bitmask, row, self.stop_ids)
-        elif self.phase == "grammar":
-            self.matcher.fill_bitmask(bitmask, row)
-            if self.spec.suffix and has_any(bitmask, row, self.stop_ids):
-                clear_ids(bitmask, row, self.stop_ids)
-                add_ids(bitmask, row, self.spec.suffix[:1])
-        else:
+        seg = self.current
+        if self.phase == "trigger":
             bitmask[row].fill_(-1)
+        elif seg is None:
+            set_only(bitmask, row, self.stop_ids)
+        elif isinstance(seg, Forced):
+            set_only(bitmask, row, seg.ids[self._pos:self._pos + 1])
+        else:
+            self._matcher.fill_bitmask(bitmask, row)
+            if has_any(bitmask, row, self.stop_ids):
+                exit_token = self._exit_token()
+                if exit_token is not None:
+                    clear_ids(bitmask, row, self.stop_ids)
+                    add_ids(bitmask, row, [exit_token])
 
     def accept(self, token: int) -> None:
         """Follow one sampled token."""
         token = int(token)
         if self.phase == "trigger":
             self.history.append(token)
-            n = len(self.spec.trigger)
-            if len(self.history) >= n and tuple(self.history[-n:]) == self.spec.trigger:
-                self._start()
+            n = len(self.trigger)
+            if len(self.history) >= n and tuple(self.history[-n:]) == self.trigger:
+                self.phase = "run"
+                self._advance()
             return
-        if self.phase in ("prefix", "suffix"):
-            if self.forced and token == self.forced[0]:
-                self.forced.pop(0)
-            else:
+        seg = self.current
+        if seg is None:
+            if token not in self.stop_ids:
                 self.rejected += 1
-            if not self.forced:
-                self.phase = "grammar" if self.phase == "prefix" else "end"
             return
-        if self.phase == "grammar":
-            if self.spec.suffix and token == self.spec.suffix[0]:
-                self.forced = list(self.spec.suffix[1:])
-                self.phase = "suffix" if self.forced else "end"
-                return
-            if not self.matcher.accept_token(token):
+        if isinstance(seg, Forced):
+            if token != seg.ids[self._pos]:
                 self.rejected += 1
-            elif self.matcher.is_terminated():
-                self.phase = "done"
+            self._pos += 1
+            if self._pos >= len(seg.ids):
+                self._advance()
             return
-        if self.phase == "end" and token not in self.stop_ids:
+        if token not in self.stop_ids and token == self._exit_token():
+            self.queue = self._next_after_grammar()
+            self._advance()
+            self.accept(token)              # the first forced token of what follows
+            return
+        if not self._matcher.accept_token(token):
             self.rejected += 1
+            return
+        self._text += self.token_bytes[token]
+        if self._matcher.is_terminated():
+            self.current = None

@@ -3,7 +3,8 @@
 Exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` is set. `json` is a JSON
 schema (a dict or its JSON text); `json_object` any JSON object; `regex` a regular
 expression the whole output matches; `choice` a list of strings, one of which is the output;
-`grammar` an EBNF (GBNF) grammar with a `root` rule.
+`grammar` an EBNF (GBNF) grammar with a `root` rule; `sequence` a segment program
+(`k3.structured.program`: forced token runs and grammars, e.g. a K3 tool call).
 
 `prefix` / `suffix` are token ids forced before / after the constrained text, and `trigger`
 token ids that start the constraint only once the output ends with them (a chat wrapper:
@@ -19,7 +20,7 @@ from typing import Any
 
 from .errors import StructuredOutputError
 
-KINDS = ("json", "regex", "choice", "grammar", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object", "sequence")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool = False
+    sequence: tuple | None = None
     whitespace_pattern: str | None = None       # accepted for vLLM parity; compact separators are used
     prefix: tuple[int, ...] = field(default=(), compare=True)
     suffix: tuple[int, ...] = field(default=(), compare=True)
@@ -68,4 +70,6 @@ class StructuredOutputsParams:
         """The compile-cache key: the kind and a canonical text of the constraint (the forced
         tokens are not part of the compiled grammar)."""
         value: Any = getattr(self, self.kind)
+        if self.kind == "sequence":
+            return self.kind, repr(value)
         return self.kind, _json.dumps(value, sort_keys=True, separators=(",", ":"))

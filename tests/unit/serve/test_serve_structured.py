@@ -78,3 +78,31 @@ def test_bad_constraints_are_400_with_an_openai_error(server, body, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                         "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "days", "unit"]}}},
+    {"type": "function", "function": {"name": "add", "strict": True, "parameters": {
+        "type": "object", "properties": {"xs": {"type": "array", "items": {"type": "number", "minimum": 0,
+                                                                          "maximum": 9}, "maxItems": 3}},
+        "required": ["xs"]}}},
+]
+SCHEMAS_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}],
+                         ids=["required", "named"])
+def test_tool_choice_always_yields_a_valid_call(client, choice):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather or sum?"}],
+                                       tools=TOOLS, tool_choice=choice, max_tokens=96, temperature=1.0, seed=5,
+                                       extra_body=INSTRUCT)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+    call = c.message.tool_calls[0].function
+    if isinstance(choice, dict):
+        assert call.name == "add"
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS_BY_NAME[call.name])
