@@ -57,6 +57,10 @@ class EngineConfig:
     lora_modules: dict[str, str] | None = None    # adapters loaded at start-up, name -> PEFT folder
     max_lora_rank: int = 16
     max_loras: int = 1                            # adapters resident at once (slots)
+    # structured outputs (k3.structured): the grammar backend, and the most seconds one
+    # grammar may take to compile (longer: the request is refused)
+    structured_outputs_backend: str = "xgrammar"
+    structured_outputs_timeout_s: float = 10.0
 
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""

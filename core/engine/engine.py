@@ -33,6 +33,7 @@ class LLMEngine:
         self.plan, self.cache, self.pool, self.prefix_cache = parts.plan, parts.cache, parts.pool, parts.prefix_cache
         self.max_model_len = self.plan.max_model_len
         self.scheduler, self.runner, self.outputs = parts.scheduler, parts.runner, parts.outputs
+        self.structured = parts.outputs.structured      # compile cache of structured outputs (k3.structured)
         self.strategy = parts.strategy
         self.async_scheduling, self.graph_capture_error = parts.async_scheduling, parts.graph_capture_error
         self.kv_producer, self.kv_consumer = parts.kv_producer, parts.kv_consumer

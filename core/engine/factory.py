@@ -25,6 +25,7 @@ from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.dtypes import dtype_name, torch_dtype
 from k3.platform import select_platform
+from k3.structured import StructuredOutputs
 from k3.tokenizer import load_tokenizer
 
 from .config import GIB, EngineConfig, default_cpu_cache_bytes
@@ -120,7 +121,10 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                          graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
-                              release=proposer.release if proposer else None)
+                              release=proposer.release if proposer else None,
+                              structured=StructuredOutputs(tokenizer, cfg.vocab_size, cfg.eos_token_ids,
+                                                           backend=config.structured_outputs_backend,
+                                                           compile_timeout_s=config.structured_outputs_timeout_s))
     if spec is not None:
         from .spec.driver import SpeculativeStep
 

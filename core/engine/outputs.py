@@ -26,11 +26,14 @@ class OutputProcessor:
 
     release: called with every request that leaves (finished and reported, or aborted), for
     the parts that keep per-request state of their own (a draft model's rows).
+    structured: the engine's k3.structured.StructuredOutputs (compile cache); a request with
+    `structured_outputs` gets its RequestGrammar here, which follows every appended token.
     """
 
     def __init__(self, scheduler: Scheduler, tokenizer, *, eos_token_ids, vocab_size: int, max_model_len: int,
-                 seed: int = 0, release: Callable[[Request], None] | None = None):
+                 seed: int = 0, release: Callable[[Request], None] | None = None, structured=None):
         self.scheduler, self.tokenizer, self.release = scheduler, tokenizer, release
+        self.structured = structured
         self.stop_token_ids = set(eos_token_ids)
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
         self.requests: dict[str, Request] = {}
@@ -66,10 +69,16 @@ class OutputProcessor:
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.check(prompt, params)
+        grammars = [None] * params.n
+        if params.structured_outputs is not None:     # StructuredOutputError (a ValueError) before queueing
+            if self.structured is None:
+                raise ValueError("this engine has no structured-output support")
+            grammars = [self.structured.request_grammar(params.structured_outputs) for _ in range(params.n)]
         children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
-            request = Request(child, ids, params, seed, lora_slot=lora_slot, cache_salt=cache_salt)
+            request = Request(child, ids, params, seed, lora_slot=lora_slot, cache_salt=cache_salt,
+                              grammar=grammars[i])
             if params.prompt_logprobs is not None:
                 request.prompt_logprobs.append(None)        # the first prompt token has none
             self.scheduler.add(request)
@@ -100,6 +109,8 @@ class OutputProcessor:
         """One generated token: detokenise it and finish the request on a stop or a limit."""
         request.output_token_ids.append(token)
         request.output_logprobs.append(logprob)
+        if request.grammar is not None:
+            request.grammar.accept(token)
         if request.params.logprobs:
             ids, lps = top
             request.output_top_logprobs.append(list(zip(ids, lps))[: request.params.logprobs])

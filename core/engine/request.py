@@ -59,6 +59,8 @@ class Request:
     spec_probs: object = None               # [k, V] draft distributions, or None (one-hot)
     spec_rows: list[int] = field(default_factory=list)
     record_slot: int | None = None
+    # structured outputs: the request's k3.structured.RequestGrammar (None: unconstrained)
+    grammar: object = None
     # prefill/decode disaggregation: the handle a producer published for this request's rows
     kv_transfer_params: dict | None = None
     # LoRA: the adapter slot the request runs on (-1: the base model) and its prefix-cache salt

@@ -31,6 +31,8 @@ from .metrics import RequestTimer
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
 from .sampling import build_params, chat_logprobs, check_context, new_tokens, usage
+from .structured import compile_spec, for_k3_chat, requested_spec
+from .tool_grammar import tool_call_spec
 from .state import ServerState, get_state, require_api_key
 from .streaming import DONE, EventStream, collect, merge, sse
 
@@ -94,12 +96,25 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     top = req.top_logprobs or 0
+    spec, spec_field = requested_spec(req)
+    if spec is not None and k3:
+        spec = for_k3_chat(spec, tok, thinking=thinking)
+    forced_call = req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice))
+    if forced_call and k3:
+        if spec is not None:
+            raise bad_request(f"tool_choice {req.tool_choice if isinstance(req.tool_choice, str) else 'function'} "
+                              f"and {spec_field} cannot both constrain one answer", param="tool_choice")
+        spec, spec_field = tool_call_spec(tok, [t.function.model_dump(exclude_none=True) for t in req.tools], choice,
+                                          thinking=thinking), "tool_choice"
+    if spec is not None:
+        compile_spec(state, spec, spec_field)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = build_params(req, max_tokens=max_tokens, logprobs=top if req.logprobs else None,
                           skip_special_tokens=False if k3 else req.skip_special_tokens,
                           defaults=state.sampling_defaults, vocab_size=state.vocab_size,
-                          renamed={"max_tokens": max_param, "logprobs": "top_logprobs"})
+                          renamed={"max_tokens": max_param, "logprobs": "top_logprobs"},
+                          structured_outputs=spec)
     check_context(len(ids), max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
     return ChatPlan(prompt_ids=ids, params=params, k3=k3, reasoning=state.parse_reasoning and thinking,
                     tools=state.parse_tool_calls and bool(req.tools) and req.tool_choice != "none",

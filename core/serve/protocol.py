@@ -77,7 +77,7 @@ class FunctionSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="1-64 characters from A-Z a-z 0-9 _ . : -")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
-    strict: bool | None = Field(None, description="accepted; grammar enforcement is not implemented")
+    strict: bool | None = Field(None, description="accepted; tool-call grammars are not enforced yet (issue 29)")
 
     @field_validator("parameters")
     @classmethod
@@ -174,6 +174,15 @@ class _Sampling(_Strict):
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = Field(None, description="not implemented: must be absent or empty")
     user: str | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object / json_schema: the output is constrained by a grammar (k3.structured)")
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM extra: one of json (a JSON schema), regex, choice (strings), grammar (EBNF), "
+                          "json_object: the output must match it")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM extra: structured_outputs.json")
+    guided_regex: str | None = Field(None, description="vLLM extra: structured_outputs.regex")
+    guided_choice: list[str] | None = Field(None, description="vLLM extra: structured_outputs.choice")
+    guided_grammar: str | None = Field(None, description="vLLM extra: structured_outputs.grammar")
     kv_transfer_params: dict[str, Any] | None = Field(
         None, description="vLLM extra, prefill/decode disaggregation (docs/disaggregation.md): "
                           "{\"do_remote_decode\": true} on a prefill instance, its answer's kv_transfer_params on a "
@@ -191,7 +200,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls it makes")
-    response_format: ResponseFormat | None = Field(None, description="rendered as an instruction, not enforced")
     reasoning_effort: Literal["low", "medium", "high", "max"] | None = Field(
         None, description="K3 thinking_effort (chat_template_kwargs.thinking_effort wins)")
     chat_template_kwargs: ChatTemplateKwargs | None = None

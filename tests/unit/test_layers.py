@@ -15,6 +15,7 @@ LAYERS = (
     ("base", {"k3.dtypes", "k3.dtype_names", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
               "k3.__version__"}),           # the root package's version string (a constant, no import)
     ("text", {"k3.tokenizer", "k3.chat"}),
+    ("grammar", {"k3.structured"}),
     ("number formats", {"k3.quant"}),
     ("contract", {"k3.plugin"}),
     ("op helpers", {"k3.ops_helpers"}),
