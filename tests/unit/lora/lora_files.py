@@ -80,33 +80,7 @@ def merge_adapter(model, folder: Path) -> None:
 
 
 def teacher_forced_lora(model, prompts: list[list[int]], adapters: list[int], *, chunk: int | None = None):
-    """`model_runs.teacher_forced` with a LoRA slot per prompt (-1: the base model): the
-    logits of every position, prompts batched, `chunk` tokens per sequence per call."""
-    from k3.cache.pool import CachePool
-    from k3.engine.runner import ModelRunner
-    from k3.model import contiguous_block_table
-    from k3.model.metadata import ForwardMetadata, LoRAMetadata
+    """`model_runs.teacher_forced` with a LoRA slot per prompt (-1: the base model)."""
+    from model_runs import teacher_forced
 
-    page = 16
-    n = len(prompts)
-    pages = -(-max(map(len, prompts)) // page)
-    cache = CachePool.for_model(model, n * (1 + pages), block_size=page)
-    runner = ModelRunner(model, cache, block_size=page, vocab_size=model.cfg.vocab_size, device="cpu")
-    table = contiguous_block_table(n, pages) + n
-    done = [0] * n
-    logits: list[list[torch.Tensor]] = [[] for _ in range(n)]
-    while any(d < len(p) for d, p in zip(done, prompts)):
-        active = [i for i in range(n) if done[i] < len(prompts[i])]
-        pieces = [prompts[i][done[i]: done[i] + (chunk or len(prompts[i]))] for i in active]
-        meta = ForwardMetadata.build(pieces, context_lens=[done[i] for i in active], state_indices=active,
-                                     block_table=table[active], page_size=page, all_logits=True)
-        slots = tuple(adapters[i] for i in active)
-        if any(s >= 0 for s in slots):
-            meta.lora = LoRAMetadata(torch.tensor([s for s, p in zip(slots, pieces) for _ in p]), slots)
-        out = runner.forward(meta).logits
-        at = 0
-        for i, piece in zip(active, pieces):
-            logits[i].extend(out[at: at + len(piece)])
-            at += len(piece)
-            done[i] += len(piece)
-    return [torch.stack(rows) for rows in logits]
+    return teacher_forced(model, prompts, chunk=chunk, adapters=adapters)
