@@ -58,16 +58,6 @@ def lone_surrogate_path(value, path: str = "") -> str | None:
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value, info):
-        """One rule for every text field: a lone surrogate is refused (400 naming the field)."""
-        found = lone_surrogate_path(value, info.field_name)
-        if found:
-            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
-                             "(surrogates come in escaped pairs)")
-        return value
-
 
 class StreamOptions(_Strict):
     include_usage: bool = Field(False, description="send a last chunk with `usage` (and `choices: []`)")
@@ -153,6 +143,18 @@ class ChatTemplateKwargs(_Strict):
 class _Sampling(_Strict):
     """Fields shared by chat and text completions. Defaults of temperature, top_p, top_k,
     min_p and repetition_penalty: the checkpoint's generation_config.json, else vLLM's."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        """One rule for every text field of a request: a lone surrogate is refused (400 naming the
+        top-level field). It walks each field's raw value once, nested messages and tools included,
+        so the nested models need no check of their own."""
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
+                             "(surrogates come in escaped pairs)")
+        return value
 
     model: str
     n: integer(ge=1, le=16) = Field(1, description="choices per request")
