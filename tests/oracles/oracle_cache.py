@@ -53,7 +53,7 @@ def cached(checkpoint: Path, inputs, oracle_sources: tuple[str, ...], compute: C
         return torch.load(path)
     value = compute()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")      # xdist workers may compute one key at once
     torch.save(value, tmp)
     tmp.replace(path)
     return value
