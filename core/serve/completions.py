@@ -115,6 +115,17 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str, m
     yield DONE
 
 
+def _asked_prompt_logprobs(req: CompletionRequest, entries) -> list | None:
+    """The prompt logprobs the request asked for: none, or each position's prompt token and
+    its top `prompt_logprobs` (echo with more `logprobs` had the engine score more)."""
+    if req.prompt_logprobs is None or entries is None:
+        return None
+    n = req.prompt_logprobs
+    trimmed = [None if e is None else {t: lp for k, (t, lp) in enumerate(e.items()) if k == 0 or lp.rank <= n}
+               for e in entries]
+    return prompt_logprobs_json(trimmed)
+
+
 def _response(state: ServerState, req: CompletionRequest, request_id: str, model: str, finals,
               echoes: list[str]) -> dict:
     choices, tok = [], state.tokenizer
@@ -130,8 +141,7 @@ def _response(state: ServerState, req: CompletionRequest, request_id: str, model
                 if echoed is not None:
                     logprobs = join_logprobs(echoed, logprobs, len(echoes[p]))
             choices.append({"index": p * req.n + c.index, "text": echoes[p] + c.text, "logprobs": logprobs,
-                            "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs)
-                            if req.prompt_logprobs is not None else None,
+                            "prompt_logprobs": _asked_prompt_logprobs(req, out.prompt_logprobs),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(finals), "kv_transfer_params": finals[0].kv_transfer_params}

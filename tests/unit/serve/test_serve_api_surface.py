@@ -120,6 +120,9 @@ def test_echo(client, engine):
         assert lp.token_logprobs[k] == pytest.approx(reference[k][str(ids[k])]["logprob"])
     assert lp.token_logprobs[len(ids):] == pytest.approx(scored.choices[0].logprobs.token_logprobs)
     assert lp.text_offset[len(ids)] == len("Hello there") and lp.text_offset == sorted(lp.text_offset)
+    both = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=1, echo=True, logprobs=3,
+                                     extra_body={"prompt_logprobs": 1}).choices[0].model_extra["prompt_logprobs"]
+    assert [e and len(e) for e in both] == [e and len(e) for e in reference]     # as asked, not echo's 3
     with pytest.raises(Exception, match="echo"):
         client.completions.create(model=MODEL, prompt="x", max_tokens=2, echo=True, logprobs=1, stream=True)
 
