@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="require `Authorization: Bearer KEY` (any of the keys given) on /v1 routes and the "
                              "API docs pages (default: $K3_API_KEY and $VLLM_API_KEY, those set)")
     parser.add_argument("--public-docs", action="store_true",
-                        help="with --api-key, leave /docs, /redoc and /openapi.json open without the key")
+                        help="with --api-key, leave /docs and /openapi.json open without the key")
     parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
                         help="activation dtype (auto: the checkpoint's)")

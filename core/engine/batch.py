@@ -153,11 +153,22 @@ def build_sampling(out: SchedulerOutput, rows: list[int], *, vocab_size: int, de
         host.add("top_k", [p.top_k for p in params], torch.long)
         host.add("seeds", [r.seed for r in reqs], torch.long)
         host.add("steps", [out.scheduled[i].output_index for i in rows], torch.long)   # the noise counter
+    biased = [(row, t, b) for row, p in enumerate(params) for t, b in (p.logit_bias or {}).items()]
+    if biased:                  # sparse on the host, in the same (pinned) upload; dense on the device
+        host.add("bias.rows", [row for row, _, _ in biased], torch.long)
+        host.add("bias.ids", [t for _, t, _ in biased], torch.long)
+        host.add("bias.values", [float(b) for _, _, b in biased], torch.float32)
+    uploaded = host.upload(device, pinned=pinned)
+    bias = None
+    if biased:
+        bias = torch.zeros(len(reqs), vocab_size, dtype=torch.float32, device=device)
+        bias.index_put_((uploaded.pop("bias.rows"), uploaded.pop("bias.ids")), uploaded.pop("bias.values"))
     batch = SamplingBatch(
         all_greedy=all_greedy,
         filters_off=all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params),
         num_logprobs=max((p.logprobs or 0) for p in params),
-        **host.upload(device, pinned=pinned),
+        logit_bias=bias,
+        **uploaded,
     )
     if any(p.uses_penalties for p in params):
         counts = torch.zeros(len(reqs), vocab_size, dtype=torch.int32, device=device)

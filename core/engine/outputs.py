@@ -57,6 +57,9 @@ class OutputProcessor:
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids outside the vocabulary (size {self.vocab_size}): {bad[:5]}")
+        bad = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias: token ids outside the vocabulary (size {self.vocab_size}): {bad[:5]}")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, but the model's context is {self.max_model_len} "
                              "tokens (prompt + output)")

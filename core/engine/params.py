@@ -57,8 +57,12 @@ class SamplingParams:
     # base model. vLLM passes a LoRARequest beside the params; carried here, it reaches the engine
     # through every path that forwards the params (n > 1 children, the async engine)
     lora_name: str | None = None
+    # OpenAI's logit_bias: token id -> a value in [-100, 100] added to that token's logit before
+    # penalties, masks and the draw (as vLLM applies it); logprobs stay those of the raw model
+    logit_bias: dict[int, float] | None = None
 
     MAX_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -101,6 +105,11 @@ class SamplingParams:
              f"must be an object or None, got {type(self.kv_transfer_params).__name__}")
         need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
              "structured_outputs", "must be a StructuredOutputsParams (or a dict of its fields) or None")
+        need(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
+            and not isinstance(b, bool) and -self.MAX_LOGIT_BIAS <= b <= self.MAX_LOGIT_BIAS
+            for t, b in self.logit_bias.items())), "logit_bias",
+            f"must map token ids (>= 0) to biases in [-{self.MAX_LOGIT_BIAS:g}, {self.MAX_LOGIT_BIAS:g}]")
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
         # Seeds go to int64 tensors; sample i of n uses seed + i.

@@ -56,7 +56,8 @@ class SamplingBatch:
     steps [B] int64 (the row's output index, the noise counter); penalties [B] each;
     token_counts [B, V] int32 output-token counts (presence, frequency) and prompt_mask [B, V]
     bool (tokens seen in the prompt, for the repetition penalty), or None when no row has a
-    penalty; allowed [B, V] bool or None (logits-processor / min_tokens token mask);
+    penalty; logit_bias [B, V] float32 or None (OpenAI logit_bias, added before the penalties,
+    as vLLM orders them; zero in rows without one); allowed [B, V] bool or None (logits-processor / min_tokens token mask);
     bitmask [B, ceil(V / 32)] int32 or None: the structured-output grammars' packed token
     bitmask (`k3.structured.bitmask`), unpacked and applied on the device;
     num_logprobs: host int, top logprobs to return (0: only the sampled token's).
@@ -79,6 +80,7 @@ class SamplingBatch:
     frequency_penalty: torch.Tensor | None = None
     token_counts: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None
+    logit_bias: torch.Tensor | None = None
     allowed: torch.Tensor | None = None
     bitmask: torch.Tensor | None = None
     num_logprobs: int = 0
@@ -121,7 +123,8 @@ def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """
     raw = logits.float()
     log_normaliser = torch.logsumexp(raw, dim=-1)                                     # [B]
-    x = apply_penalties(raw, b)
+    x = raw if b.logit_bias is None else raw + b.logit_bias
+    x = apply_penalties(x, b)
     if b.allowed is not None:
         x = x.masked_fill(~b.allowed, float("-inf"))
     if b.bitmask is not None:

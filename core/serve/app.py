@@ -8,8 +8,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import chat, completions, lora, metrics, models
+from . import chat, completions, lora, metrics, models, responses_api, tokenize
 from .docs_auth import protect_docs
+from .docs_page import install_docs_page
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
 from .sampling import DEFAULT_KEYS
@@ -56,7 +57,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
     api_key: a key or a list of keys; when set, /v1 routes need `Authorization: Bearer KEY` with
     one of them (/health, /metrics do not),
-    and so do /docs, /redoc and /openapi.json unless public_docs (`k3.serve.docs_auth`).
+    and so do /docs and /openapi.json unless public_docs (`k3.serve.docs_auth`; /docs is served from
+    the installed Swagger UI package, `k3.serve.docs_page`).
     enable_auto_tool_choice + tool_call_parser="kimi_k3": tool calls in K3 output become
     `tool_calls` (else they stay in the content). reasoning_parser="kimi_k3": the think
     channel becomes `reasoning_content`. Both parsers read K3 XTML: ValueError for a model
@@ -96,13 +98,15 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
                         chat_template=chat_template)
     from k3 import __version__
 
-    app = FastAPI(title="k3", version=__version__,
+    app = FastAPI(title="k3", version=__version__, docs_url=None, redoc_url=None,
+                  swagger_ui_oauth2_redirect_url=None,
                   description="OpenAI-compatible API of k3 (Kimi K3-architecture models). See docs/serving.md.")
+    install_docs_page(app)                               # /docs from the installed package, no CDN
     app.state.k3 = state
     install_error_handlers(app)
     if api_key is not None and not public_docs:
         protect_docs(app)
-    for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
+    for router in (chat.router, completions.router, responses_api.router, tokenize.router, models.v1, models.router, metrics.router):
         app.include_router(router)
     if getattr(getattr(engine, "engine", None), "lora", None) is not None:   # as vLLM: LoRA routes only with LoRA on
         app.include_router(lora.v1)

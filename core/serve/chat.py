@@ -5,7 +5,7 @@ Kimi-Linear checkpoints). A model whose tokenizer has neither format's marker to
 completions only: chat answers 400 (code `chat_format_unavailable`) naming the formats
 looked for and the absent markers. K3 output is generated with its special tokens kept
 (skip_special_tokens=False) so the K3 parser sees the markers: with `--reasoning-parser
-kimi_k3` the think channel becomes `reasoning_content` (the parser starts inside reasoning
+kimi_k3` the think channel becomes `reasoning` and `reasoning_content` (the same text; the parser starts inside reasoning
 when the prompt ended with the think opener, i.e. in thinking mode); with
 `--enable-auto-tool-choice --tool-call-parser kimi_k3` and tools in the request, each call
 becomes a `tool_calls` entry once its close marker arrives. Otherwise that text stays content.
@@ -69,8 +69,28 @@ def _template_param(message: str) -> str:
     return "chat_template_kwargs" if "thinking" in message else "messages"
 
 
-def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
-    """Render the prompt and build the sampling parameters; every problem is a 400."""
+def template_kwargs(req) -> dict:
+    """The chat template options of a request: `chat_template_kwargs`, with `reasoning_effort`
+    as thinking_effort (the kwargs win) and `thinking: {"type": "disabled"}` as `thinking: false`;
+    400 when `thinking` and the kwargs' thinking switch disagree."""
+    kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
+    if getattr(req, "reasoning_effort", None) is not None:
+        kwargs.setdefault("thinking_effort", req.reasoning_effort)
+    thinking = getattr(req, "thinking", None)
+    if thinking is not None:
+        on = thinking.type == "enabled"
+        given = [kwargs[k] for k in ("thinking", "enable_thinking") if k in kwargs]
+        if any(g != on for g in given):
+            raise bad_request(f"thinking.type {thinking.type!r} contradicts chat_template_kwargs thinking="
+                              f"{str(given[0]).lower()}: give one of them", param="thinking")
+        if not given:
+            kwargs["thinking"] = on
+    return kwargs
+
+
+def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True) -> tuple[list[int], bool, bool]:
+    """(prompt ids, K3 format, thinking mode) of a chat request's messages and tools, rendered
+    with the model's chat format or --chat-template; every problem is a 400. Also /tokenize's."""
     tok = state.tokenizer
     try:
         k3 = chat_format(tok) == "k3"
@@ -80,19 +100,27 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
                               code="chat_format_unavailable") from None
         k3 = False
     render = state.chat_template.prompt_ids if state.chat_template is not None else chat_prompt_ids
-    kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
-    if req.reasoning_effort is not None:
-        kwargs.setdefault("thinking_effort", req.reasoning_effort)
-    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    kwargs = template_kwargs(req)
+    tool_choice = getattr(req, "tool_choice", None)
+    response_format = getattr(req, "response_format", None)
+    choice = tool_choice.model_dump() if isinstance(tool_choice, NamedToolChoice) else tool_choice
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)
         ids = render(
             tok, [m.model_dump(exclude_none=True) for m in req.messages],
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None, tool_choice=choice,
-            response_format=req.response_format.model_dump(exclude_none=True) if req.response_format else None,
-            **kwargs)
+            response_format=response_format.model_dump(exclude_none=True) if response_format else None,
+            add_generation_prompt=add_generation_prompt, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), param=_template_param(str(e))) from None
+    return ids, k3, thinking
+
+
+def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
+    """Render the prompt and build the sampling parameters; every problem is a 400."""
+    tok = state.tokenizer
+    ids, k3, thinking = render_prompt(state, req)
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     top = req.top_logprobs or 0
@@ -130,8 +158,8 @@ def _tool_delta(call: ToolCall) -> dict:
 
 
 def _delta(event) -> dict:
-    if isinstance(event, ReasoningDelta):
-        return {"reasoning_content": event.text}
+    if isinstance(event, ReasoningDelta):      # vLLM's newer name and the older one, same text
+        return {"reasoning": event.text, "reasoning_content": event.text}
     if isinstance(event, ContentDelta):
         return {"content": event.text}
     return _tool_delta(event)
@@ -213,7 +241,7 @@ def _response(state: ServerState, plan: ChatPlan, request_id: str, model: str, o
         if c.logprobs is not None:
             logprobs = {"content": chat_logprobs(state.tokenizer, c.token_ids, c.logprobs, plan.top_logprobs),
                         "refusal": None}
-        message = {"role": "assistant", "content": content, "reasoning_content": reasoning,
+        message = {"role": "assistant", "content": content, "reasoning": reasoning, "reasoning_content": reasoning,
                    "tool_calls": [_call(call) for call in calls]}
         choices.append({"index": c.index, "message": message, "logprobs": logprobs,
                         "finish_reason": "tool_calls" if calls else c.finish_reason, "stop_reason": c.stop_reason})

@@ -1,6 +1,8 @@
 """POST /v1/completions: raw prompts (a string, token ids, or a batch of either), no chat
 format and no parsing. A batch of P prompts with n choices each answers P * n choices,
-indexed prompt-major (choice index = prompt * n + sample)."""
+indexed prompt-major (choice index = prompt * n + sample). `echo` puts each prompt's text
+before its choices' text (streamed: in each choice's first chunk); with `logprobs` the prompt
+tokens' logprobs come first, from the engine's prompt logprobs (not with stream)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from .limits import check_prompt_work
 from .metrics import RequestTimer
 from .protocol import CompletionRequest
 from .responses import STREAMING_RESPONSES, CompletionResponse
-from .sampling import build_params, check_context, completion_logprobs, new_tokens, prompt_logprobs_json, usage
+from .sampling import (
+    build_params, check_context, completion_logprobs, echo_logprobs, join_logprobs, new_tokens, prompt_logprobs_json,
+    usage,
+)
 from .state import ServerState, get_state, require_api_key
 from .structured import compile_spec, requested_spec
 from .streaming import DONE, EventStream, collect, merge, sse
@@ -42,8 +47,9 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
 
 
 def _check(req: CompletionRequest) -> None:
-    if req.echo:
-        raise bad_request("echo is not supported by k3 yet", param="echo")
+    if req.echo and req.logprobs is not None and req.stream:
+        raise bad_request("echo with logprobs needs the prompt's logprobs, which are not available with stream=true: "
+                          "leave out logprobs or stream", param="echo")
     if req.suffix:
         raise bad_request("suffix is not supported (the K3 models have no fill-in-the-middle format)", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -58,16 +64,22 @@ def _check(req: CompletionRequest) -> None:
                           param="kv_transfer_params")
 
 
+def _prompt_text(state: ServerState, req: CompletionRequest, index: int, ids: list[int]) -> str:
+    """The text `echo` puts first: the prompt string as given, or token ids decoded."""
+    prompt = req.prompt if isinstance(req.prompt, str) or isinstance(req.prompt[0], int) else req.prompt[index]
+    return prompt if isinstance(prompt, str) else state.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens)
+
+
 class _Choice:
-    def __init__(self):
-        self.text_len, self.num_tokens, self.finished = 0, 0, False
+    def __init__(self, echo: str = ""):
+        self.text_len, self.num_tokens, self.finished, self.echo = 0, 0, False, echo
 
 
 async def _stream(state: ServerState, req: CompletionRequest, request_id: str, model: str, streams,
-                  timer: RequestTimer):
+                  timer: RequestTimer, echoes: list[str]):
     created, tok = int(time.time()), state.tokenizer
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    choices = [_Choice() for _ in range(len(streams) * req.n)]
+    choices = [_Choice(echoes[i // req.n]) for i in range(len(streams) * req.n)]
     finals: list = [None] * len(streams)
     try:
         async for p, out in merge(streams):
@@ -82,8 +94,9 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str, m
                 ids, entries = new_tokens(c, st.num_tokens)
                 st.text_len, st.num_tokens = len(c.text), len(c.token_ids)
                 st.finished = c.finish_reason is not None
-                if not (text or entries or st.finished):
+                if not (text or entries or st.finished or st.echo):
                     continue
+                text, st.echo = st.echo + text, ""
                 logprobs = completion_logprobs(tok, ids, entries, req.logprobs or 0, offset,
                                                req.skip_special_tokens) if entries else None
                 body = {"id": request_id, "object": "text_completion", "created": created, "model": model,
@@ -102,16 +115,33 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str, m
     yield DONE
 
 
-def _response(state: ServerState, req: CompletionRequest, request_id: str, model: str, finals) -> dict:
-    choices = []
+def _asked_prompt_logprobs(req: CompletionRequest, entries) -> list | None:
+    """The prompt logprobs the request asked for: none, or each position's prompt token and
+    its top `prompt_logprobs` (echo with more `logprobs` had the engine score more)."""
+    if req.prompt_logprobs is None or entries is None:
+        return None
+    n = req.prompt_logprobs
+    trimmed = [None if e is None else {t: lp for k, (t, lp) in enumerate(e.items()) if k == 0 or lp.rank <= n}
+               for e in entries]
+    return prompt_logprobs_json(trimmed)
+
+
+def _response(state: ServerState, req: CompletionRequest, request_id: str, model: str, finals,
+              echoes: list[str]) -> dict:
+    choices, tok = [], state.tokenizer
     for p, out in enumerate(finals):
+        echoed = None
+        if req.echo and req.logprobs is not None:
+            echoed = echo_logprobs(tok, out.prompt_token_ids, out.prompt_logprobs, req.logprobs, req.skip_special_tokens)
         for c in out.outputs:
             logprobs = None
             if c.logprobs is not None:
-                logprobs = completion_logprobs(state.tokenizer, c.token_ids, c.logprobs, req.logprobs or 0, 0,
+                logprobs = completion_logprobs(tok, c.token_ids, c.logprobs, req.logprobs or 0, 0,
                                                req.skip_special_tokens)
-            choices.append({"index": p * req.n + c.index, "text": c.text, "logprobs": logprobs,
-                            "prompt_logprobs": prompt_logprobs_json(out.prompt_logprobs),
+                if echoed is not None:
+                    logprobs = join_logprobs(echoed, logprobs, len(echoes[p]))
+            choices.append({"index": p * req.n + c.index, "text": echoes[p] + c.text, "logprobs": logprobs,
+                            "prompt_logprobs": _asked_prompt_logprobs(req, out.prompt_logprobs),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(finals), "kv_transfer_params": finals[0].kv_transfer_params}
@@ -131,9 +161,12 @@ async def create_completion(req: CompletionRequest, request: Request):
     spec, spec_field = requested_spec(req)
     if spec is not None:                                               # compiling too (under a time limit)
         await run_in_threadpool(compile_spec, state, spec, spec_field)
+    prompt_logprobs = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:          # the echoed prompt's logprobs: the engine scores the prompt
+        prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
-                          prompt_logprobs=req.prompt_logprobs, vocab_size=state.vocab_size,
+                          prompt_logprobs=prompt_logprobs, vocab_size=state.vocab_size,
                           structured_outputs=spec)
     params = state.with_adapter(params, req.model)
     for ids in prompts:
@@ -141,11 +174,12 @@ async def create_completion(req: CompletionRequest, request: Request):
                       max_tokens_param="max_tokens")
     check_prompt_work([len(ids) for ids in prompts], max_prompts=state.max_prompts_per_request,
                       max_prompt_tokens=state.prompt_token_limit)       # after each prompt's own context check
+    echoes = [_prompt_text(state, req, i, ids) if req.echo else "" for i, ids in enumerate(prompts)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)
     streams = [state.engine.generate(f"{request_id}-{i}", ids, params) for i, ids in enumerate(prompts)]
     if req.stream:
-        return EventStream(_stream(state, req, request_id, model, streams, timer))
+        return EventStream(_stream(state, req, request_id, model, streams, timer, echoes))
     try:
         finals = await collect(request, streams,
                                on_output=lambda _, o: timer.saw(max(len(c.token_ids) for c in o.outputs)))
@@ -155,6 +189,6 @@ async def create_completion(req: CompletionRequest, request: Request):
     if finals is None:  # the client left: its requests were aborted, nobody reads an answer
         timer.finish([None] * len(prompts) * req.n)
         return Response(status_code=CLIENT_CLOSED)
-    body = _response(state, req, request_id, model, finals)
+    body = _response(state, req, request_id, model, finals, echoes)
     timer.finish([c["finish_reason"] for c in body["choices"]])
     return body

@@ -128,9 +128,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError):
         # FastAPI reads the body before the route's dependencies run: check the key first, so
         # a client without it learns nothing about the API from the validation message
-        from .state import api_key_error
+        from .state import api_key_error, needs_key
 
-        denied = api_key_error(request) if request.url.path.startswith("/v1/") else None
+        denied = api_key_error(request) if needs_key(request.url.path) else None
         return (denied or validation_error(exc)).response()
 
     @app.exception_handler(StarletteHTTPException)

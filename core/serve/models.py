@@ -1,4 +1,4 @@
-"""GET /v1/models, /v1/models/{model}, /health and /version."""
+"""GET /v1/models, /v1/models/{model}, /health (and vLLM's /ping, GET or POST) and /version."""
 
 from __future__ import annotations
 
@@ -49,6 +49,22 @@ async def health(request: Request) -> Response:
     if dead:
         raise APIError(503, f"the engine has failed: {dead}", code="engine_dead")
     return Response(status_code=200)
+
+
+_PROBE = {200: {"description": "the engine is alive"},
+          503: {"model": ErrorResponse, "description": "the engine has failed"}}
+
+
+@router.get("/ping", response_class=Response, responses=_PROBE)
+async def ping(request: Request) -> Response:
+    """vLLM's (SageMaker's) liveness probe: the same answer as /health."""
+    return await health(request)
+
+
+@router.post("/ping", response_class=Response, responses=_PROBE)
+async def ping_post(request: Request) -> Response:
+    """POST /ping, as SageMaker sends it: the same answer as /health."""
+    return await health(request)
 
 
 @router.get("/version")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
 
 INT64 = 2 ** 63
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
@@ -124,6 +124,7 @@ class ChatMessage(_Strict):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = Field(None, description="earlier reasoning of an assistant turn")
+    reasoning: str | None = Field(None, description="the same as reasoning_content (vLLM's newer name)")
 
 
 class ResponseFormat(_Strict):
@@ -138,6 +139,13 @@ class ChatTemplateKwargs(_Strict):
     thinking: bool | None = Field(None, description="thinking mode (default true); false: instruct mode")
     enable_thinking: bool | None = Field(None, description="alias of thinking")
     thinking_effort: Literal["low", "medium", "high", "max"] | None = Field(None, description="default max")
+
+
+class ThinkingConfig(_Strict):
+    """Kimi's / Anthropic's `thinking` switch: `{"type": "disabled"}` renders the prompt in
+    instruct mode (as chat_template_kwargs `thinking: false`)."""
+
+    type: Literal["enabled", "disabled"]
 
 
 class _Sampling(_Strict):
@@ -174,7 +182,9 @@ class _Sampling(_Strict):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logit_bias: dict[str, float] | None = Field(None, description="not implemented: must be absent or empty")
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,12}$")], Annotated[float, Field(ge=-100, le=100)]] | None \
+        = Field(None, description="token id (a decimal string) -> bias in [-100, 100], added to that token's logit "
+                                  "before sampling (ids outside the vocabulary: 400)")
     user: str | None = None
     response_format: ResponseFormat | None = Field(
         None, description="json_object / json_schema: the output is constrained by a grammar (k3.structured)")
@@ -205,6 +215,8 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Literal["low", "medium", "high", "max"] | None = Field(
         None, description="K3 thinking_effort (chat_template_kwargs.thinking_effort wins)")
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    thinking: ThinkingConfig | None = Field(
+        None, description="{\"type\": \"disabled\"}: instruct mode; must agree with chat_template_kwargs.thinking")
     skip_special_tokens: bool = Field(
         True, description="K2-format models only: K3 output keeps its markers for the parsers")
 
@@ -216,9 +228,209 @@ class CompletionRequest(_Sampling):
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
     max_tokens: integer(ge=1) | None = Field(16, description="null: up to the context limit")
     logprobs: integer(ge=0, le=20) | None = Field(None, description="top logprobs per token")
-    echo: bool = Field(False, description="not implemented: must be false")
+    echo: bool = Field(False, description="the prompt's text before each choice's text (with logprobs: the prompt "
+                                          "tokens' logprobs first, the first token's null; not with stream)")
     suffix: str | None = Field(None, description="not implemented: must be absent")
     best_of: integer(ge=1, le=16) | None = Field(None, description="only best_of == n is accepted")
     prompt_logprobs: integer(ge=0, le=20) | None = Field(
         None, description="vLLM extra: log-probabilities of the prompt tokens, each with the top n (not with stream)")
     skip_special_tokens: bool = True
+
+
+class _Tokenize(_Strict):
+    """Fields shared by both shapes of POST /tokenize (vLLM's)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode")
+        return value
+
+    model: str | None = Field(None, description="a served model name (optional)")
+    return_token_strs: bool = Field(False, description="also return each token as text (`token_strs`)")
+
+
+class TokenizeCompletionRequest(_Tokenize):
+    """POST /tokenize with `prompt`: its ids exactly as /v1/completions encodes it."""
+
+    prompt: str
+    add_special_tokens: bool = Field(True, description="accepted for vLLM clients: the Kimi tokenizers add no "
+                                                       "special tokens to a prompt, so it changes nothing")
+
+
+class TokenizeChatRequest(_Tokenize):
+    """POST /tokenize with `messages`: the ids /v1/chat/completions would feed the model."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = Field(True, description="end with the assistant opener (think or response)")
+    add_special_tokens: bool = Field(False, description="accepted for vLLM clients; changes nothing (as for prompts)")
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    thinking: ThinkingConfig | None = None
+    reasoning_effort: Literal["low", "medium", "high", "max"] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize: token ids (each below the vocabulary size) to text."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+def _tokenize_shape(body) -> str:
+    # tags are the class names, which error locations leave out (k3.serve.errors)
+    return "TokenizeChatRequest" if isinstance(body, dict) and "messages" in body else "TokenizeCompletionRequest"
+
+
+class TokenizeRequest(RootModel[Annotated[
+        Annotated[TokenizeCompletionRequest, Tag("TokenizeCompletionRequest")]
+        | Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")], Discriminator(_tokenize_shape)]]):
+    """POST /tokenize: a body with `messages` is a chat request, any other a prompt request (a
+    root model, so that FastAPI keeps the discriminator and reports one shape's errors)."""
+
+
+# ---------------------------------------------------------------- POST /v1/responses
+class ResponsesTextPart(_Strict):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class ResponsesMessage(_Strict):
+    """An input message item (`type` may be left out)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ResponsesTextPart]
+
+
+class ResponsesFunctionCall(_Strict):
+    """An earlier call of the model (from a previous response's output)."""
+
+    type: Literal["function_call"]
+    call_id: NonEmpty
+    name: NonEmpty
+    arguments: str = Field(description="a JSON object as a string")
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesFunctionOutput(_Strict):
+    """The result of a call, matched by `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: NonEmpty
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesReasoningText(_Strict):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ResponsesReasoning(_Strict):
+    """Earlier reasoning, kept in the next assistant turn's think channel."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ResponsesReasoningText] = Field(default_factory=list)
+    content: list[ResponsesReasoningText] | None = None
+    status: str | None = None
+
+
+_ITEM_TAGS = {"message": "ResponsesMessage", "function_call": "ResponsesFunctionCall",
+              "function_call_output": "ResponsesFunctionOutput", "reasoning": "ResponsesReasoning"}
+
+
+def _item_kind(item) -> str | None:
+    kind = item.get("type", "message") if isinstance(item, dict) else "message"
+    return _ITEM_TAGS.get(kind)      # None: pydantic names the tags it knows
+
+
+ResponsesItem = Annotated[
+    Annotated[ResponsesMessage, Tag("ResponsesMessage")] | Annotated[ResponsesFunctionCall, Tag("ResponsesFunctionCall")]
+    | Annotated[ResponsesFunctionOutput, Tag("ResponsesFunctionOutput")]
+    | Annotated[ResponsesReasoning, Tag("ResponsesReasoning")],
+    Discriminator(_item_kind, custom_error_type="invalid_item",
+                  custom_error_message="input items are messages, function_call, function_call_output or reasoning "
+                                       "(built-in tool items are not supported)")]
+
+
+class ResponsesFunctionTool(_Strict):
+    """A function tool, in the Responses API's flat shape."""
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, value):
+        return FunctionSpec._schema(value)
+
+
+class ResponsesNamedTool(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponsesText(_Strict):
+    format: ResponsesFormat | None = None
+
+
+class ResponsesReasoningConfig(_Strict):
+    effort: Literal["low", "medium", "high", "max"] | None = Field(None, description="K3 thinking_effort")
+    summary: str | None = Field(None, description="accepted; the reasoning item carries the whole think channel")
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses: text and function tools (no stored state: `previous_response_id`,
+    `store: true` beyond the answer itself, and built-in tools are refused)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode")
+        return value
+
+    model: str
+    input: NonEmpty | Annotated[list[ResponsesItem], Field(min_length=1)]
+    instructions: str | None = Field(None, description="a system message before the input")
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: integer(ge=1) | None = Field(None, description="default: up to the context limit")
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: integer(ge=-1, lt=INT64) | None = None
+    seed: integer(ge=-INT64, lt=INT64 - 16) | None = None
+    stream: bool = False
+    reasoning: ResponsesReasoningConfig | None = None
+    text: ResponsesText | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
+    thinking: ThinkingConfig | None = None
+    previous_response_id: None = Field(None, description="not supported: k3 stores no responses (send the input)")
+    store: bool | None = Field(None, description="accepted; nothing is stored")
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+    @field_validator("previous_response_id", mode="before")
+    @classmethod
+    def _no_stored_state(cls, value):
+        if value is not None:
+            raise ValueError("k3 stores no responses: send the whole conversation as input instead")
+        return value

@@ -59,7 +59,8 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    reasoning_content: str | None = Field(None, description="the think channel (with --reasoning-parser)")
+    reasoning: str | None = Field(None, description="the think channel (with --reasoning-parser)")
+    reasoning_content: str | None = Field(None, description="the same text as reasoning (the older name)")
     tool_calls: list[ToolCallOut] = Field(default_factory=list)
 
 
@@ -84,8 +85,8 @@ class ChatCompletionResponse(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(description="null for the first prompt token (echo)")
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
@@ -129,6 +130,47 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = Field(None, description="with return_token_strs: each token as text")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class ResponsesUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict = Field(default_factory=lambda: {"cached_tokens": 0})
+    output_tokens: int
+    output_tokens_details: dict = Field(default_factory=lambda: {"reasoning_tokens": 0})
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """POST /v1/responses: `output` holds `reasoning` (with --reasoning-parser), `message`
+    (one `output_text` part) and `function_call` items, in the order the model wrote them."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    model: str
+    status: Literal["completed", "incomplete", "in_progress"]
+    incomplete_details: dict | None = None
+    error: dict | None = None
+    instructions: str | None = None
+    output: list[dict]
+    parallel_tool_calls: bool = True
+    tool_choice: str | dict = "auto"
+    tools: list[dict] = Field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    usage: ResponsesUsage | None = None
 
 
 # OpenAPI `responses=` entries shared by the generation routes.

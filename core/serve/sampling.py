@@ -24,9 +24,8 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
                  structured_outputs=None) -> SamplingParams:
     """SamplingParams for `req`; an out-of-range value is a 400 naming the request field
     (`renamed` maps engine field names to the names this request used; `vocab_size` bounds
-    stop_token_ids; `structured_outputs`: the compiled constraint, `k3.serve.structured`)."""
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported by k3 yet", param="logit_bias")
+    stop_token_ids and logit_bias; `structured_outputs`: the compiled constraint, `k3.serve.structured`)."""
+    bias = logit_bias(req.logit_bias, vocab_size)
     if vocab_size is not None and req.stop_token_ids:
         bad = [t for t in req.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
@@ -47,10 +46,24 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
             presence_penalty=req.presence_penalty if req.presence_penalty is not None else 0.0,
             frequency_penalty=req.frequency_penalty if req.frequency_penalty is not None else 0.0,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=skip_special_tokens,
-            kv_transfer_params=req.kv_transfer_params, structured_outputs=structured_outputs)
+            kv_transfer_params=req.kv_transfer_params, structured_outputs=structured_outputs, logit_bias=bias)
     except SamplingParamsError as e:
         name = (renamed or {}).get(e.field, e.field)
         raise bad_request(f"{name}: {str(e).split(': ', 1)[1]}", param=name) from None
+
+
+def logit_bias(field: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:
+    """The request's logit_bias ({"token id": bias}, the schema checked the spelling and the
+    range) as the engine's {id: bias}; a 400 for ids outside the vocabulary. None when empty."""
+    if not field:
+        return None
+    bias = {int(t): float(b) for t, b in field.items()}
+    if vocab_size is not None:
+        bad = sorted(t for t in bias if t >= vocab_size)
+        if bad:
+            raise bad_request(f"logit_bias has token ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}",
+                              param="logit_bias")
+    return bias
 
 
 def prompt_logprobs_json(entries: list | None) -> list | None:
@@ -134,6 +147,23 @@ def completion_logprobs(tokenizer, ids: list[int], entries: list[dict[int, float
         if not (skip_special_tokens and tokenizer.is_special(token_id)):
             offset += len(utf8.decode(bytes(raw)))
     return out
+
+
+def echo_logprobs(tokenizer, prompt_ids: list[int], entries: list | None, top: int,
+                  skip_special_tokens: bool) -> dict:
+    """The completions logprobs object of an echoed prompt: the first token's logprob and top
+    logprobs are null (nothing predicts it), the others come from the engine's prompt logprobs
+    (`RequestOutput.prompt_logprobs`, {id: Logprob}); offsets count the prompt's characters."""
+    floats = [{t: lp.logprob for t, lp in e.items()} for e in (entries or [None])[1:]]
+    out = completion_logprobs(tokenizer, prompt_ids, [{}] + floats, top, 0, skip_special_tokens)
+    out["token_logprobs"][0] = out["top_logprobs"][0] = None
+    return out
+
+
+def join_logprobs(a: dict, b: dict, shift: int) -> dict:
+    """Completions logprobs `a` then `b`, b's text offsets moved on by `shift` characters."""
+    b = dict(b, text_offset=[o + shift for o in b["text_offset"]])
+    return {k: a[k] + b[k] for k in a}
 
 
 def new_tokens(c: CompletionOutput, start: int) -> tuple[list[int], list[dict[int, float]] | None]:

@@ -77,6 +77,15 @@ class ServerState:
         return dataclasses.replace(params, lora_name=name)
 
 
+KEYED_ROOT_PATHS = ("/tokenize", "/detokenize")   # need the key like /v1/* (vLLM leaves them open)
+
+
+def needs_key(path: str) -> bool:
+    """Whether a route at `path` is behind the server's API key (the /v1 routes, /tokenize,
+    /detokenize; /health, /ping, /metrics, /version are open)."""
+    return path.startswith("/v1/") or path in KEYED_ROOT_PATHS
+
+
 def get_state(request: Request) -> ServerState:
     return request.app.state.k3
 

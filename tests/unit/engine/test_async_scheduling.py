@@ -17,13 +17,14 @@ def ckpt(tokenized_checkpoint):
 _engine = tiny_engine
 
 
-PROMPTS = [[(11 * i + 5 * j) % 300 + 3 for j in range(n)] for i, n in enumerate((20, 6, 33, 9, 14))]
+PROMPTS = [[(11 * i + 5 * j) % 300 + 3 for j in range(n)] for i, n in enumerate((20, 6, 33, 9, 14, 8))]
 PARAMS = [
     SamplingParams(max_tokens=9, temperature=0, logprobs=2),
     SamplingParams(max_tokens=7, temperature=0.9, seed=3),                       # seeded draws
     SamplingParams(max_tokens=11, temperature=0.7, top_p=0.8, seed=5, n=2),      # two children
     SamplingParams(max_tokens=1, temperature=0),                                 # done at its first token
     SamplingParams(max_tokens=10, temperature=0, min_tokens=4, repetition_penalty=1.3),   # sync-only needs
+    SamplingParams(max_tokens=8, temperature=0.8, seed=9, logit_bias={7: 4.0, 12: -100.0}),   # bias in lookahead
 ]
 
 

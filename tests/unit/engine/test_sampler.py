@@ -64,6 +64,26 @@ def test_draws_follow_the_filtered_distribution():
         assert abs(freq[i] - p[i]) <= 4.5 * sigma + 1e-12, (i, freq[i].item(), p[i].item())
 
 
+def test_logit_bias_shifts_the_drawn_distribution():
+    n = 20_000
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.2, -1.0]]).expand(n, -1)
+    bias = torch.tensor([[0.0, -100.0, 0.0, 2.5, 0.0]]).expand(n, -1)
+    b = _batch(n, temperature=torch.full((n,), 0.8), seeds=torch.full((n,), 7), steps=torch.arange(n),
+               logit_bias=bias, num_logprobs=1)
+    out = sample_batch(logits, b)
+    freq = torch.bincount(out.tokens, minlength=5).double() / n
+    p = torch.softmax((logits[0] + bias[0]).double() / 0.8, -1)          # the biased distribution, by hand
+    assert freq[1] == 0
+    for i in range(5):
+        sigma = math.sqrt(max(p[i] * (1 - p[i]), 1e-12) / n)
+        assert abs(freq[i] - p[i]) <= 4.5 * sigma + 1e-12, (i, freq[i].item(), p[i].item())
+    raw = torch.log_softmax(logits[:1], -1)[0]                             # logprobs stay the raw model's
+    torch.testing.assert_close(out.logprobs, raw[out.tokens])
+    rows = torch.tensor([[0.0, 0.0, 0.0, 0.0, 100.0], [-100.0, 0.0, 0.0, 0.0, 0.0]])
+    greedy = sample_batch(logits[:2], _batch(2, temperature=torch.zeros(2), logit_bias=rows))
+    assert greedy.tokens.tolist() == [4, 1]          # forced up; the argmax banned leaves the runner-up
+
+
 def test_penalties_follow_vllm():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
     counts = torch.tensor([[0, 2, 1, 0]], dtype=torch.int32)

@@ -71,3 +71,18 @@ def test_identical_draft_is_always_accepted():
         drafts = [int(torch.multinomial(q[i], 1, generator=torch.Generator().manual_seed(seed * 3 + i))) for i in range(3)]
         accepted += verify(logits, drafts, q, params, seed=seed, step=0)[0]
     assert accepted == 600
+
+
+def test_biased_requests_are_not_drafted_for():
+    """Acceptance compares the draft with the raw target distribution: a logit_bias request
+    would be verified against the wrong one, so it decodes without drafts."""
+    from types import SimpleNamespace
+
+    from k3.engine.spec.driver import SpeculativeStep
+
+    def request(**params):
+        return SimpleNamespace(num_computed_tokens=4, num_tokens=5, grammar=None, output_token_ids=[1],
+                               params=SamplingParams(temperature=0, **params))
+
+    assert SpeculativeStep.eligible(request())
+    assert not SpeculativeStep.eligible(request(logit_bias={3: 2.0}))
