@@ -1,5 +1,5 @@
 """k3: serving stack for Kimi K3-architecture models."""
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401  (the one version string: core/_version.py)
 
 
 def __getattr__(name):

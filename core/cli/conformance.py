@@ -10,7 +10,8 @@ DIR/report.md; the run's temporary files (pytest's, the tiny checkpoints, the co
 workers' rendezvous) live in one scratch folder removed at its end. Exit codes: 0 nothing
 failed; 1 a case failed (also when pytest crashed or was interrupted); 2 the platform is
 unavailable or the arguments are wrong (pytest's usage error 4 and "nothing collected" 5 map
-here). pytest's own codes are never passed through.
+here). pytest's own codes are never passed through. pytest comes with the `conformance` extra
+(and every vendor extra); without it the run form is one line naming `pip install 'k3[conformance]'`.
 
 `merge` renders one markdown support matrix (family x dtype per platform) from report
 directories (or report.json files).
@@ -29,6 +30,8 @@ from .common import fail
 
 # pytest exit code -> k3 conformance exit code
 EXIT_CODES = {0: 0, 1: 1, 2: 1, 3: 1, 4: 2, 5: 2}
+NO_PYTEST = ("k3 conformance runs pytest, which is not installed here: pip install 'k3[conformance]' "
+             "(every vendor extra, k3[nvidia] etc., includes it)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +63,14 @@ def pytest_command(args: argparse.Namespace, report_dir: Path, basetemp: Path) -
     if args.keyword:
         cmd += ["-k", args.keyword]
     return cmd
+
+
+def _has_pytest() -> bool:
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _check_platform(args: argparse.Namespace) -> str | None:
@@ -95,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         return _merge(args)
     if not args.platform:
         return fail("--platform NAME is required (or: k3 conformance merge DIR... --out FILE)")
+    if not _has_pytest():
+        return fail(NO_PYTEST)
     problem = _check_platform(args)
     if problem:
         return fail(problem)

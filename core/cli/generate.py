@@ -15,10 +15,12 @@ import time
 
 from k3.dtype_names import DTYPE_NAMES as DTYPES
 
-from .common import CliError, check_model_dir
+from .common import CliError, add_hub_arguments, resolve_model_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    parser.add_argument("--model", required=True, metavar="DIR",
+                        help="checkpoint directory or Hugging Face repo id (org/name, from the hub cache)")
+    add_hub_arguments(parser)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="raw prompt text (special-token strings allowed)")
     what.add_argument("--chat", metavar="TEXT", help="one user message, rendered with the model's chat format")
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from k3.engine.params import SamplingParams
 
     _check(args)
-    check_model_dir(args.model)
+    resolve_model_dir(args)
     engine = _engine(args)
     tokenizer = engine.tokenizer
     if args.chat is not None:

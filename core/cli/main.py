@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "plan": ("k3.cli.plan", "the packed cache plan and its capacity for a memory budget"),
     "plugins": ("k3.cli.plugins", "plugins, platforms, kernel providers"),
     "conformance": ("k3.cli.conformance", "check a platform against the reference"),
+    "bench": ("k3.cli.bench", "benchmark a running server (`k3 bench serve`, as `vllm bench serve`)"),
 }
 
 

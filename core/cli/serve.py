@@ -20,7 +20,7 @@ from pathlib import Path
 from k3.dtype_names import DTYPE_ALIASES, DTYPE_NAMES
 
 from . import values
-from .common import CliError, check_model_dir, fail
+from .common import CliError, add_hub_arguments, fail, resolve_model_dir
 from .plan import add_cache_arguments, resolve_prefix_caching
 from .vllm_flags import REFUSED
 
@@ -43,8 +43,11 @@ class Default:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="checkpoint directory (as `vllm serve MODEL`; or --model DIR)")
-    parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (or the positional MODEL)")
+                        help="checkpoint directory or Hugging Face repo id (org/name, from the hub cache; as "
+                             "`vllm serve MODEL`; or --model)")
+    parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory or hub repo id (or the "
+                                                                     "positional MODEL)")
+    add_hub_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
@@ -280,7 +283,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if args.api_key is not None and not all(args.api_key):
         raise CliError("--api-key is empty")
-    check_model_dir(args.model)
+    resolve_model_dir(args)
     if args.generation_config not in ("auto", "vllm") and not Path(args.generation_config).is_dir():
         raise CliError(f"--generation-config {args.generation_config}: expected auto, vllm or a directory "
                        "(holding generation_config.json)")
@@ -494,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
     async_engine = None
     try:
         async_engine = AsyncEngine(build_engine(args))
-        names = args.served_model_name or [args.model]
+        names = args.served_model_name or [getattr(args, "model_id", None) or args.model]
         try:
             app = build_app(async_engine, served_model_name=names, api_key=args.api_key,
                             enable_auto_tool_choice=args.enable_auto_tool_choice,

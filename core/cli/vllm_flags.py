@@ -13,7 +13,7 @@ from __future__ import annotations
 VLLM_SPELLINGS = (
     "model_tag", "--model", "--served-model-name", "--host", "--port", "--api-key", "--uvicorn-log-level",
     "--dtype", "--quantization", "-q", "--load-format", "--seed", "--trust-remote-code", "--hf-overrides",
-    "--generation-config", "--override-generation-config",
+    "--generation-config", "--override-generation-config", "--revision", "--download-dir",
     "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",
     "--kv-cache-dtype", "--block-size", "--enable-prefix-caching", "--no-enable-prefix-caching",
     "--tensor-parallel-size", "-tp", "--data-parallel-size", "-dp", "--enable-expert-parallel", "-ep",
@@ -25,7 +25,6 @@ VLLM_SPELLINGS = (
 
 _PP = ("pipeline parallelism is not implemented: use --tensor-parallel-size, --data-parallel-size, "
        "--enable-expert-parallel")
-_HUB = "k3 serves a local checkpoint directory (no hub downloads): pass its path as MODEL"
 _COMPILE = "k3 captures decode graphs itself: use --cudagraph-capture-sizes or --enforce-eager"
 
 # vLLM flags k3 serve refuses, and why
@@ -37,8 +36,6 @@ REFUSED = {
     "--data-parallel-rpc-port": "use --master-port",
     "--distributed-executor-backend": "k3 starts one process per rank itself (or joins torchrun)",
     "--tokenizer": "k3 reads the tokenizer from the checkpoint directory",
-    "--revision": _HUB,
-    "--download-dir": _HUB,
     "--compilation-config": _COMPILE,
     "-cc": _COMPILE,
     "--cpu-offload-gb": "weight offloading is not implemented",
