@@ -39,7 +39,7 @@ from ..inputs import TORCH_DTYPES
 from ..registry import Case, Sample, register
 
 PRESETS = ("k3-tiny", "k3.1-pro-tiny")
-STEPS, MAX_CHUNK, LENGTHS = 5, 5, [13, 6, 9]        # target (crosses a 16-token page), companions
+STEPS, MAX_CHUNK, LENGTHS = 4, 5, [13, 4, 5]        # target (crosses a 16-token page), companions
 PREEMPT_AFTER = 2                                    # generated tokens before the target is preempted
 
 
