@@ -9,7 +9,7 @@ ModelRunner in the mode:
 1. the target request alone, its whole prompt in one call, generates greedily: its logits at
    every generated token are the reference of what follows;
 2. the same request (teacher-forced to those tokens) shares seeded random batches with two
-   companions, each call feeding every request a random chunk (1 to 5 tokens) of what it has
+   companions, each call feeding every request a random chunk (1 to 4 tokens) of what it has
    left, other state rows and pages, and is preempted once (recomputed from scratch in a fresh
    state row and fresh pages, its prompt plus the tokens so far, as the scheduler's preemption
    by recompute does): its logits and log-probs must equal (1)'s bit for bit (`torch.equal`,
@@ -34,13 +34,14 @@ from k3.model.metadata import ForwardMetadata
 from k3.platform import BatchInvariantUnsupported, select_platform
 
 from .. import compare as cmp
-from ..driver import PAGE_SIZE, prompts, tiny_checkpoint
+from ..driver import prompts, tiny_checkpoint
 from ..inputs import TORCH_DTYPES
 from ..registry import Case, Sample, register
 
 PRESETS = ("k3-tiny", "k3.1-pro-tiny")
-STEPS, MAX_CHUNK, LENGTHS = 4, 5, [13, 4, 5]        # target (crosses a 16-token page), companions
-PREEMPT_AFTER = 2                                    # generated tokens before the target is preempted
+STEPS, MAX_CHUNK, LENGTHS = 3, 4, [9, 3, 4]         # target, companions
+PREEMPT_AFTER = 1                                    # generated tokens before the target is preempted
+PAGE = 4                                             # tokens per block: the target spans three pages
 
 
 def _invariant_model(ctx, preset: str, dtype: torch.dtype):
@@ -69,17 +70,17 @@ class _Pool:
     def __init__(self, platform, model, device, *, rows: int, pages_each: int, seed: int):
         perm = torch.randperm(rows * pages_each, generator=torch.Generator().manual_seed(seed))
         self.tables = perm.view(rows, pages_each).to(torch.int32) + rows
-        pool = CachePool.for_model(model, rows * (1 + pages_each), block_size=PAGE_SIZE, platform=platform,
+        pool = CachePool.for_model(model, rows * (1 + pages_each), block_size=PAGE, platform=platform,
                                    device=device)
         self.device = device
-        self.runner = ModelRunner(model, pool, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device=device,
+        self.runner = ModelRunner(model, pool, block_size=PAGE, vocab_size=model.cfg.vocab_size, device=device,
                                   batch_invariant=True)
 
     def forward(self, pieces, context, slots, *, all_logits=False) -> torch.Tensor:
         order = sorted(range(len(pieces)), key=lambda r: len(pieces[r]) != 1)     # one-token steps first
         meta = ForwardMetadata.build([pieces[r] for r in order], context_lens=[context[r] for r in order],
                                      state_indices=[slots[r] for r in order], block_table=self.tables[[slots[r] for r in order]],
-                                     page_size=PAGE_SIZE, all_logits=all_logits, device=self.device)
+                                     page_size=PAGE, all_logits=all_logits, device=self.device)
         logits = self.runner.forward(meta).logits.detach().cpu()
         if all_logits:
             return logits
@@ -140,7 +141,7 @@ def _run(ctx, item):
     preset, dtype, seed = item.sample.params["preset"], TORCH_DTYPES[item.dtype], item.seed % 1000
     platform, model = _invariant_model(ctx, preset, dtype)
     prompt, *companions = prompts(seed, LENGTHS)
-    pages_each = -(-(max(LENGTHS) + STEPS) // PAGE_SIZE)
+    pages_each = -(-(max(LENGTHS) + STEPS) // PAGE)
     kw = dict(device=ctx.device, pages_each=pages_each)
     alone_pool = _Pool(platform, model, rows=1, seed=seed, **kw)
     alone = _generate(alone_pool, [prompt], None, steps=STEPS, max_chunk=None, seed=seed)
