@@ -154,6 +154,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the largest adapter rank accepted (default 16; K3 adapters go up to 32)")
     group.add_argument("--max-loras", type=int, default=1, metavar="N",
                        help="adapters resident at once, the slots a batch may mix (default 1)")
+    group = parser.add_argument_group("batch invariance (docs/batch-invariance.md)")
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
+                       help="a token's log-probs bit-identical whatever shares its batch, however its prompt is "
+                            "chunked or preempted, and in decode or a prefill recompute (vLLM's "
+                            "VLLM_BATCH_INVARIANT=1); one forward per token, batch-invariant kernels only "
+                            "(refused on a platform without them); default $K3_BATCH_INVARIANT")
     group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
     group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
@@ -202,6 +208,8 @@ def resolve_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser 
     args.model = args.model if args.model is not None else tag
     if args.model is None:
         _usage_error(parser, "a model is required: k3 serve MODEL (or --model DIR)")
+    if getattr(args, "batch_invariant", False) is None:
+        args.batch_invariant = os.environ.get("K3_BATCH_INVARIANT", "0") not in ("", "0")
     resolve_prefix_caching(args)
     if args.api_key is None:
         keys = [os.environ[name] for name in API_KEY_ENV if os.environ.get(name)]
@@ -349,7 +357,7 @@ def engine_config(args: argparse.Namespace):
     from k3.platform import select_platform
 
     resolve_arguments(args)
-    platform = select_platform(args.platform)
+    platform = select_platform(args.platform, batch_invariant=args.batch_invariant)
     apply_defaults(args, platform.config_defaults())
     config = EngineConfig(
         model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
@@ -366,7 +374,7 @@ def engine_config(args: argparse.Namespace):
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
         hf_overrides=args.hf_overrides,
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
-        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras)
+        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant)
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)
     problems = platform.validate_config(model_config, vars(args))

@@ -61,6 +61,14 @@ class EngineConfig:
     # grammar may take to compile (longer: the request is refused)
     structured_outputs_backend: str = "xgrammar"
     structured_outputs_timeout_s: float = 10.0
+    # batch-invariant mode (docs/batch-invariance.md; vLLM's VLLM_BATCH_INVARIANT=1): a token's
+    # logits bit-identical whatever its batch, chunking or preemption, and in decode or prefill;
+    # kernels marked batch invariant only, one forward per token. None: K3_BATCH_INVARIANT=1
+    batch_invariant: bool | None = None
+
+    def __post_init__(self):
+        if self.batch_invariant is None:
+            self.batch_invariant = os.environ.get("K3_BATCH_INVARIANT", "0") not in ("", "0")
 
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""
@@ -76,6 +84,8 @@ class EngineConfig:
                              "yet (docs/context-parallel.md)")
         if self.enable_lora or self.lora_modules:
             self._validate_lora()
+        if self.batch_invariant:
+            self._validate_batch_invariant()
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.kv_transfer_config is not None:
@@ -105,6 +115,19 @@ class EngineConfig:
         if clash:
             raise ValueError(f"LoRA adapters run on one rank without speculation or disaggregation for now: "
                              f"enable_lora does not combine with {', '.join(clash)} (docs/lora.md)")
+
+
+    def _validate_batch_invariant(self) -> None:
+        others = {"speculative_config": bool(self.speculative_config), "enable_prefix_caching": self.enable_prefix_caching,
+                  "tensor_parallel_size": self.tensor_parallel_size > 1, "data_parallel_size": self.data_parallel_size > 1,
+                  "decode_context_parallel_size": self.decode_context_parallel_size > 1,
+                  "enable_expert_parallel": self.enable_expert_parallel or bool(self.expert_parallel_size),
+                  "kv_transfer_config": self.kv_transfer_config is not None, "async_scheduling": bool(self.async_scheduling)}
+        clash = [name for name, on in others.items() if on]
+        if clash:
+            raise ValueError(f"batch_invariant runs on one rank without speculation, prefix caching, disaggregation "
+                             f"or lookahead for now: it does not combine with {', '.join(clash)} "
+                             "(docs/batch-invariance.md)")
 
 
 def default_cpu_cache_bytes() -> int:

@@ -62,7 +62,10 @@ class EngineParts:
 def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
     """Every part of an engine for `config` (broadcast: the tensor-parallel rank 0's sender)."""
     config.validate()
-    platform = platform or select_platform(config.platform)
+    platform = platform or select_platform(config.platform, batch_invariant=config.batch_invariant)
+    if config.batch_invariant and not getattr(platform, "batch_invariant", False):
+        raise ValueError("batch_invariant: the platform given was resolved without batch-invariant kernels "
+                         "(select_platform(..., batch_invariant=True))")
     cfg = K3Config.from_pretrained(config.model, config.hf_overrides)
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
     model = load_model(config, cfg, platform, parallel)
@@ -72,7 +75,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     tp = model.parallel.world_size
     # decode graphs are captured on one rank without collectives: none under TP, and none under EP
     # (its dispatch sizes the all-to-all on the host, and every rank must replay in lockstep)
-    graph_runner = (None if config.enforce_eager or tp > 1 or model.parallel.ep is not None
+    graph_runner = (None if config.enforce_eager or config.batch_invariant or tp > 1 or model.parallel.ep is not None
                     else platform.graph_runner)
     async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                         else graph_runner is not None and spec is None)
@@ -118,7 +121,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
         graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device)
     runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
-                         graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast)
+                         graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast,
+                         batch_invariant=config.batch_invariant)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
                               release=proposer.release if proposer else None,

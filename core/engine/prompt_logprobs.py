@@ -44,7 +44,11 @@ def score_prompt_rows(logits: torch.Tensor, spans: dict[int, PromptSpan], target
     the prompt tokens they predict, in span order."""
     index = torch.cat([torch.arange(s.row, s.row + s.count) for s in spans.values()]).to(logits.device)
     rows = logits.index_select(0, index)
-    lp = torch.log_softmax(rows if rows.dtype == torch.float64 else rows.float(), dim=-1)       # [M, V]
+    x = rows if rows.dtype == torch.float64 else rows.float()
+    # logit - logsumexp(logits), the sampler's arithmetic for a sampled token's log-prob
+    # (`k3.engine.sampler.sample_batch`), so a token scored here equals, bit for bit, what it was
+    # served with when the logits agree (the batch-invariant mode's decode-vs-prefill promise)
+    lp = x - torch.logsumexp(x, dim=-1, keepdim=True)                                         # [M, V]
     token_lp = lp.gather(1, targets[:, None])                                                 # [M, 1]
     ranks = (lp >= token_lp).sum(-1)                       # vLLM's rank: tokens at least as likely
     top_lp, top_ids = lp.topk(top_n, dim=-1) if top_n > 0 else (None, None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.model.metadata import ForwardMetadata
+from k3.model.token_steps import forward_token_steps
 from k3.structured.bitmask import bitmask_width
 
 from .batch import build_metadata, build_sampling
@@ -56,16 +57,19 @@ class ModelRunner:
     pinned_uploads: stage uploads in page-locked memory (asynchronous scheduling).
     broadcast: called with each step's metadata and row copies before the forward (rank 0
         of tensor parallelism: the other ranks follow).
+    batch_invariant: run every forward as one-token steps (`k3.model.token_steps`), the
+        batch-invariant mode (docs/batch-invariance.md).
     """
 
     def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
                  tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
-                 broadcast: Callable | None = None):
+                 broadcast: Callable | None = None, batch_invariant: bool = False):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
         self.stop_token_ids = set(eos_token_ids)
         self.tap_layers, self.graphs = tuple(tap_layers), graphs
         self.pinned_uploads, self.broadcast = pinned_uploads, broadcast
+        self.batch_invariant = batch_invariant
         self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
@@ -76,6 +80,8 @@ class ModelRunner:
             self.cache.copy_row(src, dst)
         if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):
             return ReplayedStep(self.graphs.run(meta))
+        if self.batch_invariant:
+            return forward_token_steps(self.model, meta, self.cache.views, page_size=self.block_size)
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
     def run(self, out: SchedulerOutput, *, previous_tokens: tuple[torch.Tensor, list[int]] | None = None) -> Launched:

@@ -9,8 +9,8 @@ plugins implement is `k3.plugin`.
 
 from .collectives import DispatchingCollectives, TorchDistributedBackend
 from .discovery import Discovery, PluginRecord, discover
-from .facade import Platform, select_platform
+from .facade import BatchInvariantUnsupported, Platform, select_platform
 from .selection import PlatformError, select
 
-__all__ = ["Discovery", "DispatchingCollectives", "Platform", "PlatformError", "PluginRecord",
+__all__ = ["BatchInvariantUnsupported", "Discovery", "DispatchingCollectives", "Platform", "PlatformError", "PluginRecord",
            "TorchDistributedBackend", "discover", "select", "select_platform"]

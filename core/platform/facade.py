@@ -9,6 +9,11 @@ plugin (kernel tables), each implementation called with only the arguments it de
 (`k3.platform.calls`). After selection only the selected platform's plugin, kernel-only
 plugins and the reference fallback are registered, and the platform hook `k3_capabilities` is
 asked of the selected platform's own plugin only: no hook needs to check the platform's name.
+
+In the batch-invariant mode (`select_platform(batch_invariant=True)`) every kernel hook is
+asked with `batch_invariant=True` and an entry is taken only from a plugin that marks it
+(`k3.plugin.batch_invariant`); a platform that leaves an entry unmarked everywhere is refused
+with `BatchInvariantUnsupported`, which names the entries.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from k3.model import K3ForCausalLM, ParallelContext
+from k3.plugin.markers import is_batch_invariant
 from k3.plugin.tables import KERNEL_TABLES, KernelSet
 from k3.plugin.types import KDA_STATE_LAYOUTS, Capabilities, PlatformInfo
 
@@ -31,12 +37,26 @@ from .discovery import Discovery, PluginRecord, allow_list, discover
 from .selection import select
 
 
-class Platform:
-    """The selected platform: info, capabilities, resolved kernels, collectives, plugin report."""
+class BatchInvariantUnsupported(ValueError):
+    """The batch-invariant mode was asked of a platform that has no batch-invariant kernel for
+    some entries (`entries`: "family.entry" names)."""
 
-    def __init__(self, found: Discovery, info: PlatformInfo):
+    def __init__(self, platform: str, entries: list[str]):
+        self.entries = entries
+        super().__init__(f"--batch-invariant: platform {platform!r} has no batch-invariant kernel for "
+                         f"{', '.join(entries)} (docs/batch-invariance.md)")
+
+
+class Platform:
+    """The selected platform: info, capabilities, resolved kernels, collectives, plugin report.
+
+    batch_invariant: resolve only kernels marked batch invariant (the batch-invariant mode);
+        raises BatchInvariantUnsupported naming the entries no plugin marks."""
+
+    def __init__(self, found: Discovery, info: PlatformInfo, *, batch_invariant: bool = False):
         self._pm = found.pm
         self.info = info
+        self.batch_invariant = batch_invariant
         self.records: dict[str, PluginRecord] = found.records
         self.capabilities: Capabilities = self._platform_hook("k3_capabilities")(platform=info) or Capabilities()
         self.kernels = self._resolve_kernels()
@@ -51,19 +71,23 @@ class Platform:
         return self._pm.subset_hook_caller(hook_name, remove_plugins=others)
 
     def _resolve_kernels(self) -> KernelSet:
-        tables, providers = {}, {}
+        tables, providers, missing = {}, {}, []
         for table_cls in KERNEL_TABLES:
             family, merged = table_cls.FAMILY, {}
             hook = getattr(self._pm.hook, f"k3_{family}_kernels")
-            for plugin, table in answers(hook, platform=self.info):
+            for plugin, table in answers(hook, platform=self.info, batch_invariant=self.batch_invariant):
                 if not isinstance(table, table_cls):
                     raise TypeError(f"plugin {plugin!r}: k3_{family}_kernels returned "
                                     f"{type(table).__name__}, expected {table_cls.__name__}")
                 for entry in table.provided():
-                    if entry not in merged:
-                        merged[entry] = getattr(table, entry)
+                    kernel = getattr(table, entry)
+                    if entry not in merged and (not self.batch_invariant or is_batch_invariant(kernel)):
+                        merged[entry] = kernel
                         providers[f"{family}.{entry}"] = plugin
+            missing += [f"{family}.{entry}" for entry in table_cls.entries() if entry not in merged]
             tables[family] = table_cls(**merged)
+        if self.batch_invariant and missing:
+            raise BatchInvariantUnsupported(self.name, missing)
         return KernelSet(**tables, providers=providers)
 
     def collectives(self, group=None) -> DispatchingCollectives:
@@ -161,8 +185,9 @@ class Platform:
         return {name: sorted(hooks) for name, hooks in out.items()}
 
 
-def select_platform(requested: str | None = None, *, env=os.environ) -> Platform:
-    """Discover plugins, select the platform (`requested`, else K3_PLATFORM, else detection)."""
+def select_platform(requested: str | None = None, *, batch_invariant: bool = False, env=os.environ) -> Platform:
+    """Discover plugins, select the platform (`requested`, else K3_PLATFORM, else detection).
+    batch_invariant: resolve the batch-invariant kernels only (see `Platform`)."""
     found = discover(allow_list(env))
     info = select(found, requested or env.get("K3_PLATFORM") or None)
-    return Platform(found, info)
+    return Platform(found, info, batch_invariant=batch_invariant)

@@ -10,11 +10,13 @@ a platform's own plugin for them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from k3.plugin.markers import HOOKSPEC_VERSION, hookimpl
+from k3.plugin.markers import batch_invariant as mark_invariant
 from k3.plugin.types import Capabilities, Detection
 from k3.platforms.torch_kernels.tables import torch_tables
 
@@ -39,8 +41,15 @@ def k3_capabilities():
 
 def _table(family: str):
     @hookimpl(trylast=True)
-    def hook():
-        return torch_tables()[family]
+    def hook(platform, batch_invariant):
+        table = torch_tables()[family]
+        # Batch invariance is claimed where it was checked: the pure-torch kernels on the CPU are
+        # deterministic for given shapes (no atomics; a reduction's split follows the shapes),
+        # which is what the batch-invariant mode's one-token calls need. On a GPU the same torch
+        # ops may accumulate with atomics (index_add_, scatter_add_), so nothing is marked there.
+        if not batch_invariant or torch.device(platform.device).type != "cpu":
+            return table
+        return dataclasses.replace(table, **{e: mark_invariant(getattr(table, e)) for e in table.provided()})
 
     return hook
 

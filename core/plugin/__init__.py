@@ -10,7 +10,7 @@ Vendors implement hooks from `k3.plugin.hookspecs` with `@k3.hookimpl` and regis
 under the `k3` entry-point group; see docs/plugins.md.
 """
 
-from .markers import HOOKSPEC_VERSION, hookimpl, hookspec
+from .markers import HOOKSPEC_VERSION, batch_invariant, hookimpl, hookspec, is_batch_invariant
 from .tables import (
     KERNEL_TABLES,
     AttnResKernels,
@@ -29,5 +29,6 @@ from .types import KDA_STATE_LAYOUTS, Capabilities, CollectiveBackend, Detection
 __all__ = [
     "HOOKSPEC_VERSION", "KDA_STATE_LAYOUTS", "KERNEL_TABLES", "AttnResKernels", "Capabilities",
     "CollectiveBackend", "Detection", "ElementwiseKernels", "IndexerKernels", "KDAKernels", "KernelSet",
-    "KernelTable", "LoRAKernels", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "hookimpl", "hookspec",
+    "KernelTable", "LoRAKernels", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "batch_invariant",
+    "hookimpl", "hookspec", "is_batch_invariant",
 ]

@@ -101,10 +101,14 @@ def k3_kda_state_layout(platform):
 # Each returns the family's kernel table (`k3.plugin.tables`) with the entries the plugin backs,
 # or None. Every entry's signature, shapes, dtypes, outputs and ownership are its protocol's in
 # `k3.plugin.kernels` (docs/ops.md); the facade merges the tables entry by entry.
+# batch_invariant: True when the engine runs in the batch-invariant mode (`--batch-invariant`):
+# return the entries you can claim batch invariant, each marked with `k3.plugin.batch_invariant`
+# (unmarked entries are passed over in that mode; the mode is refused when an entry has no
+# marked provider). A hook that does not declare the argument is asked as before.
 
 
 @hookspec
-def k3_kda_kernels(platform):
+def k3_kda_kernels(platform, batch_invariant):
     """A `KDAKernels` table: gate, short_conv, chunked, recurrent, rebuild_state, decode_step
     (protocols in `k3.plugin.kernels.kda`). States passed as arguments are canonical
     [N, HV, K, V] whatever `k3_kda_state_layout` says; `decode_step` alone updates the cache's
@@ -112,41 +116,41 @@ def k3_kda_kernels(platform):
 
 
 @hookspec
-def k3_mla_kernels(platform):
+def k3_mla_kernels(platform, batch_invariant):
     """An `MLAKernels` table: prefill, decode (protocols in `k3.plugin.kernels.mla`)."""
 
 
 @hookspec
-def k3_indexer_kernels(platform):
+def k3_indexer_kernels(platform, batch_invariant):
     """An `IndexerKernels` table: quantize_keys, dequantize_keys, scores, decode_scores,
     paged_decode_scores, topk, hadamard (protocols in `k3.plugin.kernels.indexer`)."""
 
 
 @hookspec
-def k3_moe_kernels(platform):
+def k3_moe_kernels(platform, batch_invariant):
     """A `MoEKernels` table: router_logits, select_experts, experts (protocols in
     `k3.plugin.kernels.moe`)."""
 
 
 @hookspec
-def k3_attn_res_kernels(platform):
+def k3_attn_res_kernels(platform, batch_invariant):
     """An `AttnResKernels` table: step, mix (protocols in `k3.plugin.kernels.attn_res`)."""
 
 
 @hookspec
-def k3_elementwise_kernels(platform):
+def k3_elementwise_kernels(platform, batch_invariant):
     """An `ElementwiseKernels` table: rms_norm, gated_rms_norm, layer_norm, l2_norm,
     glu_activation (protocols in `k3.plugin.kernels.elementwise`)."""
 
 
 @hookspec
-def k3_quant_kernels(platform):
+def k3_quant_kernels(platform, batch_invariant):
     """A `QuantKernels` table: fp8, MXFP4 and NVFP4 quantize / dequantize, bit-exact with
     `k3.quant` (protocols in `k3.plugin.kernels.quant`)."""
 
 
 @hookspec
-def k3_lora_kernels(platform):
+def k3_lora_kernels(platform, batch_invariant):
     """A `LoRAKernels` table: delta, experts (protocols in `k3.plugin.kernels.lora`): LoRA
     adapters of multi-adapter batches (docs/lora.md)."""
 

@@ -1,0 +1,97 @@
+"""The batch-invariant mode (docs/batch-invariance.md, issue 31 items 1 and 2) on the reference
+platform, k3-tiny float32: the kernel marks and the refusal, the conformance case
+model.batch_invariance_bitwise (which fails when the runner batches normally), and the
+log-probs `k3.LLM` serves in the mode against a teacher-forced prefill recompute, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import k3
+from k3.conformance.registry import items
+from k3.conformance.runner import RunContext, run_item
+from k3.engine.config import EngineConfig
+from k3.platform import BatchInvariantUnsupported, select_platform
+from k3.platform import facade
+from k3.platform import reference as reference_plugin
+from k3.plugin import is_batch_invariant
+from k3.plugin.types import PlatformInfo
+
+
+def _info(device: str) -> PlatformInfo:
+    return PlatformInfo(name="reference", plugin="reference", distribution="k3", version="0", device=device,
+                        forced=False)
+
+
+def test_reference_marks_its_kernels_on_the_cpu_only():
+    cpu = reference_plugin.k3_moe_kernels(platform=_info("cpu"), batch_invariant=True)
+    gpu = reference_plugin.k3_moe_kernels(platform=_info("cuda"), batch_invariant=True)
+    default = reference_plugin.k3_moe_kernels(platform=_info("cpu"), batch_invariant=False)
+    assert all(is_batch_invariant(getattr(cpu, e)) for e in cpu.entries())
+    assert not any(is_batch_invariant(getattr(t, e)) for t in (gpu, default) for e in t.entries())
+    platform = select_platform("reference", batch_invariant=True)
+    assert all(is_batch_invariant(getattr(getattr(platform.kernels, t.FAMILY), e))
+               for t in (type(cpu),) for e in t.entries())
+    assert not is_batch_invariant(select_platform("reference").kernels.moe.experts)     # default mode untouched
+
+
+def test_the_mode_is_refused_naming_the_unmarked_entries(monkeypatch):
+    marked = facade.is_batch_invariant
+    unmarked = {"experts_forward", "mla_decode"}
+    monkeypatch.setattr(facade, "is_batch_invariant",
+                        lambda k: marked(k) and getattr(k, "__name__", "") not in unmarked)
+    with pytest.raises(BatchInvariantUnsupported) as e:
+        select_platform("reference", batch_invariant=True)
+    assert set(e.value.entries) == {"moe.experts", "mla.decode"}
+    assert "\n" not in str(e.value) and "moe.experts" in str(e.value) and "mla.decode" in str(e.value)
+
+
+def test_the_mode_refuses_what_it_does_not_run_yet(monkeypatch):
+    with pytest.raises(ValueError, match="speculative_config, enable_prefix_caching"):
+        EngineConfig(model="m", batch_invariant=True, enable_prefix_caching=True,
+                     speculative_config={"method": "ngram", "num_speculative_tokens": 2}).validate()
+    monkeypatch.setenv("K3_BATCH_INVARIANT", "1")
+    assert EngineConfig(model="m").batch_invariant and not EngineConfig(model="m", batch_invariant=False).batch_invariant
+
+
+def _case_item():
+    return next(i for i in items("smoke", ("model",)) if i.case.name == "model.batch_invariance_bitwise"
+                and i.sample.shape.startswith("k3-tiny_"))
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["token_steps", "batched"])
+def test_bitwise_case_passes_and_fails_with_batched_forwards(invariant, monkeypatch):
+    """The case passes in the mode; when the runner forwards whole batches (the default mode's
+    chunked KDA, expanded MLA prefill, grouped experts) its bit equality breaks."""
+    if not invariant:
+        monkeypatch.setattr("k3.engine.runner.forward_token_steps",
+                            lambda model, meta, cache, page_size: model(meta, cache))
+    outcome = run_item(RunContext(select_platform("reference")), _case_item())
+    assert outcome.passed == invariant, outcome.summary()
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_checkpoint):
+    engine = k3.LLM(str(tiny_checkpoint("k3-tiny")), dtype="float32", batch_invariant=True, skip_tokenizer_init=True,
+                    kv_cache_memory_gib=0.02, max_num_batched_tokens=8, load_progress=False)
+    yield engine
+    engine.shutdown()
+
+
+def test_served_logprobs_equal_a_prefill_recompute_bit_for_bit(llm):
+    """Sampled rollouts (three at once, prompts chunked by an 8-token budget) and their
+    log-probs, then one batch of teacher-forced prefills over prompt + completion, in another
+    composition: every completion token's prompt log-prob equals its served one exactly."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (6, 2, 4)]
+    params = [k3.SamplingParams(max_tokens=3, temperature=1.0, seed=s, logprobs=0) for s in range(3)]
+    served = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    full = [p + o.outputs[0].token_ids for p, o in zip(prompts, served)]
+    recomputed = llm.generate([{"prompt_token_ids": f} for f in reversed(full)],
+                              k3.SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[::-1]
+    for p, out, again in zip(prompts, served, recomputed):
+        tokens = out.outputs[0].token_ids
+        got = [again.prompt_logprobs[len(p) + j][t].logprob for j, t in enumerate(tokens)]
+        want = [out.outputs[0].logprobs[j][t] for j, t in enumerate(tokens)]
+        assert got == want
