@@ -72,7 +72,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str, m
     try:
         async for p, out in merge(streams):
             finals[p] = out
-            timer.saw(max(len(c.token_ids) for c in out.outputs))
+            timer.saw(out, p)
             for c in out.outputs:
                 index = p * req.n + c.index
                 st = choices[index]
@@ -142,13 +142,13 @@ async def create_completion(req: CompletionRequest, request: Request):
     check_prompt_work([len(ids) for ids in prompts], max_prompts=state.max_prompts_per_request,
                       max_prompt_tokens=state.prompt_token_limit)       # after each prompt's own context check
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    timer = RequestTimer(state.metrics)
+    timer = RequestTimer(state.metrics, params)
     streams = [state.engine.generate(f"{request_id}-{i}", ids, params) for i, ids in enumerate(prompts)]
     if req.stream:
         return EventStream(_stream(state, req, request_id, model, streams, timer))
     try:
         finals = await collect(request, streams,
-                               on_output=lambda _, o: timer.saw(max(len(c.token_ids) for c in o.outputs)))
+                               on_output=lambda i, o: timer.saw(o, i))
     except Exception as e:
         timer.finish([None] * len(prompts) * req.n)
         raise as_api_error(e) from None

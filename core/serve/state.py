@@ -12,6 +12,7 @@ from fastapi import Request
 
 from .errors import APIError
 from .metrics import Metrics
+from .vllm_metrics import cache_info
 
 
 @dataclass
@@ -31,7 +32,7 @@ class ServerState:
 
     def __post_init__(self):
         if self.metrics is None:
-            self.metrics = Metrics(self.engine)
+            self.metrics = Metrics(self.engine, model_name=self.model_names[0], cache_info=cache_info(self.engine))
 
     @property
     def tokenizer(self):
