@@ -231,6 +231,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     plan.params = state.with_adapter(plan.params, req.model)
     check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    state.log_request(request_id, req.model, [plan.prompt_ids], plan.params)
     timer = RequestTimer(state.metrics, plan.params)
     stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
     if req.stream:

@@ -142,6 +142,7 @@ async def create_completion(req: CompletionRequest, request: Request):
     check_prompt_work([len(ids) for ids in prompts], max_prompts=state.max_prompts_per_request,
                       max_prompt_tokens=state.prompt_token_limit)       # after each prompt's own context check
     request_id = f"cmpl-{uuid.uuid4().hex}"
+    state.log_request(request_id, req.model, prompts, params)
     timer = RequestTimer(state.metrics, params)
     streams = [state.engine.generate(f"{request_id}-{i}", ids, params) for i, ids in enumerate(prompts)]
     if req.stream:

@@ -12,6 +12,7 @@ from fastapi import Request
 
 from .errors import APIError
 from .metrics import Metrics
+from .request_log import log_request
 from .vllm_metrics import cache_info
 
 
@@ -27,6 +28,8 @@ class ServerState:
                                      # model's own chat format)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
+    log_requests: bool = False       # --enable-log-requests: one line per request (k3.serve.request_log)
+    max_log_len: int = 0             # --max-log-len: prompt characters in that line (0: none)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None          # type: ignore[assignment]
 
@@ -53,6 +56,11 @@ class ServerState:
     @property
     def model_path(self) -> str:
         return str(self.engine.engine.config.model)
+
+    def log_request(self, request_id: str, model: str, prompts: list[list[int]], params) -> None:
+        """With --enable-log-requests, log the admitted request (`k3.serve.request_log`)."""
+        if self.log_requests:
+            log_request(request_id, model, prompts, params, tokenizer=self.tokenizer, max_log_len=self.max_log_len)
 
     def lora_adapters(self) -> list:
         """The engine's loaded LoRA adapters (k3.lora.LoadedAdapter), [] without LoRA."""
