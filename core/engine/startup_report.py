@@ -82,8 +82,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def log_startup_report(engine) -> dict[str, Any]:
-    """Log the report of `engine` (one INFO record); returns it."""
-    report = startup_report(engine)
+def log_startup_report(engine) -> dict[str, Any] | None:
+    """Log the report of `engine` (one INFO record) and return it; an engine the report cannot
+    read (a part missing) gets a one-line warning and None instead: the report never stops a
+    server from starting."""
+    try:
+        report = startup_report(engine)
+    except Exception as e:  # noqa: BLE001 - a report, not a precondition
+        logger.warning(f"startup report unavailable: {type(e).__name__}: {e}")
+        return None
     logger.info(format_report(report))
     return report
