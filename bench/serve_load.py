@@ -38,7 +38,7 @@ MODEL = "k3-tiny"
 
 def start_server(checkpoint: Path, dtype: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "k3.cli.main", "serve", "--model", str(checkpoint), "--port", "0",
-           "--served-model-name", MODEL, "--platform", "reference", "--dtype", dtype, "--kv-cache-memory", "0.25",
+           "--host", "127.0.0.1", "--served-model-name", MODEL, "--platform", "reference", "--dtype", dtype, "--kv-cache-memory", "0.25",
            "--max-num-seqs", str(max_num_seqs), "--uvicorn-log-level", "warning"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

@@ -47,7 +47,7 @@ WEIGHTS = (25, 20, 15, 12, 8, 8, 12)
 
 def start_server(checkpoint: Path) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "k3.cli.main", "serve", "--model", str(checkpoint), "--port", "0",
-           "--served-model-name", MODEL, "--platform", "reference", "--dtype", "bfloat16",
+           "--host", "127.0.0.1", "--served-model-name", MODEL, "--platform", "reference", "--dtype", "bfloat16",
            "--kv-cache-memory", "0.25", "--max-num-seqs", "64", "--enable-prefix-caching",
            "--max-request-body-bytes", str(BODY_LIMIT), "--shutdown-timeout", "5",
            "--uvicorn-log-level", "warning"]

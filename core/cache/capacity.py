@@ -232,6 +232,16 @@ def workspace_bytes(cfg: K3Config, max_num_batched_tokens: int, *, accelerator: 
     return FIXED_WORKSPACE + tokens * activation_bytes_per_token(cfg)
 
 
+def request_capacity(token_rows: int, max_model_len: int, logical_block: int) -> tuple[int, int]:
+    """(max-length requests the token rows hold at once, tokens they hold): a request takes
+    ceil(max_model_len / logical_block) attention rows and one state row; the token capacity is
+    what the attention rows left after those state rows hold. logical_block: the block size
+    times the DCP size (each DCP rank stores every DCP-th token)."""
+    per_request = math.ceil(max_model_len / logical_block) + 1
+    concurrent = token_rows // per_request
+    return concurrent, max(0, token_rows - concurrent) * logical_block
+
+
 def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dtype: str = "fp8",
                   tensor_parallel_size: int = 1, decode_context_parallel_size: int = 1,
                   data_parallel_size: int = 1, expert_parallel_size: int | None = None,
@@ -287,8 +297,7 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
     token_rows = max(0, rows - scratch)
     state_rows = 1
     per_request = math.ceil(max_len / (block_size * dcp)) + state_rows
-    concurrent = token_rows // per_request
-    capacity = max(0, token_rows - concurrent * state_rows) * block_size * dcp
+    concurrent, capacity = request_capacity(token_rows, max_len, block_size * dcp)
     checkpoint_rows = plan.prefix_checkpoint_rows_per_chunk
     if checkpoint_rows:
         notes.append(f"prefix caching reserves nothing: each cached KDA checkpoint takes one row from the token "

@@ -48,8 +48,12 @@ class PrefixHit:
 
 @dataclass
 class PrefixStats:
+    """Lookups since start-up: queries and hits count lookups; queried_tokens the tokens looked
+    up, reused_tokens those found (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens)."""
+
     queries: int = 0
     hits: int = 0
+    queried_tokens: int = 0
     reused_tokens: int = 0
 
 
@@ -84,6 +88,7 @@ class PrefixCache:
     def lookup(self, tokens: list[int], salt: bytes = b"") -> PrefixHit:
         """The longest reusable prefix of `tokens`, leaving at least one token to compute."""
         self.stats.queries += 1
+        self.stats.queried_tokens += len(tokens)
         keys = self.keys(tokens, (len(tokens) - 1) // self.unit, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
@@ -110,6 +115,7 @@ class PrefixCache:
         KDA checkpoint clamp: for a request whose state comes from elsewhere, a disaggregated
         prefill). The caller takes its own references."""
         self.stats.queries += 1
+        self.stats.queried_tokens += len(tokens)
         keys = self.keys(tokens, len(tokens) // self.unit)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:

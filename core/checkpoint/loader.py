@@ -23,10 +23,13 @@ from tqdm import tqdm
 
 from k3.config import K3Config
 from k3.dtypes import torch_dtype
+from k3.log import get_logger
 
 from .names import canonical_name, published_name
 from .shard_file import open_shard
 from .writer import INDEX_FILE
+
+logger = get_logger(__name__)
 
 _FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 _MAX_LISTED = 8
@@ -138,7 +141,7 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not match the config: " + " | ".join(problems))
     if report.skipped.get("vision") and part == "text":
-        print(f"k3: skipped {report.skipped['vision']} vision tensors (the tower loads through k3.vision.weights)", file=sys.stderr)
+        logger.info(f"skipped {report.skipped['vision']} vision tensors (the tower loads through k3.vision.weights)")
     dequantize_int4_experts(model)
     return report
 

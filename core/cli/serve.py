@@ -18,11 +18,15 @@ import sys
 from pathlib import Path
 
 from k3.dtype_names import DTYPE_ALIASES, DTYPE_NAMES
+from k3.log import get_logger
 
 from . import values
 from .common import CliError, add_hub_arguments, fail, resolve_model_dir
+from .exposure import exposure_warning, listen_host
 from .plan import add_cache_arguments, resolve_prefix_caching
 from .vllm_flags import REFUSED
+
+logger = get_logger(__name__)
 
 # --dtype: "auto" (the checkpoint's), k3's dtype names and vLLM's aliases for them
 DTYPES = {"auto": "auto", **{name: name for name in DTYPE_NAMES}, **DTYPE_ALIASES}
@@ -48,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory or hub repo id (or the "
                                                                      "positional MODEL)")
     add_hub_arguments(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--host", default=None,
+                        help="address to listen on (default: all interfaces, as vLLM; a warning when that, or "
+                             "any address beyond loopback, is served without --api-key; 127.0.0.1: this machine "
+                             "only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
                         help="name(s) clients pass as `model` (default: the model as given); the first is reported")
@@ -114,6 +121,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM / Ctrl-C: stop admitting (503), give running requests up to S seconds, then "
                              "end the rest with finish_reason 'abort' (default 30; a second signal stops at once)")
+    parser.add_argument("--enable-log-requests", dest="log_requests", action="store_true", default=False,
+                        help="log one line per request: its id, prompt count and tokens, the sampling parameters "
+                             "that differ from their defaults; never the prompt text unless --max-log-len says "
+                             "(default off; k3's log level: $K3_LOGGING_LEVEL)")
+    parser.add_argument("--disable-log-requests", dest="log_requests", action="store_false",
+                        help="no request log lines (the default; vLLM's older spelling)")
+    parser.add_argument("--max-log-len", type=int, default=0, metavar="N",
+                        help="with --enable-log-requests, also log the first N characters of each request's "
+                             "(first) prompt (default 0: never the prompt text)")
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's log level (default info: the access log)")
@@ -287,6 +303,8 @@ def _check_flags(args: argparse.Namespace) -> None:
                         ("--max-prompt-tokens-per-request", args.max_prompt_tokens_per_request)):
         if isinstance(value, int) and value < 1:
             raise CliError(f"{flag} must be at least 1, got {value}")
+    if args.max_log_len < 0:
+        raise CliError(f"--max-log-len must be >= 0, got {args.max_log_len}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if args.api_key is not None and not all(args.api_key):
@@ -492,6 +510,7 @@ def _uvicorn_server(app, log_level: str, *, gate=None, engine=None, shutdown_tim
 
 def run(args: argparse.Namespace) -> int:
     from k3.engine.async_engine import AsyncEngine
+    from k3.engine.startup_report import log_startup_report
     from k3.serve import build_app
 
     resolve_arguments(args)
@@ -501,10 +520,15 @@ def run(args: argparse.Namespace) -> int:
     code = run_without_server(args)
     if code is not None:
         return code
-    sock = _listen(args.host, args.port)
+    sock = _listen(listen_host(args.host), args.port)
     async_engine = None
     try:
-        async_engine = AsyncEngine(build_engine(args))
+        engine = build_engine(args)
+        log_startup_report(engine)
+        warning = exposure_warning(args.host, args.api_key)   # once, when the server is about to start
+        if warning:
+            logger.warning(warning)
+        async_engine = AsyncEngine(engine)
         names = args.served_model_name or [getattr(args, "model_id", None) or args.model]
         try:
             app = build_app(async_engine, served_model_name=names, api_key=args.api_key,
@@ -512,7 +536,8 @@ def run(args: argparse.Namespace) -> int:
                             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                             sampling_defaults=defaults, max_prompts_per_request=args.max_prompts_per_request,
                             max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
-                            public_docs=args.public_docs, chat_template=template)
+                            public_docs=args.public_docs, chat_template=template,
+                            log_requests=args.log_requests, max_log_len=args.max_log_len)
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate

@@ -12,6 +12,7 @@ from __future__ import annotations
 # vLLM spellings k3 serve accepts with vLLM's meaning (k3's help says where the meaning narrows)
 VLLM_SPELLINGS = (
     "model_tag", "--model", "--served-model-name", "--host", "--port", "--api-key", "--uvicorn-log-level",
+    "--enable-log-requests", "--disable-log-requests", "--max-log-len",
     "--dtype", "--quantization", "-q", "--load-format", "--seed", "--trust-remote-code", "--hf-overrides",
     "--generation-config", "--override-generation-config", "--revision", "--download-dir",
     "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--gpu-memory-utilization",

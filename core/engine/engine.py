@@ -151,7 +151,8 @@ class LLMEngine:
         rows, prefix caching, speculation."""
         return {**self.stats, "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "preemptions_total": self.scheduler.num_preemptions, "cache_rows": self.pool.num_rows,
-                "cache_rows_free": self.pool.num_free, **self.prefix_cache_stats(), **self.spec_stats(),
+                "cache_rows_free": self.pool.num_free, "iteration_tokens": self.scheduler.step_tokens.to_dict(),
+                **self.prefix_cache_stats(), **self.spec_stats(),
                 **self.kv_transfer_stats()}
 
     def kv_transfer_stats(self) -> dict:
@@ -174,9 +175,10 @@ class LLMEngine:
         cache = self.prefix_cache
         if cache is None:
             return {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0,
-                    "prefix_cache_reused_tokens_total": 0, "prefix_cache_checkpoint_rows": 0,
+                    "prefix_cache_queried_tokens_total": 0, "prefix_cache_reused_tokens_total": 0, "prefix_cache_checkpoint_rows": 0,
                     "prefix_cache_checkpoint_bytes": 0, "prefix_cache_rows": 0}
         return {"prefix_cache_queries_total": cache.stats.queries, "prefix_cache_hits_total": cache.stats.hits,
+                "prefix_cache_queried_tokens_total": cache.stats.queried_tokens,
                 "prefix_cache_reused_tokens_total": cache.stats.reused_tokens,
                 "prefix_cache_checkpoint_rows": cache.num_checkpoint_rows,
                 "prefix_cache_checkpoint_bytes": cache.num_checkpoint_rows * self.plan.layout.row_bytes,

@@ -9,7 +9,6 @@ handed the engine.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ from k3.checkpoint.dummy import load_dummy_weights
 from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.dtypes import dtype_name, torch_dtype
+from k3.log import get_logger
 from k3.platform import select_platform
 from k3.structured import StructuredOutputs
 from k3.tokenizer import load_tokenizer
@@ -35,6 +35,8 @@ from .runner import ModelRunner
 from .scheduler import Scheduler, SchedulerConfig
 from .spec.config import SpeculativeConfig
 from .step import PlainStep
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -235,6 +237,6 @@ def _decode_graphs(config: EngineConfig, platform, model, cache: CachePool, plan
                             device=device, progress=config.load_progress), None
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
-        print(f"k3: decode graph capture failed on platform {platform.name} ({error}); "
-              "decoding eagerly (--enforce-eager skips the attempt)", file=sys.stderr)
+        logger.warning(f"decode graph capture failed on platform {platform.name} ({error}); "
+                       "decoding eagerly (--enforce-eager skips the attempt)")
         return None, error

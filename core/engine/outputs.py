@@ -198,6 +198,8 @@ def build_output(request_id: str, prompt: str | None, children: list[Request],
                                         logprobs=logprobs, finish_reason=r.finish_reason, stop_reason=r.stop_reason))
     first = children[0]
     metrics = {"arrival_time": first.arrival_time, "first_token_time": first.first_token_time,
+               "first_scheduled_time": min((r.first_scheduled_time for r in children
+                                            if r.first_scheduled_time is not None), default=None),
                "num_preemptions": sum(r.num_preemptions for r in children)}
     prompt_logprobs = None if first.params.prompt_logprobs is None else list(first.prompt_logprobs)
     return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=list(first.prompt_token_ids),

@@ -48,6 +48,7 @@ class Request:
     state_row: int | None = None
     finish_reason: str | None = None        # "stop", "length", "abort"
     stop_reason: str | int | None = None    # the stop string or token id that ended it
+    first_scheduled_time: float | None = None   # first admitted to the running batch (queue time ends)
     first_token_time: float | None = None
     num_preemptions: int = 0
     # prefix caching

@@ -14,6 +14,7 @@ are freed and it waits to be recomputed from its prompt and the tokens it alread
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from k3.cache.block_pool import BlockPool
 from k3.cache.prefix import PrefixCache
 
 from .request import Request, RequestStatus
+from .step_tokens import StepTokenHistogram
 
 
 def allocate_rows(pool, prefix_cache, n: int) -> list[int] | None:
@@ -101,6 +103,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.step_tokens = StepTokenHistogram()     # tokens per committed step (vLLM's iteration_tokens_total)
         # prefill/decode disaggregation (k3.engine.kv_transfer): a producer publishes the rows of
         # a finished prefill instead of freeing them; a consumer pulls a request's rows before
         # it is queued (it queues it itself, or refuses and the request waits for local prefill)
@@ -198,6 +201,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
+            request.first_scheduled_time = request.first_scheduled_time or time.monotonic()
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
@@ -282,6 +286,9 @@ class Scheduler:
         """After the forward: the scheduled tokens are in the cache (and, with prefix caching,
         their full units and checkpoints are registered). kept: request id -> tokens of a verify
         step that stay (1 + accepted drafts); the rest of its step is discarded."""
+        if out.scheduled:
+            self.step_tokens.observe(sum((kept or {}).get(s.request.request_id, s.num_new_tokens)
+                                         for s in out.scheduled))
         for s in out.scheduled:
             r = s.request
             r.num_computed_tokens += (kept or {}).get(r.request_id, s.num_new_tokens)

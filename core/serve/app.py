@@ -51,7 +51,7 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
               reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
               max_prompt_tokens_per_request: int | None = None, public_docs: bool = False,
-              chat_template=None) -> FastAPI:
+              chat_template=None, log_requests: bool = False, max_log_len: int = 0) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
@@ -67,6 +67,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
     all (None: max_model_len), one request may bring (400 above; `k3.serve.limits`).
     chat_template: a `k3.chat.jinja_template.JinjaChatTemplate` that renders chat prompts instead
     of the model's own chat format (vLLM's --chat-template; also for a tokenizer without one).
+    log_requests: log one line per request (id, prompt tokens, params; `k3.serve.request_log`),
+    with the first max_log_len characters of the prompt when max_log_len > 0.
     The caller owns the engine (shut it down after the server stops). The body-size limit and
     the shutdown drain are ASGI middlewares `k3 serve` puts in front (`BodyLimit`, `DrainGate`).
     """
@@ -95,7 +97,7 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
                         max_prompt_tokens_per_request=max_prompt_tokens_per_request,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
                         parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}),
-                        chat_template=chat_template)
+                        chat_template=chat_template, log_requests=log_requests, max_log_len=max_log_len)
     from k3 import __version__
 
     app = FastAPI(title="k3", version=__version__, docs_url=None, redoc_url=None,

@@ -192,7 +192,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, plan: ChatPlan
             yield chunk(i, {"role": "assistant", "content": ""})
         async for _, out in merge([stream]):
             last = out
-            timer.saw(max(len(c.token_ids) for c in out.outputs))
+            timer.saw(out)
             for c in out.outputs:
                 st = choices[c.index]
                 if st.finished:
@@ -259,13 +259,13 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     plan.params = state.with_adapter(plan.params, req.model)
     check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    timer = RequestTimer(state.metrics)
+    state.log_request(request_id, req.model, [plan.prompt_ids], plan.params)
+    timer = RequestTimer(state.metrics, plan.params)
     stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
     if req.stream:
         return EventStream(_stream(state, req, plan, request_id, model, stream, timer))
     try:
-        finals = await collect(request, [stream], on_output=lambda _, o: timer.saw(max(len(c.token_ids)
-                                                                                     for c in o.outputs)))
+        finals = await collect(request, [stream], on_output=lambda i, o: timer.saw(o, i))
     except Exception as e:
         timer.finish([None] * req.n)
         raise as_api_error(e) from None

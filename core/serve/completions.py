@@ -84,7 +84,7 @@ async def _stream(state: ServerState, req: CompletionRequest, request_id: str, m
     try:
         async for p, out in merge(streams):
             finals[p] = out
-            timer.saw(max(len(c.token_ids) for c in out.outputs))
+            timer.saw(out, p)
             for c in out.outputs:
                 index = p * req.n + c.index
                 st = choices[index]
@@ -176,13 +176,14 @@ async def create_completion(req: CompletionRequest, request: Request):
                       max_prompt_tokens=state.prompt_token_limit)       # after each prompt's own context check
     echoes = [_prompt_text(state, req, i, ids) if req.echo else "" for i, ids in enumerate(prompts)]
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    timer = RequestTimer(state.metrics)
+    state.log_request(request_id, req.model, prompts, params)
+    timer = RequestTimer(state.metrics, params)
     streams = [state.engine.generate(f"{request_id}-{i}", ids, params) for i, ids in enumerate(prompts)]
     if req.stream:
         return EventStream(_stream(state, req, request_id, model, streams, timer, echoes))
     try:
         finals = await collect(request, streams,
-                               on_output=lambda _, o: timer.saw(max(len(c.token_ids) for c in o.outputs)))
+                               on_output=lambda i, o: timer.saw(o, i))
     except Exception as e:
         timer.finish([None] * len(prompts) * req.n)
         raise as_api_error(e) from None

@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sys
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from k3.log import get_logger
+
+logger = get_logger(__name__)
 
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 
@@ -132,8 +135,8 @@ def build_proxy(prefill: list[str], decode: list[str], *, timeout_s: float = 600
                 raise ConnectionError(f"HTTP {status}: {data[:200]!r}")
         except (OSError, asyncio.TimeoutError, ValueError, ConnectionError, asyncio.IncompleteReadError) as e:
             app.state.stats["prefill_failures"] += 1
-            print(f"k3-pd-proxy: prefill on {upstream.url} failed ({type(e).__name__}: {e}); the decode "
-                  "instance prefills", file=sys.stderr)
+            logger.warning(f"pd proxy: prefill on {upstream.url} failed ({type(e).__name__}: {e}); the decode "
+                           "instance prefills")
         decode_body = dict(body)
         decode_body.pop("kv_transfer_params", None)
         if kv:

@@ -12,6 +12,8 @@ from fastapi import Request
 
 from .errors import APIError
 from .metrics import Metrics
+from .request_log import log_request
+from .vllm_metrics import cache_info
 
 
 @dataclass
@@ -26,12 +28,14 @@ class ServerState:
                                      # model's own chat format)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
+    log_requests: bool = False       # --enable-log-requests: one line per request (k3.serve.request_log)
+    max_log_len: int = 0             # --max-log-len: prompt characters in that line (0: none)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None          # type: ignore[assignment]
 
     def __post_init__(self):
         if self.metrics is None:
-            self.metrics = Metrics(self.engine)
+            self.metrics = Metrics(self.engine, model_name=self.model_names[0], cache_info=cache_info(self.engine))
 
     @property
     def tokenizer(self):
@@ -52,6 +56,11 @@ class ServerState:
     @property
     def model_path(self) -> str:
         return str(self.engine.engine.config.model)
+
+    def log_request(self, request_id: str, model: str, prompts: list[list[int]], params) -> None:
+        """With --enable-log-requests, log the admitted request (`k3.serve.request_log`)."""
+        if self.log_requests:
+            log_request(request_id, model, prompts, params, tokenizer=self.tokenizer, max_log_len=self.max_log_len)
 
     def lora_adapters(self) -> list:
         """The engine's loaded LoRA adapters (k3.lora.LoadedAdapter), [] without LoRA."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from k3.log import get_logger
 from k3.tokenizer import specials
 from k3.tokenizer.base import Tokenizer
 from k3.tokenizer.byte_bpe import NotByteLevel
@@ -12,6 +12,8 @@ from k3.tokenizer.compact import VOCAB_SIZE as COMPACT_VOCAB_SIZE, compact_token
 from k3.tokenizer.hf_vocab import TOKENIZER_JSON, HFTokenizer
 from k3.tokenizer.hf_wrapped import WrappedHFTokenizer
 from k3.tokenizer.tiktoken_vocab import CONFIG_FILE, TIKTOKEN_FILE, load_tiktoken_dir, read_json
+
+logger = get_logger(__name__)
 
 _NOTIFIED: set[Path] = set()
 
@@ -48,8 +50,8 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     key = model_dir.resolve()
     if key not in _NOTIFIED:
         _NOTIFIED.add(key)
-        print(f"k3: {model_dir} has no tokenizer files; using the built-in compact vocabulary "
-              f"(flavor {flavor})", file=sys.stderr)
+        logger.warning(f"{model_dir} has no tokenizer files; using the built-in compact vocabulary "
+                       f"(flavor {flavor})")
     return compact_tokenizer(flavor)
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = (
     ("base", {"k3.dtypes", "k3.dtype_names", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
-              "k3.__version__", "k3._version"}),   # the version string (core/_version.py: a constant, no import)
+              "k3.log", "k3.__version__", "k3._version"}),   # the version string (core/_version.py: a constant, no import)
     ("text", {"k3.tokenizer", "k3.chat"}),
     ("grammar", {"k3.structured"}),
     ("number formats", {"k3.quant"}),

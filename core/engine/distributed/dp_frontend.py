@@ -22,15 +22,18 @@ collective timeout), so idle ranks do not time out and a dead one is noticed.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
 import torch.distributed as dist
 
+from k3.log import get_logger
+
 from .config import DistributedConfig, DistributedError
 from .groups import Groups, idle_forward
 from .tp import TPSender
+
+logger = get_logger(__name__)
 
 
 def pick_rank(loads: list[dict]) -> int:
@@ -257,7 +260,7 @@ class DistributedEngine:
         if self.failed:
             return
         self.failed = message
-        print(message, file=sys.stderr, flush=True)
+        logger.error(message.removeprefix("k3: "))
         if self._on_failure is not None:
             self._on_failure(message)
 
@@ -277,7 +280,7 @@ class DistributedEngine:
                         dist.broadcast_object_list([{"stop": True}], group=self.groups.dp_leaders, group_src=0)
                     self.sender.stop()
                 except Exception as e:
-                    print(f"k3: stopping the other ranks failed: {type(e).__name__}: {e}", file=sys.stderr)
+                    logger.error(f"stopping the other ranks failed: {type(e).__name__}: {e}")
         finally:
             if acquired:
                 self._lock.release()

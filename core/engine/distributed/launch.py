@@ -37,11 +37,15 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from k3.log import get_logger
+
 from ..config import EngineConfig
 from .config import DistributedConfig, DistributedError, torchrun_rank
 from .dp_frontend import DistributedEngine, lead
 from .groups import build_parallel_context, idle_forward, init_groups, init_world
 from .tp import TPSender, follow
+
+logger = get_logger(__name__)
 
 WORKER_MODULE = "k3.engine.distributed.worker"
 STOP_GRACE_S = 15.0      # a rank torchrun started waits this long after SIGTERM for rank 0's stop
@@ -102,8 +106,8 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     ep = engine.model.parallel.ep
     if ep is not None:
         start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)
-        print(f"k3: rank {rank} holds experts {start}-{start + count - 1} of {engine.model.cfg.num_experts} "
-              f"(expert parallel over {ep.size} ranks)", file=sys.stderr, flush=True)
+        logger.info(f"rank {rank} holds experts {start}-{start + count - 1} of {engine.model.cfg.num_experts} "
+                    f"(expert parallel over {ep.size} ranks)")
     layouts: list = [None] * dcfg.world_size
     dist.all_gather_object(layouts, (groups.dp_rank, engine.pool.num_rows, engine.max_model_len), group=groups.control)
     for r, (d, rows, max_len) in enumerate(layouts):
@@ -131,8 +135,7 @@ def run_rank(config: EngineConfig, dcfg: DistributedConfig, rank: int) -> int:
         return 0
     except BaseException as e:
         traceback.print_exc()
-        print(f"k3: rank {rank} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-              file=sys.stderr, flush=True)
+        logger.error(f"rank {rank} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         os._exit(1)         # never wait in a process group's destructor for peers that are gone
 
 
@@ -145,8 +148,7 @@ def _defer_stop_signals(rank: int, grace: float) -> None:
 
         def later():
             time.sleep(grace)
-            print(f"k3: rank {rank}: {name} and no stop from rank 0 within {grace:g} s; exiting",
-                  file=sys.stderr, flush=True)
+            logger.error(f"rank {rank}: {name} and no stop from rank 0 within {grace:g} s; exiting")
             os._exit(1)
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -167,7 +169,7 @@ def _watch_launcher(rank: int) -> bool:
     def watch():
         while True:
             if os.getppid() != int(launcher):
-                print(f"k3: rank {rank}: its launcher (pid {launcher}) is gone; exiting", file=sys.stderr, flush=True)
+                logger.error(f"rank {rank}: its launcher (pid {launcher}) is gone; exiting")
                 os._exit(1)
             time.sleep(0.5)
 
@@ -193,9 +195,9 @@ def _start_local(config: EngineConfig, dcfg: DistributedConfig, ranks: list[int]
     context = start_processes(name="k3", entrypoint=sys.executable, args=args, envs=envs,
                               logs_specs=DefaultLogsSpecs(log_dir=log_dir, redirects=Std.NONE, tee=Std.NONE))
     pids = context.pids()
-    print(f"k3: node {dcfg.node_rank} of {dcfg.nnodes} started " + ", ".join(f"rank {r} (pid {pids[i]})"
-                                                                        for i, r in enumerate(ranks))
-          + f"; rendezvous {dcfg.master_addr}:{dcfg.master_port}", file=sys.stderr, flush=True)
+    logger.info(f"node {dcfg.node_rank} of {dcfg.nnodes} started " + ", ".join(f"rank {r} (pid {pids[i]})"
+                                                                             for i, r in enumerate(ranks))
+                + f"; rendezvous {dcfg.master_addr}:{dcfg.master_port}")
     return context
 
 
@@ -264,7 +266,7 @@ def start_rank0(config: EngineConfig, dcfg: DistributedConfig, *, exit_on_failur
         if front:
             front[0].fail(message)       # logs it; the next step raises
         else:
-            print(message, file=sys.stderr, flush=True)
+            logger.error(message.removeprefix("k3: "))
         if exit_on_failure:
             def finish():
                 time.sleep(FAILURE_GRACE_S)
@@ -316,14 +318,14 @@ def run_node(config: EngineConfig, dcfg: DistributedConfig) -> int:
             for i, handler in context.subprocess_handlers.items():
                 code = handler.proc.poll()
                 if code is not None and code != 0:
-                    print(_describe_exit(ranks[i], pids[i], code), file=sys.stderr, flush=True)
+                    logger.error(_describe_exit(ranks[i], pids[i], code).removeprefix("k3: "))
                     context.close(timeout=5)
                     return 1
             if all(h.proc.poll() == 0 for h in context.subprocess_handlers.values()):
                 return 0
             time.sleep(0.2)
     except KeyboardInterrupt:
-        print(f"k3: node {dcfg.node_rank} stopped by a signal; stopping its ranks", file=sys.stderr, flush=True)
+        logger.info(f"node {dcfg.node_rank} stopped by a signal; stopping its ranks")
         context.close(timeout=5)
         return 1
     finally:

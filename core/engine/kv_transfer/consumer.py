@@ -15,7 +15,6 @@ thread is done.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from k3.cache.block_pool import BlockPool
 from k3.cache.pool import CachePool
 from k3.cache.prefix import PrefixCache
+from k3.log import get_logger
 
 from ..request import Request
 from ..scheduler import allocate_rows
@@ -31,6 +31,8 @@ from .backend import TransferBackend
 from .config import KVTransferConfig
 from .handle import TransferHandle, layout_digest, prompt_digest
 from .wire import TransferError
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -52,7 +54,7 @@ class Pull:
 
 
 def _log(message: str) -> None:
-    print(f"k3 kv_consumer: {message}", file=sys.stderr)
+    logger.warning(f"kv_consumer: {message}")
 
 
 class KVConsumer:

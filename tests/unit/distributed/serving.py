@@ -23,7 +23,7 @@ class Serve:
     def __init__(self, checkpoint, *flags: str, timeout: float = 30, command=None):
         """command: what runs `serve` (default the k3 console script; e.g. torchrun's)."""
         self.proc = subprocess.Popen([*(command or K3), "serve", "--model", str(checkpoint), "--port", "0",
-                                      "--dtype", "float64",
+                                      "--host", "127.0.0.1", "--dtype", "float64",
                                       "--kv-cache-memory", "0.02", "--served-model-name", "tiny",
                                       "--uvicorn-log-level", "warning", "--distributed-timeout", str(timeout), *flags],
                                      stderr=subprocess.PIPE, text=True)

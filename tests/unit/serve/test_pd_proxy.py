@@ -127,7 +127,7 @@ def test_killed_prefill_instance_mid_transfer(cluster, checkpoint):
     """The producer is a process of its own, SIGKILLed after the consumer pulled its first row:
     the consumer's next read fails and it prefills itself; the client gets the right answer."""
     proc = subprocess.Popen([sys.executable, "-m", "k3.cli.main", "serve", "--model", str(checkpoint), "--port", "0",
-                             "--served-model-name", MODEL, "--kv-cache-memory", "0.02", "--platform", "reference",
+                             "--host", "127.0.0.1", "--served-model-name", MODEL, "--kv-cache-memory", "0.02", "--platform", "reference",
                              "--dtype", "float64", "--block-size", str(BLOCK), "--max-model-len", "512",
                              "--kv-transfer-config", _kv("kv_producer"), "--uvicorn-log-level", "warning"],
                             stderr=subprocess.PIPE, text=True, env={**os.environ})

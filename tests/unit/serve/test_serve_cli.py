@@ -72,8 +72,8 @@ def test_port_in_use(capsys, checkpoint):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        _refused(capsys, ["serve", "--model", str(checkpoint), "--port", str(busy.getsockname()[1])],
-                 "cannot listen on 127.0.0.1")
+        _refused(capsys, ["serve", "--model", str(checkpoint), "--host", "127.0.0.1", "--port",
+                          str(busy.getsockname()[1])], "cannot listen on 127.0.0.1")
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -81,7 +81,9 @@ def test_serve_process_end_to_end(checkpoint, stop):
     # a vLLM-style command line: positional model, -tp, --trust-remote-code, 1K, VLLM_API_KEY, prefix caching
     # on by default
     env = {k: v for k, v in os.environ.items() if k not in ("K3_API_KEY", "VLLM_API_KEY")}
-    env["VLLM_API_KEY"] = "k"
+    keyed = stop == signal.SIGINT         # the SIGTERM run serves without a key: one exposure warning
+    if keyed:
+        env["VLLM_API_KEY"] = "k"
     proc = subprocess.Popen([sys.executable, "-m", "k3.cli.main", "serve", str(checkpoint), "--port", "0",
                              "--served-model-name", "tiny", "--kv-cache-memory", "0.02", "--platform", "reference",
                              "-tp", "1", "--trust-remote-code", "--dtype", "float32", "--max-model-len", "1K",
@@ -89,14 +91,18 @@ def test_serve_process_end_to_end(checkpoint, stop):
                              "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3", "--uvicorn-log-level",
                              "warning"], stderr=subprocess.PIPE, text=True, env=env)
     try:
-        url = None
+        url, lines = None, []
         deadline = time.monotonic() + 60
         while url is None and time.monotonic() < deadline:
             line = proc.stderr.readline()
             assert line or proc.poll() is None, "k3 serve exited before serving"
-            if m := re.fullmatch(r"k3: serving tiny on (http://127\.0\.0\.1:\d+)\n", line):
-                url = m.group(1)
+            lines.append(line)
+            if m := re.fullmatch(r"k3: serving tiny on http://0\.0\.0\.0:(\d+)\n", line):   # vLLM's default host
+                url = f"http://127.0.0.1:{m.group(1)}"
         assert url, "no `serving` notice"
+        log = "".join(lines)
+        assert "k3: startup: " in log and "max_model_len 1,024 tokens" in log, log     # the startup report
+        assert log.count("without --api-key") == (0 if keyed else 1), log              # default host: all interfaces
         assert httpx.get(url + "/health").status_code == 200
         client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0)
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)

@@ -26,7 +26,7 @@ from k3.engine.params import SamplingParams
 
 def _start(checkpoint, *flags):
     proc = subprocess.Popen([sys.executable, "-m", "k3.cli.main", "serve", "--model", str(checkpoint), "--port", "0",
-                             "--served-model-name", "tiny", "--kv-cache-memory", "0.02", "--platform", "reference",
+                             "--host", "127.0.0.1", "--served-model-name", "tiny", "--kv-cache-memory", "0.02", "--platform", "reference",
                              "--dtype", "float32", "--max-model-len", "1024", "--uvicorn-log-level", "warning", *flags],
                             stderr=subprocess.PIPE, text=True)
     lines: list[str] = []

@@ -16,7 +16,7 @@ K3 = [str(Path(sys.executable).with_name("k3"))] if Path(sys.executable).with_na
 
 
 def _serve(checkpoint, tp: int):
-    proc = subprocess.Popen([*K3, "serve", "--model", str(checkpoint), "--port", "0", "--dtype", "float64",
+    proc = subprocess.Popen([*K3, "serve", "--model", str(checkpoint), "--port", "0", "--host", "127.0.0.1", "--dtype", "float64",
                              "--kv-cache-memory", "0.02", "--tensor-parallel-size", str(tp),
                              "--served-model-name", "tiny", "--uvicorn-log-level", "warning"],
                             stderr=subprocess.PIPE, text=True)
