@@ -2,6 +2,10 @@
 
 Prompts are hashed as a chain of prefix-match units (`unit` tokens, dividing the row's block
 size): unit k's key covers every token before its end, so equal keys mean equal prefixes.
+A prompt with images passes their placeholder spans (`media`: (offset, tokens, content hash) per
+image): a unit that covers any placeholder of an image mixes that image's hash and offset into
+its key, so two prompts share a unit only when their images up to its end are the same pictures
+at the same places (the placeholder token ids alone are equal for every image).
 Each cached unit names the row holding its latent and index-key pages (and every earlier
 token of its block); the cache holds one pool reference per row it uses, so rows outlive the
 request that wrote them.
@@ -17,6 +21,7 @@ survives that points past a missing page.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .block_pool import BlockPool
@@ -62,12 +67,16 @@ class PrefixCache:
         self.stats = PrefixStats()
 
     # ------------------------------------------------------------------ keys
-    def keys(self, tokens: list[int], num_units: int) -> list[bytes]:
-        """Chain keys of the first num_units units of tokens."""
+    def keys(self, tokens: list[int], num_units: int, media: Sequence[tuple[int, int, bytes]] = ()) -> list[bytes]:
+        """Chain keys of the first num_units units of tokens (media: see the module docstring)."""
         out, parent = [], b""
         for k in range(num_units):
+            lo, hi = k * self.unit, (k + 1) * self.unit
             h = hashlib.blake2b(parent, digest_size=16)
-            h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens[k * self.unit: (k + 1) * self.unit]))
+            h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens[lo: hi]))
+            for offset, length, key in media:
+                if offset < hi and lo < offset + length:
+                    h.update(b"image" + offset.to_bytes(8, "little") + key)
             parent = h.digest()
             out.append(parent)
         return out
@@ -77,10 +86,10 @@ class PrefixCache:
         unit.last_used = self._clock
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens: list[int]) -> PrefixHit:
+    def lookup(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = ()) -> PrefixHit:
         """The longest reusable prefix of `tokens`, leaving at least one token to compute."""
         self.stats.queries += 1
-        keys = self.keys(tokens, (len(tokens) - 1) // self.unit)
+        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, media)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -101,12 +110,12 @@ class PrefixCache:
         self.stats.reused_tokens += usable * self.unit
         return PrefixHit(usable * self.unit, rows, ckpt)
 
-    def lookup_rows(self, tokens: list[int]) -> list[int]:
+    def lookup_rows(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = ()) -> list[int]:
         """The rows of the leading full blocks of `tokens` the cache holds, attention only (no
         KDA checkpoint clamp: for a request whose state comes from elsewhere, a disaggregated
         prefill). The caller takes its own references."""
         self.stats.queries += 1
-        keys = self.keys(tokens, len(tokens) // self.unit)
+        keys = self.keys(tokens, len(tokens) // self.unit, media)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -121,13 +130,14 @@ class PrefixCache:
         return [self.units[keys[(b + 1) * per_row - 1]].row for b in range(full)]
 
     # ------------------------------------------------------------------ insertion
-    def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0) -> int:
+    def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0,
+                 media: Sequence[tuple[int, int, bytes]] = ()) -> int:
         """Cache the full units among the first `computed` tokens, held in `rows` (the request's
         rows in position order). Returns the number of units now registered for it."""
         n = computed // self.unit
         if n <= start_unit:
             return start_unit
-        keys = self.keys(tokens, n)
+        keys = self.keys(tokens, n, media)
         for k in range(start_unit, n):
             if keys[k] in self.units:
                 continue
@@ -143,21 +153,22 @@ class PrefixCache:
             self._row_users[row] = self._row_users.get(row, 0) + 1
         return n
 
-    def add_checkpoint(self, tokens: list[int], position: int, state_row: int) -> bool:
+    def add_checkpoint(self, tokens: list[int], position: int, state_row: int,
+                       media: Sequence[tuple[int, int, bytes]] = ()) -> bool:
         """Keep `state_row` (the KDA state after `position` tokens, a unit boundary) as a
         checkpoint. The cache takes over the row's reference; a duplicate is freed. Returns
         whether it was kept."""
         if position <= 0 or position % self.unit:
             raise ValueError(f"checkpoint position {position} is not a positive multiple of the unit {self.unit}")
-        key = self.keys(tokens, position // self.unit)[-1]
+        key = self.keys(tokens, position // self.unit, media)[-1]
         if key in self.checkpoints or key not in self.units:
             self.pool.free([state_row])
             return False
         self.checkpoints[key] = state_row
         return True
 
-    def has_checkpoint(self, tokens: list[int], position: int) -> bool:
-        return self.keys(tokens, position // self.unit)[-1] in self.checkpoints
+    def has_checkpoint(self, tokens: list[int], position: int, media: Sequence[tuple[int, int, bytes]] = ()) -> bool:
+        return self.keys(tokens, position // self.unit, media)[-1] in self.checkpoints
 
     # ------------------------------------------------------------------ eviction
     def evict(self, rows_wanted: int) -> int:

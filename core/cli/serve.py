@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -118,6 +119,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
                             "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
                             "each process joins as $RANK and only rank 0 serves HTTP")
+    group = parser.add_argument_group("images (docs/vision.md)")
+    group.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="chat image_url parts may name local files under DIR (default: data: URLs only)")
+    group.add_argument("--allow-remote-media", action="store_true",
+                       help="fetch http(s) image_url parts (default: refused with a 400)")
+    group.add_argument("--max-num-encoder-tokens", type=int, default=None, metavar="N",
+                       help="image tokens the vision encoder may encode in one step (default: the larger of "
+                            "--max-num-batched-tokens and the largest image's tokens)")
+    group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
+                       help="with tensor parallelism: 'data' runs the whole (unsharded) tower on the TP leader "
+                            "and sends its rows to the other ranks; 'weights' (a sharded tower) is not "
+                            "implemented")
+    group.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
+                       help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
+                            'tower loaded)')
     group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
     group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
@@ -197,8 +213,27 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if args.api_key == "":
         raise CliError("--api-key is empty")
+    if args.max_num_encoder_tokens is not None and args.max_num_encoder_tokens < 1:
+        raise CliError(f"--max-num-encoder-tokens must be at least 1, got {args.max_num_encoder_tokens}")
+    if args.allowed_local_media_path is not None and not Path(args.allowed_local_media_path).is_dir():
+        raise CliError(f"--allowed-local-media-path {args.allowed_local_media_path} is not a directory")
+    limit_mm_per_prompt(args)
     if not (Path(args.model) / "config.json").is_file():
         raise CliError(f"{args.model} is not a checkpoint directory (no config.json there)")
+
+
+def limit_mm_per_prompt(args: argparse.Namespace) -> dict | None:
+    """--limit-mm-per-prompt parsed ({"image": N}); CliError for anything else."""
+    if args.limit_mm_per_prompt is None:
+        return None
+    try:
+        value = json.loads(args.limit_mm_per_prompt)
+    except ValueError as e:
+        raise CliError(f"--limit-mm-per-prompt is not JSON: {e}") from None
+    if (not isinstance(value, dict) or set(value) - {"image"}
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values())):
+        raise CliError(f'--limit-mm-per-prompt takes {{"image": N}} with N >= 0, got {args.limit_mm_per_prompt}')
+    return value
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -274,6 +309,8 @@ def engine_config(args: argparse.Namespace):
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
         async_scheduling=args.async_scheduling, kv_transfer_config=args.kv_transfer_config,
+        max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+        limit_mm_per_prompt=limit_mm_per_prompt(args),
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
     problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
     if problems:
@@ -352,6 +389,7 @@ def _uvicorn_server(app, log_level: str, *, gate=None, engine=None, shutdown_tim
 def run(args: argparse.Namespace) -> int:
     from k3.engine.async_engine import AsyncEngine
     from k3.serve import build_app, generation_defaults
+    from k3.serve.media import MediaOptions
 
     _check_flags(args)
     code = run_without_server(args)
@@ -369,7 +407,9 @@ def run(args: argparse.Namespace) -> int:
                             sampling_defaults=generation_defaults(args.model) if args.generation_config == "auto"
                             else None, max_prompts_per_request=args.max_prompts_per_request,
                             max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
-                            public_docs=args.public_docs)
+                            public_docs=args.public_docs,
+                            media=MediaOptions(allowed_local_media_path=args.allowed_local_media_path,
+                                               allow_remote_media=args.allow_remote_media))
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate

@@ -61,6 +61,13 @@ class Request:
     record_slot: int | None = None
     # prefill/decode disaggregation: the handle a producer published for this request's rows
     kv_transfer_params: dict | None = None
+    # images: k3.engine.media.RequestMedia (placeholder spans, content hashes, encoder outputs)
+    media: object = None
+
+    @property
+    def media_spans(self) -> list:
+        """(offset, tokens, content hash) of each image: what its prefix-cache keys mix in."""
+        return self.media.spans if self.media is not None else []
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from k3.cache.block_pool import BlockPool
 from k3.cache.prefix import PrefixCache
 
+from .media import tokens_to_encode
 from .request import Request, RequestStatus
 
 
@@ -42,6 +43,8 @@ class SchedulerConfig:
     adaptive_max_requests: int = 2
     adaptive_token_limit: int = 0        # 0: no adaptive budget
     checkpoint_interval: int = 0         # prefix caching: extra KDA checkpoints every N tokens (0: none)
+    # image placeholders whose images the vision encoder may encode in one step (0: no images)
+    max_num_encoder_tokens: int = 0
 
 
 @dataclass
@@ -129,6 +132,8 @@ class Scheduler:
         if reason != "abort" and self.kv_producer is not None and self.kv_producer.wants(request):
             request.kv_transfer_params = self.kv_producer.publish(request)   # takes the rows, pinned
         self.release(request)
+        if request.media is not None:
+            request.media.free()             # its encoder outputs go with it
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
 
     def has_unfinished(self) -> bool:
@@ -168,13 +173,26 @@ class Scheduler:
         few = len(self.running) + len(self.waiting) <= c.adaptive_max_requests
         return max(c.max_num_batched_tokens, c.adaptive_token_limit) if few else c.max_num_batched_tokens
 
+    def _fit_encoder(self, request: Request, num_new: int, encoder_budget: list[int]) -> int:
+        """The chunk's tokens that fit the step's encoder budget (encoder_budget[0], decreased by
+        the images this chunk encodes): it stops before an image that does not fit."""
+        if request.media is None:
+            return num_new
+        num_new, used = tokens_to_encode(request.media, request.num_computed_tokens, num_new, encoder_budget[0])
+        encoder_budget[0] -= used
+        return num_new
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._budget()
+        encoder_budget = [self.config.max_num_encoder_tokens]
         for request in list(self.running):
             if request not in self.running or budget <= 0:
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._fit_encoder(request, min(request.num_tokens - request.num_computed_tokens, budget),
+                                        encoder_budget)
+            if num_new == 0:
+                continue                     # its next image waits for the encoder budget
             if request.spec_tokens:          # a verify step: the last token and every draft, or none
                 if num_new == 1 and 1 + len(request.spec_tokens) <= budget:
                     num_new += len(request.spec_tokens)
@@ -192,8 +210,9 @@ class Scheduler:
             request = self.waiting[0]
             if self.prefix_cache is not None and request.num_computed_tokens == 0 and request.state_row is None:
                 self._reuse_prefix(request, out)
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, num_new):
+            num_new = self._fit_encoder(request, min(request.num_tokens - request.num_computed_tokens, budget),
+                                        encoder_budget)
+            if num_new == 0 or not self._grow(request, num_new):
                 self._undo_prefix(request, out)
                 break
             self.waiting.popleft()
@@ -219,7 +238,7 @@ class Scheduler:
         request.checkpoint_targets = self._checkpoint_targets(len(tokens))
         if request.params.prompt_logprobs is not None:
             return              # as vLLM: every prompt position is computed (and scored), none reused
-        hit = cache.lookup(tokens)
+        hit = cache.lookup(tokens, media=request.media_spans)
         if hit.tokens == 0:
             return
         full, partial = hit.tokens // self.config.block_size, hit.tokens % self.config.block_size != 0
@@ -265,7 +284,7 @@ class Scheduler:
         start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
         plan = []
         for pos in [p for p in request.checkpoint_targets if start < p <= end]:
-            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos):
+            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos, media=request.media_spans):
                 continue
             rows = self.pool.allocate(1)
             if rows is not None:
@@ -288,6 +307,8 @@ class Scheduler:
             if self.prefix_cache is None:
                 continue
             tokens = r.all_token_ids
-            r.prefix_units = self.prefix_cache.register(tokens, r.rows, r.num_computed_tokens, r.prefix_units)
+            media = r.media_spans
+            r.prefix_units = self.prefix_cache.register(tokens, r.rows, r.num_computed_tokens, r.prefix_units,
+                                                        media=media)
             for pos, row in s.checkpoints:
-                self.prefix_cache.add_checkpoint(tokens, pos, row)
+                self.prefix_cache.add_checkpoint(tokens, pos, row, media=media)

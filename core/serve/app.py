@@ -12,6 +12,7 @@ from . import chat, completions, metrics, models
 from .docs_auth import protect_docs
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
+from .media import MediaOptions
 from .sampling import DEFAULT_KEYS
 from .state import ServerState
 
@@ -35,7 +36,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
-              max_prompt_tokens_per_request: int | None = None, public_docs: bool = False) -> FastAPI:
+              max_prompt_tokens_per_request: int | None = None, public_docs: bool = False,
+              media: MediaOptions | None = None) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
@@ -47,6 +49,7 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
     with another chat format. sampling_defaults: request defaults (see generation_defaults).
     max_prompts_per_request / max_prompt_tokens_per_request: the prompts, and their tokens in
     all (None: max_model_len), one request may bring (400 above; `k3.serve.limits`).
+    media: the policy for chat image_url parts (`k3.serve.media`; default: data URLs only).
     The caller owns the engine (shut it down after the server stops). The body-size limit and
     the shutdown drain are ASGI middlewares `k3 serve` puts in front (`BodyLimit`, `DrainGate`).
     """
@@ -71,7 +74,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
                         max_prompts_per_request=max_prompts_per_request,
                         max_prompt_tokens_per_request=max_prompt_tokens_per_request,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
-                        parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}))
+                        parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}),
+                        media=media or MediaOptions())
     from k3 import __version__
 
     app = FastAPI(title="k3", version=__version__,

@@ -21,12 +21,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from k3.chat import ChatFormatUnavailable, ChatTemplateError, ContentDelta, K3OutputParser, ReasoningDelta, ToolCall
+from k3.chat.media import image_urls
 from k3.chat.template import chat_format, chat_prompt_ids, thinking_from_kwargs
 from k3.chat.xtml import THINK_OPEN
 from k3.engine.params import SamplingParams
 
 from .errors import CLIENT_CLOSED, as_api_error, bad_request, sse_error
 from .limits import check_prompt_work
+from .media import load_chat_images
 from .metrics import RequestTimer
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
@@ -48,6 +50,11 @@ class ChatPlan:
     tools: bool                  # parse tool calls
     starts_in_reasoning: bool
     top_logprobs: int
+    images: list | None = None   # decoded images, one per placeholder of prompt_ids (k3.serve.media)
+
+    @property
+    def multi_modal_data(self) -> dict | None:
+        return {"image": self.images} if self.images else None
 
     def parser(self) -> K3OutputParser | None:
         if not self.k3:
@@ -75,6 +82,17 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     except ChatFormatUnavailable as e:
         raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
                           code="chat_format_unavailable") from None
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    try:
+        urls = image_urls(messages)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), param="messages") from None
+    if urls and not state.takes_images:
+        raise bad_request("this model takes no images (its checkpoint has no vision tower)", param="messages",
+                          code="images_not_supported")
+    if urls and not k3:
+        raise bad_request("images need the K3 chat format", param="messages", code="images_not_supported")
+    images = load_chat_images(urls, state.media) if urls else None
     kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
     if req.reasoning_effort is not None:
         kwargs.setdefault("thinking_effort", req.reasoning_effort)
@@ -82,7 +100,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)
         ids = chat_prompt_ids(
-            tok, [m.model_dump(exclude_none=True) for m in req.messages],
+            tok, messages,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None, tool_choice=choice,
             response_format=req.response_format.model_dump(exclude_none=True) if req.response_format else None,
             **kwargs)
@@ -97,10 +115,13 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
                           skip_special_tokens=False if k3 else req.skip_special_tokens,
                           defaults=state.sampling_defaults, vocab_size=state.vocab_size,
                           renamed={"max_tokens": max_param, "logprobs": "top_logprobs"})
-    check_context(len(ids), max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
+    # the context check counts the placeholders each image expands to (one is in ids already)
+    expanded = len(ids) + sum(state.media_encoder.num_tokens(image) - 1 for image in images or [])
+    check_context(expanded, max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
     return ChatPlan(prompt_ids=ids, params=params, k3=k3, reasoning=state.parse_reasoning and thinking,
                     tools=state.parse_tool_calls and bool(req.tools) and req.tool_choice != "none",
-                    starts_in_reasoning=thinking and tok.decode(ids[-8:]).endswith(THINK_OPEN), top_logprobs=top)
+                    starts_in_reasoning=thinking and tok.decode(ids[-8:]).endswith(THINK_OPEN), top_logprobs=top,
+                    images=images)
 
 
 def _call(call: ToolCall) -> dict:
@@ -213,7 +234,10 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)
-    stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
+    if plan.images:
+        stream = state.engine.generate(request_id, plan.prompt_ids, plan.params, plan.multi_modal_data)
+    else:
+        stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
     if req.stream:
         return EventStream(_stream(state, req, plan, request_id, model, stream, timer))
     try:

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from .errors import APIError
+from .media import MediaOptions
 from .metrics import Metrics
 
 
@@ -23,6 +24,7 @@ class ServerState:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
+    media: MediaOptions = field(default_factory=MediaOptions)   # image_url policy (k3.serve.media)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None          # type: ignore[assignment]
 
@@ -41,6 +43,18 @@ class ServerState:
     @property
     def prompt_token_limit(self) -> int:
         return self.max_prompt_tokens_per_request or self.max_model_len
+
+    @property
+    def media_encoder(self):
+        """The engine's MediaEncoder (k3.engine.media), None for a model without a vision tower."""
+        engine = self.engine.engine
+        engine = getattr(engine, "engine", engine)          # the DP front-end's rank-0 engine
+        return getattr(engine, "media", None)
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model has a vision tower."""
+        return self.media_encoder is not None
 
     @property
     def vocab_size(self) -> int:

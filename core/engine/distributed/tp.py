@@ -2,7 +2,9 @@
 
 The leader runs the DP rank's LLMEngine; before each forward it broadcasts the step's
 ForwardMetadata and row copies (`TPSender.step`), so every follower runs the same forward on its
-shard with the same cache rows. Between steps it may send `idle` (a heartbeat, or with expert
+shard with the same cache rows. A step with images also carries their embedding rows and the
+batch rows they replace: the leader runs the vision encoder (replicated, unsharded) and the
+followers take its output. Between steps it may send `idle` (a heartbeat, or with expert
 parallelism an empty forward that joins the MoE collectives) and at the end `stop`.
 """
 
@@ -15,7 +17,8 @@ from k3.model.metadata import CheckpointMetadata, ForwardMetadata
 
 STOP, STEP, HEARTBEAT, IDLE_FORWARD = 0, 1, 2, 3
 _FIELDS = ("input_ids", "positions", "cu_seqlens", "context_lens", "slot_mapping", "state_indices", "logits_indices")
-_HEADER = 9
+_HEADER = 11
+_MEDIA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 class TPSender:
@@ -41,31 +44,39 @@ class TPSender:
         expert-parallel collectives of the DP ranks that have work."""
         self._command(IDLE_FORWARD if forward else HEARTBEAT)
 
-    def step(self, meta: ForwardMetadata, row_copies=()) -> None:
+    def step(self, meta: ForwardMetadata, row_copies=(), media=None) -> None:
+        """media: (image embedding rows [R, d], batch rows [R]) of the step, or None."""
         if self.size == 1:
             return
         device = self.device
         n, pages = meta.block_table.shape
         c = 0 if meta.checkpoints is None else meta.checkpoints.positions.shape[1]
+        r, d, code = 0, 0, 0
+        if media is not None:
+            (r, d), code = media[0].shape, _MEDIA_DTYPES.index(media[0].dtype)
         header = torch.tensor([STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
-                               len(row_copies), meta.num_decodes], device=device)
+                               len(row_copies), meta.num_decodes, r, d * len(_MEDIA_DTYPES) + code], device=device)
         self._broadcast(header)
         parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
         if c:
             parts += [meta.checkpoints.positions.flatten(), meta.checkpoints.state_indices.flatten()]
         parts.append(torch.tensor([x for pair in row_copies for x in pair], dtype=torch.long, device=device))
+        if media is not None:
+            parts.append(media[1].long())
         self._broadcast(torch.cat([p.to(device) for p in parts]))
+        if media is not None:
+            self._broadcast(media[0].to(device).contiguous())
 
 
-def receive(group, device) -> tuple[int, tuple[ForwardMetadata, list[tuple[int, int]]] | None]:
-    """A follower's next command from its TP leader: (STEP, (meta, row copies)), else
-    (HEARTBEAT | IDLE_FORWARD | STOP, None)."""
+def receive(group, device) -> tuple[int, tuple | None]:
+    """A follower's next command from its TP leader: (STEP, (meta, row copies, media or None)),
+    else (HEARTBEAT | IDLE_FORWARD | STOP, None)."""
     header = torch.empty(_HEADER, dtype=torch.long, device=device)
     dist.broadcast(header, group=group, group_src=0)
-    cmd, max_q_len, t, n, pages, m, c, copies, num_decodes = header.tolist()
+    cmd, max_q_len, t, n, pages, m, c, copies, num_decodes, r, dcode = header.tolist()
     if cmd != STEP:
         return cmd, None
-    sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies]
+    sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies, r]
     payload = torch.empty(sum(sizes), dtype=torch.long, device=device)
     dist.broadcast(payload, group=group, group_src=0)
     parts = payload.split(sizes)
@@ -76,7 +87,13 @@ def receive(group, device) -> tuple[int, tuple[ForwardMetadata, list[tuple[int, 
     if c:
         meta.checkpoints = CheckpointMetadata(parts[8].view(n, c), parts[9].view(n, c))
     pairs = parts[10].tolist()
-    return STEP, (meta, list(zip(pairs[0::2], pairs[1::2])))
+    media = None
+    if r:
+        d, code = divmod(dcode, len(_MEDIA_DTYPES))
+        rows = torch.empty(r, d, dtype=_MEDIA_DTYPES[code], device=device)
+        dist.broadcast(rows, group=group, group_src=0)
+        media = (rows, parts[11])
+    return STEP, (meta, list(zip(pairs[0::2], pairs[1::2])), media)
 
 
 def follow(engine, group, on_idle) -> None:
