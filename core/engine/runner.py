@@ -112,7 +112,8 @@ class ModelRunner:
                 self.broadcast(step.meta, out.row_copies)
             else:
                 self.broadcast(step.meta, out.row_copies, media=media)
-        result = self.forward(step.meta, out.row_copies, media)
+        result = (self.forward(step.meta, out.row_copies) if media is None
+                  else self.forward(step.meta, out.row_copies, media))
         logits = result.logits
         launched = Launched(out, step.sample_rows, None, token_starts=step.token_starts,
                             spec_logits={i: logits[rows] for i, rows in step.spec_rows.items()})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
 INT64 = 2 ** 63
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
@@ -102,13 +102,24 @@ class ImageURLPart(_Strict):
     image_url: ImageURL | str
 
 
+def _part_kind(part: Any) -> str:
+    """Which part model a content part is validated as (the tags are class names: error locations
+    skip them, `k3.serve.errors`)."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "ImageURLPart" if kind == "image_url" else "TextPart"
+
+
+ContentPart = Annotated[Annotated[TextPart, Tag("TextPart")] | Annotated[ImageURLPart, Tag("ImageURLPart")],
+                        Discriminator(_part_kind)]
+
+
 class ChatMessage(_Strict):
     """One input message. `content`: a string, null, or a list of text parts (user messages: also
     image_url parts, for a model with a vision tower)."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[Annotated[TextPart | ImageURLPart, Field(discriminator="type")]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
