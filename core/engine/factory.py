@@ -203,7 +203,9 @@ def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):
     if config.load_format == "dummy":
         load_dummy_weights(model, seed=config.seed, progress=config.load_progress)
     else:
-        load_checkpoint(model, config.model, progress=config.load_progress)
+        # the tower, when the engine serves images, loads through k3.vision (build_media_encoder)
+        load_checkpoint(model, config.model, progress=config.load_progress,
+                        vision_notice=config.max_images_per_prompt == 0)
     platform.process_weights(model)
     model.model.fold_weights()
     return model

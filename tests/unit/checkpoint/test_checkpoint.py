@@ -48,6 +48,7 @@ def test_save_load_round_trip(preset, tiny_checkpoint, tmp_path):
     again = load_model(tmp_path, progress=False)
     torch.testing.assert_close(_logits(again), _logits(model), rtol=0, atol=0)
     a, b = _all_tensors(src), _all_tensors(tmp_path)
+    a = {k: t for k, t in a.items() if not k.startswith(("vision_tower.", "mm_projector."))}   # k3-tiny's tower
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert K3Config.from_pretrained(tmp_path) == model.cfg
 

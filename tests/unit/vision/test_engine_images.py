@@ -90,17 +90,19 @@ def test_same_image_twice_with_and_without_prefix_caching(ckpt):
     ids = _prompt(plain, 2) + list(range(60, 80))              # 45 tokens: several 4-token units
     imgs = [img, img]
     ref = _run(plain, [("r", ids, imgs)])["r"]
-    cached = _engine(ckpt, enable_prefix_caching=True, prefix_match_unit=4)
+    # KDA checkpoints every 8 tokens: one lands inside the first image (placeholders 5..10)
+    cached = _engine(ckpt, enable_prefix_caching=True, prefix_match_unit=4, kda_checkpoint_interval=8)
     first = _run(cached, [("x", ids, imgs)])["x"]
     before = cached.prefix_cache_stats()["prefix_cache_reused_tokens_total"]
     second = _run(cached, [("y", ids, imgs)])["y"]
     reused = cached.prefix_cache_stats()["prefix_cache_reused_tokens_total"] - before
     assert ref == first == second and reused > 20               # the same image shares the prefix
-    # a different second image: nothing past the text before it (13 tokens) is reused
+    # a different second image (placeholders from 13): the prefix is reused up to the checkpoint
+    # at 8, inside the first image, whose rows 3.. the resumed prefill takes; nothing past 12
     before = cached.prefix_cache_stats()["prefix_cache_reused_tokens_total"]
     diff = _run(cached, [("z", ids, [img, other])])["z"]
-    assert cached.prefix_cache_stats()["prefix_cache_reused_tokens_total"] - before <= 13
-    assert diff != second
+    assert cached.prefix_cache_stats()["prefix_cache_reused_tokens_total"] - before == 8
+    assert diff == _run(plain, [("z", ids, [img, other])])["z"] != second
 
 
 def test_image_request_in_a_batch_leaves_text_requests_unchanged(ckpt):
