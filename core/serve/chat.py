@@ -51,6 +51,7 @@ class ChatPlan:
     starts_in_reasoning: bool
     top_logprobs: int
     images: list | None = None   # decoded images, one per placeholder of prompt_ids (k3.serve.media)
+    num_prompt_tokens: int = 0   # with each image's placeholder expanded (what the engine runs)
 
     @property
     def multi_modal_data(self) -> dict | None:
@@ -121,7 +122,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     return ChatPlan(prompt_ids=ids, params=params, k3=k3, reasoning=state.parse_reasoning and thinking,
                     tools=state.parse_tool_calls and bool(req.tools) and req.tool_choice != "none",
                     starts_in_reasoning=thinking and tok.decode(ids[-8:]).endswith(THINK_OPEN), top_logprobs=top,
-                    images=images)
+                    images=images, num_prompt_tokens=expanded)
 
 
 def _call(call: ToolCall) -> dict:
@@ -231,7 +232,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     state = get_state(request)
     model = state.check_model(req.model)
     plan = await run_in_threadpool(plan_chat, state, req)     # rendering and tokenising off the event loop
-    check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
+    check_prompt_work([plan.num_prompt_tokens], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)
     if plan.images:

@@ -133,3 +133,28 @@ def test_encoder_budget_outputs_freed_and_refusals(ckpt, tmp_path):
         LLMEngine(EngineConfig(model=str(text), dtype="float64", load_progress=False, kv_cache_memory_gib=0.02,
                                max_model_len=256)).add_request("d", ids, GREEDY,
                                                                multi_modal_data={"image": [_image(5)]})
+
+
+def test_offline_llm_chat_and_generate_take_images(ckpt):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from k3 import LLM
+    from k3.chat.template import chat_prompt_ids
+    from k3.vision.media import decode_image_bytes
+
+    pixels = torch.randint(0, 256, (40, 60, 3), generator=torch.Generator().manual_seed(7), dtype=torch.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels.numpy()).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "describe"}]}]
+    llm = LLM(str(ckpt), dtype="float64", kv_cache_memory_gib=0.02, max_model_len=512, load_progress=False)
+    chat = llm.chat(messages, GREEDY, use_tqdm=False)[0]
+    ids = chat_prompt_ids(llm.get_tokenizer(), messages)
+    gen = llm.generate({"prompt_token_ids": ids, "multi_modal_data": {"image": decode_image_bytes(buf.getvalue())}},
+                       GREEDY, use_tqdm=False)[0]
+    assert chat.outputs[0].token_ids == gen.outputs[0].token_ids
+    assert len(chat.prompt_token_ids) == len(ids) + 5                 # one placeholder became 6
