@@ -128,9 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="image tokens the vision encoder may encode in one step (default: the larger of "
                             "--max-num-batched-tokens and the largest image's tokens)")
     group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
-                       help="with tensor parallelism: 'data' runs the whole (unsharded) tower on the TP leader "
-                            "and sends its rows to the other ranks; 'weights' (a sharded tower) is not "
-                            "implemented")
+                       help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
+                            "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
+                            "tower) is not implemented")
     group.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')

@@ -52,8 +52,9 @@ class EngineConfig:
     kv_transfer_config: str | dict | None = None
     # images (a checkpoint with a vision tower; k3.engine.media): placeholder tokens the encoder may
     # encode in one step (None: max(max_num_batched_tokens, the largest image's tokens)); under
-    # tensor parallelism "data" runs the unsharded tower on the TP leader and sends the rows to the
-    # other ranks ("weights", a tower sharded over the ranks, is not implemented)
+    # tensor parallelism "data" splits a step's images over the TP ranks (each has the whole
+    # tower) and all-gathers the outputs ("weights", a tower sharded over the ranks, is not
+    # implemented)
     max_num_encoder_tokens: int | None = None
     mm_encoder_tp_mode: str = "data"
     # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is

@@ -127,6 +127,9 @@ class MediaEncoder:
         self.tower, self.placeholder_id, self.dtype, self.device = tower, placeholder_id, dtype, device
         self.in_patch_limit, self.patch_limit_on_one_side = in_patch_limit, patch_limit_on_one_side
         self.max_images: int | None = None          # images a prompt may carry (None: no limit)
+        # encode(patches, grids) -> one output per image: the tower, or under tensor parallelism
+        # the TP ranks' data-parallel run (k3.engine.distributed.tp.TPSender.encode)
+        self.encode_fn = None
         self.stats = {"mm_images_total": 0, "mm_encoder_runs_total": 0, "mm_encoder_tokens_total": 0}
 
     @property
@@ -181,7 +184,7 @@ class MediaEncoder:
         if not todo:
             return
         patches = torch.cat([m.items[i].patches for m, i in todo]).to(device=self.device, dtype=self.dtype)
-        outs = self.tower.encode(patches, [m.items[i].grid for m, i in todo])
+        outs = (self.encode_fn or self.tower.encode)(patches, [m.items[i].grid for m, i in todo])
         for (media, i), emb in zip(todo, outs):
             media.embeds[i] = emb
             media.num_encoded += 1

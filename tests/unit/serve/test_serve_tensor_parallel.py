@@ -48,12 +48,17 @@ def _image_chat(url: str) -> tuple[str, int]:
     import torch
     from PIL import Image
 
-    pixels = torch.randint(0, 256, (40, 60, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels.numpy()).save(buf, format="PNG")
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    def image(seed: int) -> dict:
+        pixels = torch.randint(0, 256, (40, 60, 3), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels.numpy()).save(buf, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    # two images: with TP 2 each rank encodes one (mm_encoder_tp_mode data)
+    content = [{"type": "text", "text": "Look:"}, image(0), image(1)]
     body = json.dumps({"model": "tiny", "max_tokens": 6, "temperature": 0,
-                       "messages": [{"role": "user", "content": [{"type": "text", "text": "Look:"}, image]}]}).encode()
+                       "messages": [{"role": "user", "content": content}]}).encode()
     request = urllib.request.Request(url + "/v1/chat/completions", data=body,
                                      headers={"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
