@@ -9,6 +9,10 @@ forward call up to `adaptive_token_limit` (a memory bound: the AttnRes block ban
 activations per token in flight), because splitting a lone request only delays its first
 token. When rows run out, the most recently arrived running request is preempted: its rows
 are freed and it waits to be recomputed from its prompt and the tokens it already produced.
+Images (k3.engine.media): the images a step's chunks reach that are not encoded yet share a
+per-step encoder budget (`max_num_encoder_tokens`); a chunk stops before an image that does not
+fit (and the request waits a step if it starts at one). A request's encoder outputs are dropped
+when it finishes or is aborted, kept across a preemption.
 """
 
 from __future__ import annotations
