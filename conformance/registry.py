@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("kda", "mla", "indexer", "moe", "attn_res", "elementwise", "quant", "cache", "collectives", "model")
-KERNEL_FAMILIES = FAMILIES[:7]
+FAMILIES = ("kda", "mla", "indexer", "moe", "attn_res", "elementwise", "quant", "lora", "cache", "collectives",
+            "model")
+KERNEL_FAMILIES = FAMILIES[:8]
 TIERS = ("smoke", "full")
 DTYPES = ("float32", "bfloat16", "float64")
 

@@ -3,7 +3,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # `k3.LLM`, `k3.SamplingParams` and `k3.hookimpl` without importing the engine or the
+    # `k3.LLM`, `k3.SamplingParams`, `k3.StructuredOutputsParams` and `k3.hookimpl` without importing the engine or the
     # plugin machinery on `import k3`.
     if name == "hookimpl":
         from .plugin.markers import hookimpl
@@ -17,4 +17,8 @@ def __getattr__(name):
         from .engine.params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from .structured.spec import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(f"module 'k3' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config_hf as hf
-from .dtypes import DTYPES
+from .dtype_names import DTYPE_NAMES as DTYPES
 from ._config_fields import (
     ConfigError,
     FieldReader,
@@ -136,7 +136,8 @@ class K3Config:
         return _parse(raw, top=raw, prefix="", model_type="kimi_linear")
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "K3Config":
+    def from_json_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "K3Config":
+        """Read a config.json file, `overrides` merged in first (see `with_overrides`)."""
         path = Path(path)
         try:
             raw = json.loads(path.read_text())
@@ -144,12 +145,13 @@ class K3Config:
             raise FileNotFoundError(f"no config at {path}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(str(path), f"not valid JSON: {e}") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(with_overrides(raw, overrides) if overrides else raw)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> "K3Config":
-        """Read `config.json` from a checkpoint directory."""
-        return cls.from_json_file(Path(model_dir) / "config.json")
+    def from_pretrained(cls, model_dir: str | Path, overrides: dict[str, Any] | None = None) -> "K3Config":
+        """Read `config.json` from a checkpoint directory (with vLLM's --hf-overrides merged in
+        first, when given)."""
+        return cls.from_json_file(Path(model_dir) / "config.json", overrides)
 
     @classmethod
     def preset(cls, name: str) -> "K3Config":
@@ -492,3 +494,23 @@ def _check_consistency(cfg: K3Config) -> None:
 
 def _short(ids: tuple[int, ...]) -> str:
     return ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
+
+
+def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """config.json `raw` with `overrides` merged in (vLLM's --hf-overrides): objects merge key by
+    key, anything else replaces. In a nested (kimi_k3) config, a key that config.json does not
+    have at the top level applies to its text_config."""
+    out = copy.deepcopy(raw)
+    nested = isinstance(out.get("text_config"), dict)
+    for key, value in overrides.items():
+        target = out["text_config"] if nested and key not in out else out
+        _merge(target, key, value)
+    return out
+
+
+def _merge(target: dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, dict) and isinstance(target.get(key), dict):
+        for k, v in value.items():
+            _merge(target[key], k, v)
+    else:
+        target[key] = copy.deepcopy(value)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .dtype_names import DTYPE_ALIASES, DTYPE_NAMES, INDEX_CACHE_DTYPES, KV_CACHE_DTYPES  # noqa: F401 (re-exported)
+
 
 def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     """float64 if any given tensor is float64, else float32."""
@@ -28,8 +30,7 @@ def upcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # config.json "dtype" say, torch's own names.
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                                   "float64": torch.float64}
-# spellings `k3 serve --dtype` also accepts (vLLM's)
-DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+assert tuple(DTYPES) == DTYPE_NAMES, "k3.dtype_names.DTYPE_NAMES and DTYPES disagree"
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -51,8 +52,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 # Cache record formats keep their CLI spellings (`--kv-cache-dtype`, `--index-cache-dtype`).
 # "auto" latents follow the activation dtype; "fp32" / "fp64" are what it means for float32 /
 # float64 test models (never typed by users). nvfp4 latents are sized, not yet stored.
-KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "nvfp4")
-INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
 LATENT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
                                          "fp32": torch.float32, "fp64": torch.float64}
 _AUTO_LATENTS = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}

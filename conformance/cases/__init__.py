@@ -1,3 +1,3 @@
 """The built-in conformance cases, one module per family; importing this package registers them."""
 
-from . import attn_res, cache, collectives, elementwise, indexer, kda, mla, model, moe, quant  # noqa: F401
+from . import attn_res, cache, collectives, elementwise, indexer, kda, lora, mla, model, moe, quant  # noqa: F401

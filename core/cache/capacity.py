@@ -36,11 +36,10 @@ from k3.dtypes import torch_dtype
 from .format import CacheFormat
 from .plan import default_block_size, plan_cache
 from .records import attention_bytes_per_token, kda_state_bytes
-from .topology import DEFAULT_GPUS_PER_NODE, Topology, candidate_topologies
+from .topology import DEFAULT_GPU_MEMORY_GIB, DEFAULT_GPUS_PER_NODE, Topology, candidate_topologies  # noqa: F401
 
 GIB = 1024 ** 3
 FIXED_WORKSPACE = 2 * GIB
-DEFAULT_GPU_MEMORY_GIB = 80.0
 FITS_CRITERION = ("weights + workspace <= usable memory (HBM x gpu_memory_utilization) and the cache holds "
                   "at least one max-length request (concurrent_max_len_requests >= 1)")
 

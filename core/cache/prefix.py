@@ -16,6 +16,10 @@ prefill pass) not beyond the attention hit; without a checkpoint a hybrid model 
 nothing rather than resume the recurrence from a wrong state. Eviction is LRU over leaves:
 a unit goes only after its descendants, and takes the checkpoint saved at it, so no entry
 survives that points past a missing page.
+
+Every call takes a `salt` that starts the key chain (b"": none): requests that must never share
+cached prefixes (two LoRA adapters, or the base model and an adapter) hash with different salts,
+so equal token prefixes under different salts are different keys.
 """
 
 from __future__ import annotations
@@ -67,9 +71,11 @@ class PrefixCache:
         self.stats = PrefixStats()
 
     # ------------------------------------------------------------------ keys
-    def keys(self, tokens: list[int], num_units: int, media: Sequence[tuple[int, int, bytes]] = ()) -> list[bytes]:
-        """Chain keys of the first num_units units of tokens (media: see the module docstring)."""
-        out, parent = [], b""
+    def keys(self, tokens: list[int], num_units: int, media: Sequence[tuple[int, int, bytes]] = (),
+             salt: bytes = b"") -> list[bytes]:
+        """Chain keys of the first num_units units of tokens, the chain started from `salt`
+        (media: see the module docstring)."""
+        out, parent = [], salt
         for k in range(num_units):
             lo, hi = k * self.unit, (k + 1) * self.unit
             h = hashlib.blake2b(parent, digest_size=16)
@@ -86,10 +92,11 @@ class PrefixCache:
         unit.last_used = self._clock
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = ()) -> PrefixHit:
+    def lookup(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = (),
+               salt: bytes = b"") -> PrefixHit:
         """The longest reusable prefix of `tokens`, leaving at least one token to compute."""
         self.stats.queries += 1
-        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, media)
+        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, media, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -110,12 +117,13 @@ class PrefixCache:
         self.stats.reused_tokens += usable * self.unit
         return PrefixHit(usable * self.unit, rows, ckpt)
 
-    def lookup_rows(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = ()) -> list[int]:
+    def lookup_rows(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = (),
+                    salt: bytes = b"") -> list[int]:
         """The rows of the leading full blocks of `tokens` the cache holds, attention only (no
         KDA checkpoint clamp: for a request whose state comes from elsewhere, a disaggregated
         prefill). The caller takes its own references."""
         self.stats.queries += 1
-        keys = self.keys(tokens, len(tokens) // self.unit, media)
+        keys = self.keys(tokens, len(tokens) // self.unit, media, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -131,13 +139,13 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ insertion
     def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0,
-                 media: Sequence[tuple[int, int, bytes]] = ()) -> int:
+                 media: Sequence[tuple[int, int, bytes]] = (), salt: bytes = b"") -> int:
         """Cache the full units among the first `computed` tokens, held in `rows` (the request's
         rows in position order). Returns the number of units now registered for it."""
         n = computed // self.unit
         if n <= start_unit:
             return start_unit
-        keys = self.keys(tokens, n, media)
+        keys = self.keys(tokens, n, media, salt)
         for k in range(start_unit, n):
             if keys[k] in self.units:
                 continue
@@ -154,21 +162,22 @@ class PrefixCache:
         return n
 
     def add_checkpoint(self, tokens: list[int], position: int, state_row: int,
-                       media: Sequence[tuple[int, int, bytes]] = ()) -> bool:
+                       media: Sequence[tuple[int, int, bytes]] = (), salt: bytes = b"") -> bool:
         """Keep `state_row` (the KDA state after `position` tokens, a unit boundary) as a
         checkpoint. The cache takes over the row's reference; a duplicate is freed. Returns
         whether it was kept."""
         if position <= 0 or position % self.unit:
             raise ValueError(f"checkpoint position {position} is not a positive multiple of the unit {self.unit}")
-        key = self.keys(tokens, position // self.unit, media)[-1]
+        key = self.keys(tokens, position // self.unit, media, salt)[-1]
         if key in self.checkpoints or key not in self.units:
             self.pool.free([state_row])
             return False
         self.checkpoints[key] = state_row
         return True
 
-    def has_checkpoint(self, tokens: list[int], position: int, media: Sequence[tuple[int, int, bytes]] = ()) -> bool:
-        return self.keys(tokens, position // self.unit, media)[-1] in self.checkpoints
+    def has_checkpoint(self, tokens: list[int], position: int, media: Sequence[tuple[int, int, bytes]] = (),
+                       salt: bytes = b"") -> bool:
+        return self.keys(tokens, position // self.unit, media, salt)[-1] in self.checkpoints
 
     # ------------------------------------------------------------------ eviction
     def evict(self, rows_wanted: int) -> int:

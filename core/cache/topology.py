@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_GPU_MEMORY_GIB = 80.0      # memory per accelerator when none is known (`k3 plan --gpu-memory`)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from k3.checkpoint.random_init import checkpoint_tensor_specs, random_checkpoint
-from k3.checkpoint.writer import write_checkpoint, write_config
 from k3.config import K3Config
 from k3.presets import DRAFT_PRESETS, PRESETS
 
@@ -40,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def init_checkpoint(preset: str, out: Path, *, seed: int = 0, max_shard_bytes: int = 2 * 1024 ** 3,
                     progress: bool = True) -> Path:
     """Write the random checkpoint of `preset` into `out` (see `k3 checkpoint init`)."""
+    from k3.checkpoint.random_init import checkpoint_tensor_specs, random_checkpoint
+    from k3.checkpoint.writer import write_checkpoint
+
     cfg = K3Config.preset(preset)
     total = sum(_numel(shape) * dtype.itemsize for _, shape, dtype, _ in checkpoint_tensor_specs(cfg))
     with tqdm(total=total, desc=f"writing {preset}", unit="B", unit_scale=True, disable=not progress,
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
         init_draft_checkpoint(args.preset, out, seed=args.seed)
         print(f"k3: wrote the {args.preset} draft (seed {args.seed}) to {out}", file=sys.stderr)
         return 0
+    from k3.checkpoint.random_init import checkpoint_tensor_specs
+    from k3.checkpoint.writer import write_config
+
     cfg = K3Config.preset(args.preset)
     if args.config_only:
         if (out / "config.json").exists() and not args.force:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from k3.config import ConfigError, K3Config
 from k3.presets import PRESETS
@@ -21,9 +22,22 @@ def load_config(args: argparse.Namespace) -> K3Config:
     try:
         if args.preset:
             return K3Config.preset(args.preset)
+        check_model_dir(args.model)
         return K3Config.from_pretrained(args.model)
     except (ConfigError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
+
+
+def check_model_dir(model: str | Path) -> None:
+    """CliError, in the one wording every command uses, unless `model` is a checkpoint
+    directory (holds config.json)."""
+    if not (Path(model) / "config.json").is_file():
+        raise CliError(missing_model_message(model))
+
+
+def missing_model_message(model: str | Path) -> str:
+    """The sentence for a model path that is not a checkpoint directory."""
+    return f"{model} is not a checkpoint directory (no config.json there)"
 
 
 class CliError(Exception):

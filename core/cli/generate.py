@@ -1,5 +1,7 @@
-"""`k3 generate`: one prompt or chat turn, streamed to stdout (the CPU reference ops unless
---platform or $K3_PLATFORM names another platform).
+"""`k3 generate`: one prompt or chat turn, streamed to stdout, on the platform `k3 serve` would
+pick (--platform, else $K3_PLATFORM, else detection), so that one request decodes as fast per
+token as one request on the server (the server's larger tokens/s under load is batching: its
+time per output token at one request is what this reports).
 
 stdout holds the generated text only (with --chat: reasoning, content and tool calls, each
 under its own label); the loading progress, statistics and notices go to stderr.
@@ -8,13 +10,12 @@ under its own label); the loading progress, statistics and notices go to stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-from k3.dtypes import DTYPES
+from k3.dtype_names import DTYPE_NAMES as DTYPES
 
-from .common import CliError
+from .common import CliError, check_model_dir
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
@@ -39,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory", type=float, default=0.25, metavar="GIB",
                         help="cache memory on the CPU (default 0.25)")
     parser.add_argument("--platform", default=None, metavar="NAME",
-                        help="platform to run on (default: $K3_PLATFORM, else the CPU reference ops)")
+                        help="platform to run on (default: $K3_PLATFORM, else detection, as k3 serve)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -54,15 +55,16 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _engine(args: argparse.Namespace):
-    """One-request engine on --platform, else $K3_PLATFORM, else the CPU reference ops."""
+    """One-request engine on --platform, else $K3_PLATFORM, else the detected platform (as
+    `k3 serve`; it used to force the CPU reference ops, which on an accelerator host decoded
+    several times slower than the server on the same model)."""
     from k3.checkpoint.loader import CheckpointError
     from k3.config import ConfigError
     from k3.engine.engine import EngineConfig, LLMEngine
     from k3.platform import PlatformError
 
     try:
-        platform = args.platform or os.environ.get("K3_PLATFORM") or "reference"
-        return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1, platform=platform,
+        return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1, platform=args.platform,
                                       kv_cache_memory_gib=args.kv_cache_memory,
                                       speculative_config=args.speculative_config))
     except (CheckpointError, ConfigError, FileNotFoundError, PlatformError, ValueError) as e:
@@ -132,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from k3.engine.params import SamplingParams
 
     _check(args)
+    check_model_dir(args.model)
     engine = _engine(args)
     tokenizer = engine.tokenizer
     if args.chat is not None:
@@ -165,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     decode = (count - 1) / (end - first) if first and count > 1 and end > first else 0.0
     spec = engine.spec_stats()
     extra = f", mean acceptance length {spec['spec_mean_acceptance_length']:.2f}" if spec else ""
+    tpot = f" (time per output token {1000 / decode:.1f} ms)" if decode else ""
     print(f"k3: {len(prompt_ids)} prompt tokens, {count} generated, time to first token "
-          f"{(first or end) - start:.3f} s, decode {decode:.1f} tokens/s{extra}, finish: {completion.finish_reason}",
-          file=sys.stderr)
+          f"{(first or end) - start:.3f} s, decode {decode:.1f} tokens/s{tpot}{extra} on {engine.platform.name}, "
+          f"finish: {completion.finish_reason}", file=sys.stderr)
     return 0

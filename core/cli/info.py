@@ -7,9 +7,7 @@ import json
 import sys
 from typing import Any
 
-from k3.cache.records import attention_bytes_per_token, index_record_bytes, kda_state_bytes
 from k3.config import K3Config
-from k3.model.params import count_parameters
 
 from .common import add_model_arguments, load_config
 
@@ -21,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def summarize(cfg: K3Config) -> dict[str, Any]:
     """Everything `k3 info` reports, as plain data."""
+    from k3.cache.records import attention_bytes_per_token, index_record_bytes, kda_state_bytes
+    from k3.model.params import count_parameters
+
     la = cfg.linear_attn
     params = count_parameters(cfg)
     out: dict[str, Any] = {

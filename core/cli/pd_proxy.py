@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .parser import K3ArgumentParser
+
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="k3-pd-proxy", description="OpenAI-compatible proxy in front of prefill "
+    p = K3ArgumentParser(prog="k3-pd-proxy", description="OpenAI-compatible proxy in front of prefill "
                                 "(kv_producer) and decode (kv_consumer) k3 serve instances (docs/disaggregation.md)")
     p.add_argument("--prefill", nargs="+", required=True, metavar="URL", help="prefill instances, http://HOST:PORT")
     p.add_argument("--decode", nargs="+", required=True, metavar="URL", help="decode instances, http://HOST:PORT")

@@ -6,40 +6,49 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from k3.cache.capacity import DEFAULT_GPU_MEMORY_GIB, GIB, CapacityReport, plan_capacity
-from k3.cache.topology import DEFAULT_GPUS_PER_NODE, Topology
-from k3.dtypes import INDEX_CACHE_DTYPES, KV_CACHE_DTYPES, resolve_kv_cache_dtype
+from k3.cache.topology import DEFAULT_GPU_MEMORY_GIB, DEFAULT_GPUS_PER_NODE, Topology
+from k3.dtype_names import INDEX_CACHE_DTYPES, KV_CACHE_DTYPE_ALIASES, KV_CACHE_DTYPES
 
+from . import values
 from .common import CliError, add_model_arguments, load_config
+
+if TYPE_CHECKING:             # torch loads with the capacity model, in run() only
+    from k3.cache.capacity import CapacityReport
+
+GIB = 1024 ** 3
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """Cache flags shared by `k3 plan` and `k3 serve`."""
-    parser.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES), default="auto",
-                        help="latent cache dtype (auto: the model dtype)")
+    parser.add_argument("--kv-cache-dtype", type=values.kv_cache_dtype, default="auto",
+                        metavar="{" + ",".join([*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES]) + "}",
+                        help="latent cache dtype (auto: the model dtype; vLLM's bfloat16 / fp8_e4m3 are bf16 / fp8)")
     parser.add_argument("--index-cache-dtype", choices=list(INDEX_CACHE_DTYPES), default="fp8",
                         help="DSA index-key cache format (default fp8)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
-    parser.add_argument("--decode-context-parallel-size", type=int, default=1, metavar="N")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
+    parser.add_argument("--decode-context-parallel-size", "-dcp", type=int, default=1, metavar="N")
     parser.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                         help=f"memory per accelerator (default: the local accelerator's, else {DEFAULT_GPU_MEMORY_GIB:g})")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
-    parser.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                        help="context length to plan for (default: the config's)")
+    parser.add_argument("--max-model-len", type=values.max_model_len, default=None, metavar="N",
+                        help="context length to plan for: N, 32k (32,000), 32K (32,768), 1M, or auto (default: "
+                             "the config's)")
     parser.add_argument("--block-size", type=int, default=None, metavar="N",
                         help="tokens per row, a power of two (default: the smallest whose row holds a KDA state)")
     parser.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="requests in one batch (default 64)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N",
+    parser.add_argument("--max-num-batched-tokens", type=values.human_readable_int, default=2048, metavar="N",
                         help="tokens in one forward (default 2048)")
-    parser.add_argument("--enable-prefix-caching", action="store_true",
-                        help="reuse the cache of shared prompt prefixes (resumed only at KDA checkpoints)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                        help="reuse the cache of shared prompt prefixes, resumed at KDA checkpoints (exact; "
+                             "default on, as in vLLM, except with --decode-context-parallel-size > 1)")
     parser.add_argument("--prefix-match-unit", type=int, default=None, metavar="N",
                         help="prefix caching: tokens per hashed unit, divides the block size (default min(64, block))")
     parser.add_argument("--kda-checkpoint-interval", type=int, default=0, metavar="N",
                         help="prefix caching: also save KDA states every N prompt tokens, a multiple of the unit "
                              "(default 0: at the end of each prompt's last full unit only)")
-    parser.add_argument("--speculative-config", metavar="JSON", default=None,
+    parser.add_argument("--speculative-config", "-sc", metavar="JSON", default=None,
                         help="speculative decoding, vLLM's JSON shape (docs/speculative.md); the plan reserves "
                              "its scratch state rows")
 
@@ -47,9 +56,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
 def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
     """Distributed-topology flags beside add_cache_arguments' --tensor-parallel-size (vLLM's
     spelling; `k3.cache.topology` states what each shards). `topology_from_args` checks them."""
-    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
                         help="engines, each with the whole model (experts aside) and its own cache (default 1)")
-    parser.add_argument("--enable-expert-parallel", action="store_true",
+    parser.add_argument("--enable-expert-parallel", "-ep", action="store_true",
                         help="split the routed experts over TP x DP ranks instead of TP")
     parser.add_argument("--expert-parallel-size", type=int, default=None, metavar="N",
                         help="expert-parallel size, a divisor of TP x DP (implies --enable-expert-parallel; "
@@ -58,6 +67,14 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nodes (default: TP x DP / --gpus-per-node)")
     parser.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
                         help=f"GPUs per node (default min(TP x DP, {DEFAULT_GPUS_PER_NODE}))")
+
+
+def resolve_prefix_caching(args: argparse.Namespace) -> bool:
+    """--enable-prefix-caching as a bool (in place): on unless --no-enable-prefix-caching, or
+    left out with --decode-context-parallel-size > 1 (which does not run with it yet)."""
+    if args.enable_prefix_caching is None:
+        args.enable_prefix_caching = args.decode_context_parallel_size <= 1
+    return args.enable_prefix_caching
 
 
 def topology_from_args(args: argparse.Namespace) -> Topology:
@@ -79,6 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only JSON on stdout")
 
 
+def resolve_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    resolve_prefix_caching(args)
+
+
 def local_gpu_memory_bytes() -> int:
     """The selected platform's accelerator memory, or the default when it reports none."""
     from k3.platform import PlatformError, select_platform
@@ -92,6 +113,8 @@ def local_gpu_memory_bytes() -> int:
 
 
 def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
+    from k3.cache.capacity import plan_capacity
+    from k3.dtypes import resolve_kv_cache_dtype
     from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 
     topology = topology_from_args(args)
@@ -113,7 +136,7 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
                              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                              num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                              kda_rollback=spec.kda_rollback if spec else "states",
-                             prefix_caching=args.enable_prefix_caching,
+                             prefix_caching=resolve_prefix_caching(args),
                              kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype)
     except ValueError as e:
         raise CliError(str(e)) from None

@@ -16,10 +16,11 @@ import sys
 import textwrap
 from typing import Any
 
-from k3.plugin import HOOKSPEC_VERSION, KERNEL_TABLES
-from k3.platform import Platform, PlatformError, select_platform
-from k3.platform.reference import NAME as REFERENCE
-from k3.plugin.types import Detection
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:            # the plugin machinery (and torch) load in run() only
+    from k3.platform import Platform
+    from k3.plugin.types import Detection
 
 from .common import CliError
 
@@ -38,6 +39,9 @@ def _detection(d: Detection | None) -> dict[str, Any] | None:
 
 
 def report(platform: Platform) -> dict[str, Any]:
+    from k3.platform.reference import NAME as REFERENCE
+    from k3.plugin import HOOKSPEC_VERSION, KERNEL_TABLES
+
     """Everything `k3 plugins` shows, as plain data."""
     info = platform.info
     records = sorted(platform.records.values(), key=lambda r: (r.name != REFERENCE, r.name))
@@ -100,6 +104,8 @@ def render(data: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from k3.platform import PlatformError, select_platform
+
     try:
         platform = select_platform(args.platform)
     except PlatformError as e:

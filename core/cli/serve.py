@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import socket
 import sys
 from pathlib import Path
 
-from k3.dtypes import DTYPE_ALIASES
-from k3.dtypes import DTYPES as _DTYPES
+from k3.dtype_names import DTYPE_ALIASES, DTYPE_NAMES
 
-from .common import CliError, fail
-from .plan import add_cache_arguments
+from . import values
+from .common import CliError, check_model_dir, fail
+from .plan import add_cache_arguments, resolve_prefix_caching
+from .vllm_flags import REFUSED
 
-# --dtype: "auto" (the checkpoint's), k3.dtypes' names and vLLM's aliases for them
-DTYPES = {"auto": "auto", **{name: name for name in _DTYPES}, **DTYPE_ALIASES}
+# --dtype: "auto" (the checkpoint's), k3's dtype names and vLLM's aliases for them
+DTYPES = {"auto": "auto", **{name: name for name in DTYPE_NAMES}, **DTYPE_ALIASES}
+# environment variables --api-key defaults to (each holds one key; both are accepted when both are set)
+API_KEY_ENV = ("K3_API_KEY", "VLLM_API_KEY")
 
 
 class Default:
@@ -40,14 +42,16 @@ class Default:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="checkpoint directory (as `vllm serve MODEL`; or --model DIR)")
+    parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint directory (or the positional MODEL)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
     parser.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                        help="name(s) clients pass as `model` (default: --model as given); the first is reported")
-    parser.add_argument("--api-key", default=os.environ.get("K3_API_KEY"),
-                        help="require `Authorization: Bearer KEY` on /v1 routes and the API docs pages "
-                             "(default: $K3_API_KEY)")
+                        help="name(s) clients pass as `model` (default: the model as given); the first is reported")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help="require `Authorization: Bearer KEY` (any of the keys given) on /v1 routes and the "
+                             "API docs pages (default: $K3_API_KEY and $VLLM_API_KEY, those set)")
     parser.add_argument("--public-docs", action="store_true",
                         help="with --api-key, leave /docs, /redoc and /openapi.json open without the key")
     parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
@@ -68,16 +72,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "overlapping scheduling and output processing with the device (vLLM's "
                              "--async-scheduling; tensor parallel size 1, no speculative decoding; default: on "
                              "where decode steps are captured as graphs without speculation, off elsewhere)")
-    parser.add_argument("--graph-batch-sizes", type=int, nargs="+", default=None, metavar="N",
-                        help="batch sizes whose decode step is captured (vLLM's --cuda-graph-sizes; default 1, 2, "
-                             "4, then multiples of 8 up to --max-num-seqs); larger batches run eagerly")
+    parser.add_argument("--cudagraph-capture-sizes", "--graph-batch-sizes", "--cuda-graph-sizes",
+                        dest="graph_batch_sizes", type=int, nargs="+", default=None, metavar="N",
+                        help="batch sizes whose decode step is captured (vLLM's spelling; --graph-batch-sizes and "
+                             "vLLM's older --cuda-graph-sizes are the same flag; default 1, 2, 4, then multiples "
+                             "of 8 up to --max-num-seqs); larger batches run eagerly")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="parse tool calls of requests with tools (needs --tool-call-parser)")
     parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
     parser.add_argument("--reasoning-parser", choices=["kimi_k3"], default=None,
                         help="split the think channel into reasoning_content")
-    parser.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
-                        help="auto: request defaults from the checkpoint's generation_config.json; vllm: none")
+    parser.add_argument("--generation-config", default="auto", metavar="{auto,vllm,DIR}",
+                        help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty): auto: "
+                             "from the checkpoint's generation_config.json; DIR: from DIR/generation_config.json; "
+                             "vllm: none")
+    parser.add_argument("--override-generation-config", type=values.json_object, default=None, metavar="JSON",
+                        help='request defaults over --generation-config\'s, e.g. \'{"temperature": 0.6}\' (with '
+                             '--generation-config vllm: only these)')
+    parser.add_argument("--hf-overrides", type=values.json_object, default=None, metavar="JSON",
+                        help="fields merged into the checkpoint's config.json before it is read (nested objects "
+                             'merge key by key), e.g. \'{"max_position_embeddings": 65536}\'')
+    parser.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                        help="a Jinja chat template (a file, or the template itself) that renders chat prompts "
+                             "instead of the model's own format (default: the model's; docs/serving.md)")
+    parser.add_argument("--quantization", "-q", default=None, metavar="METHOD",
+                        help="accepted for vLLM command lines when it names the checkpoint's own "
+                             "quantization_config.quant_method (k3 serves the checkpoint's format; another is refused)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="accepted for vLLM command lines; k3 never runs code from a checkpoint")
     parser.add_argument("--max-request-body-bytes", type=int, default=16 << 20, metavar="N",
@@ -92,12 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM / Ctrl-C: stop admitting (503), give running requests up to S seconds, then "
                              "end the rest with finish_reason 'abort' (default 30; a second signal stops at once)")
     parser.add_argument("--uvicorn-log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's log level (default info: the access log)")
     group = parser.add_argument_group("distributed serving (docs/distributed.md)")
-    group.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+    group.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
                        help="DP ranks, each with its own scheduler and cache (data-parallel attention); the server on "
                             "rank 0 sends each request to the least-loaded one. World = DP x TP processes (default 1)")
-    group.add_argument("--enable-expert-parallel", action="store_true",
+    group.add_argument("--enable-expert-parallel", "-ep", action="store_true",
                        help="split the routed experts over all DP x TP ranks instead of holding all of them on every "
                             "DP rank; idle DP ranks join each step's MoE collectives with an empty batch; no "
                             "speculative decoding or async scheduling with it (docs/expert-parallel.md)")
@@ -123,22 +144,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                        help="chat image_url parts may name local files under DIR (default: data: URLs only)")
     group.add_argument("--allow-remote-media", action="store_true",
-                       help="fetch http(s) image_url parts (default: refused with a 400)")
-    group.add_argument("--max-num-encoder-tokens", type=int, default=None, metavar="N",
+                       help="fetch http(s) image_url parts (default: refused with a 400; vLLM fetches them "
+                            "unasked)")
+    group.add_argument("--max-num-encoder-tokens", type=values.positive_int, default=None, metavar="N",
                        help="image tokens the vision encoder may encode in one step (default: the larger of "
                             "--max-num-batched-tokens and the largest image's tokens)")
     group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
                        help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
                             "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
                             "tower) is not implemented")
-    group.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
+    group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')
+    group = parser.add_argument_group("LoRA adapters (docs/lora.md)")
+    group.add_argument("--enable-lora", action="store_true",
+                       help="serve PEFT LoRA adapters beside the base model (the `model` field selects one; "
+                            "/v1/load_lora_adapter and /v1/unload_lora_adapter change them at run time)")
+    group.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="adapters loaded at start-up: name=path or vLLM's JSON "
+                            "'{\"name\": ..., \"path\": ...}' (needs --enable-lora)")
+    group.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
+                       help="the largest adapter rank accepted (default 16; K3 adapters go up to 32)")
+    group.add_argument("--max-loras", type=int, default=1, metavar="N",
+                       help="adapters resident at once, the slots a batch may mix (default 1)")
     group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
     group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '
                             '"kv_producer" | "kv_consumer" | "kv_both", "kv_ip": ..., "kv_port": ..., '
                             '"kv_connector_extra_config": {...}}\'; put k3-pd-proxy in front of the instances')
+    parser.refused_options = REFUSED          # vLLM flags k3 does not implement: answered with the reason
     for action in parser._actions:
         action.help = SERVE_HELP.get(action.dest, action.help)
         if action.dest in PLATFORM_TUNABLE:  # let platform defaults tell unset options from set ones
@@ -147,7 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Help of the shared cache flags where serving reads them differently from `k3 plan`.
 SERVE_HELP = {
-    "max_model_len": "context limit, prompt + output (default: the smaller of the config's and what the cache holds)",
+    "max_model_len": "context limit, prompt + output: N, 32k (32,000), 32K (32,768), 1M, or auto (the default: the "
+                     "smaller of the config's and what the cache holds)",
     "gpu_memory": "a `k3 plan` option: refused (the server reads the accelerator's memory)",
     "decode_context_parallel_size": "DCP ranks inside each TP group: each stores every N-th token's MLA latents "
                                     "and index keys (N divides --tensor-parallel-size; docs/context-parallel.md)",
@@ -170,10 +205,60 @@ def apply_defaults(args: argparse.Namespace, platform_defaults: dict) -> None:
             setattr(args, name, platform_defaults.get(name, value.value))
 
 
+def resolve_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> None:
+    """Resolve what the flags leave to k3 (in place): the model (positional MODEL or --model),
+    prefix caching's default, the API keys' environment default. Without both MODEL and
+    --model it is a usage error (parser.error; CliError without a parser)."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None and args.model is not None and tag != args.model:
+        _usage_error(parser, f"the model is given twice: MODEL {tag!r} and --model {args.model!r}")
+    args.model = args.model if args.model is not None else tag
+    if args.model is None:
+        _usage_error(parser, "a model is required: k3 serve MODEL (or --model DIR)")
+    resolve_prefix_caching(args)
+    if args.api_key is None:
+        keys = [os.environ[name] for name in API_KEY_ENV if os.environ.get(name)]
+        args.api_key = keys or None
+
+
+def _usage_error(parser, message: str):
+    if parser is not None:
+        parser.error(message)
+    raise CliError(message)
+
+
+def lora_modules(values: list[str] | None) -> dict[str, str] | None:
+    """--lora-modules values (name=path, or vLLM's JSON {"name", "path"}) -> {name: path}."""
+    if not values:
+        return None
+    import json
+
+    out: dict[str, str] = {}
+    for value in values:
+        if value.lstrip().startswith("{"):
+            try:
+                item = json.loads(value)
+                name, path = item["name"], item["path"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CliError(f"--lora-modules: {value!r} is not JSON with \"name\" and \"path\"") from None
+        else:
+            name, sep, path = value.partition("=")
+            if not sep or not name or not path:
+                raise CliError(f"--lora-modules: {value!r} is not name=path")
+        if name in out:
+            raise CliError(f"--lora-modules: the name {name!r} is given twice")
+        out[name] = path
+    return out
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse what is not implemented or inconsistent before anything loads."""
+    if args.lora_modules and not args.enable_lora:
+        raise CliError("--lora-modules needs --enable-lora")
+    lora_modules(args.lora_modules)
     if not args.enable_prefix_caching and (args.prefix_match_unit is not None or args.kda_checkpoint_interval):
-        raise CliError("--prefix-match-unit and --kda-checkpoint-interval need --enable-prefix-caching")
+        raise CliError("--prefix-match-unit and --kda-checkpoint-interval need prefix caching (leave out "
+                       "--no-enable-prefix-caching)")
     if args.speculative_config:
         from k3.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 
@@ -211,29 +296,14 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise CliError(f"{flag} must be at least 1, got {value}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
-    if args.api_key == "":
+    if args.api_key is not None and not all(args.api_key):
         raise CliError("--api-key is empty")
-    if args.max_num_encoder_tokens is not None and args.max_num_encoder_tokens < 1:
-        raise CliError(f"--max-num-encoder-tokens must be at least 1, got {args.max_num_encoder_tokens}")
     if args.allowed_local_media_path is not None and not Path(args.allowed_local_media_path).is_dir():
         raise CliError(f"--allowed-local-media-path {args.allowed_local_media_path} is not a directory")
-    limit_mm_per_prompt(args)
-    if not (Path(args.model) / "config.json").is_file():
-        raise CliError(f"{args.model} is not a checkpoint directory (no config.json there)")
-
-
-def limit_mm_per_prompt(args: argparse.Namespace) -> dict | None:
-    """--limit-mm-per-prompt parsed ({"image": N}); CliError for anything else."""
-    if args.limit_mm_per_prompt is None:
-        return None
-    try:
-        value = json.loads(args.limit_mm_per_prompt)
-    except ValueError as e:
-        raise CliError(f"--limit-mm-per-prompt is not JSON: {e}") from None
-    if (not isinstance(value, dict) or set(value) - {"image"}
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values())):
-        raise CliError(f'--limit-mm-per-prompt takes {{"image": N}} with N >= 0, got {args.limit_mm_per_prompt}')
-    return value
+    check_model_dir(args.model)
+    if args.generation_config not in ("auto", "vllm") and not Path(args.generation_config).is_dir():
+        raise CliError(f"--generation-config {args.generation_config}: expected auto, vllm or a directory "
+                       "(holding generation_config.json)")
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -295,6 +365,7 @@ def engine_config(args: argparse.Namespace):
     from k3.engine.engine import EngineConfig
     from k3.platform import select_platform
 
+    resolve_arguments(args)
     platform = select_platform(args.platform)
     apply_defaults(args, platform.config_defaults())
     config = EngineConfig(
@@ -309,16 +380,60 @@ def engine_config(args: argparse.Namespace):
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
         async_scheduling=args.async_scheduling, kv_transfer_config=args.kv_transfer_config,
+        graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
+        hf_overrides=args.hf_overrides,
+        enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
+        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-        limit_mm_per_prompt=limit_mm_per_prompt(args),
-        graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None)
-    problems = platform.validate_config(K3Config.from_pretrained(args.model), vars(args))
+        limit_mm_per_prompt=args.limit_mm_per_prompt)
+    model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
+    _check_quantization(args.quantization, model_config)
+    problems = platform.validate_config(model_config, vars(args))
     if problems:
         raise CliError(f"platform {platform.name}: {'; '.join(problems)}")
     if platform.info.forced:
         print(f"k3: platform {platform.name} was not detected; running its forced path on {platform.info.device}",
               file=sys.stderr)
     return config, platform
+
+
+def _check_quantization(method: str | None, model_config) -> None:
+    """--quantization must name the checkpoint's own format (k3 does not quantise at load)."""
+    if method is None:
+        return
+    norm = lambda m: m.lower().replace("_", "-")  # noqa: E731
+    have = model_config.quantization.quant_method if model_config.quantization is not None else None
+    if have is None or norm(method) != norm(have):
+        raise CliError(f"--quantization {method}: k3 serves the checkpoint's own format ("
+                       f"{'quant_method ' + repr(have) if have else 'not quantized'}) and does not quantize at "
+                       "load; leave --quantization out")
+
+
+def chat_template(args: argparse.Namespace):
+    """The JinjaChatTemplate of --chat-template (None without it); CliError when it cannot be
+    read or compiled."""
+    if args.chat_template is None:
+        return None
+    from k3.chat.jinja_template import JinjaChatTemplate, JinjaTemplateError
+
+    try:
+        return JinjaChatTemplate(args.chat_template)
+    except (JinjaTemplateError, OSError) as e:
+        raise CliError(f"--chat-template: {e}") from None
+
+
+def sampling_defaults(args: argparse.Namespace) -> dict | None:
+    """The request defaults of --generation-config (auto: the checkpoint's
+    generation_config.json, DIR: DIR's, vllm: none) with --override-generation-config over
+    them; None when there are none."""
+    from k3.serve import generation_defaults
+
+    source = {"auto": args.model, "vllm": None}.get(args.generation_config, args.generation_config)
+    try:
+        defaults = generation_defaults(source, overrides=args.override_generation_config)
+    except ValueError as e:
+        raise CliError(f"--override-generation-config: {e}") from None
+    return defaults or None
 
 
 def run_without_server(args: argparse.Namespace) -> int | None:
@@ -388,10 +503,13 @@ def _uvicorn_server(app, log_level: str, *, gate=None, engine=None, shutdown_tim
 
 def run(args: argparse.Namespace) -> int:
     from k3.engine.async_engine import AsyncEngine
-    from k3.serve import build_app, generation_defaults
+    from k3.serve import build_app
     from k3.serve.media import MediaOptions
 
+    resolve_arguments(args)
     _check_flags(args)
+    defaults = sampling_defaults(args)          # a bad override or template fails before the model loads
+    template = chat_template(args)
     code = run_without_server(args)
     if code is not None:
         return code
@@ -404,10 +522,9 @@ def run(args: argparse.Namespace) -> int:
             app = build_app(async_engine, served_model_name=names, api_key=args.api_key,
                             enable_auto_tool_choice=args.enable_auto_tool_choice,
                             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                            sampling_defaults=generation_defaults(args.model) if args.generation_config == "auto"
-                            else None, max_prompts_per_request=args.max_prompts_per_request,
+                            sampling_defaults=defaults, max_prompts_per_request=args.max_prompts_per_request,
                             max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
-                            public_docs=args.public_docs,
+                            public_docs=args.public_docs, chat_template=template,
                             media=MediaOptions(allowed_local_media_path=args.allowed_local_media_path,
                                                allow_remote_media=args.allow_remote_media))
         except ValueError as e:

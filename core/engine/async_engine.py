@@ -44,6 +44,11 @@ def _settle(future: asyncio.Future, error: BaseException | None) -> None:
         future.set_exception(error)
 
 
+def _resolve(future: asyncio.Future, result) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
 def _final(request_id: str, last: RequestOutput | None, n: int, reason: str) -> RequestOutput:
     """A finished copy of a request's latest output (or an empty one, before its first
     token), every unfinished sample ending with `reason`."""
@@ -103,6 +108,17 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    async def call(self, fn):
+        """fn(engine) run on the engine thread between steps (what must not race a step: loading
+        a LoRA adapter into the model's slots); returns its result or raises its exception."""
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._inbox.append(("call", fn, loop, done))
+        self._wake.set()
+        return await done
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when it is unknown or done); its rows are free before the
@@ -170,6 +186,15 @@ class AsyncEngine:
             if command[0] == "finish_all":
                 self._finish_all(command[1])
                 continue
+            if command[0] == "call":
+                _, fn, loop, done = command
+                try:
+                    result = fn(self.engine)
+                except Exception as e:  # the caller raises it
+                    _post(loop, _settle, done, e)
+                else:
+                    _post(loop, _resolve, done, result)
+                continue
             _, request_id, prompt, params, loop, queue, accepted, multi_modal_data = command
             try:
                 if multi_modal_data:
@@ -193,6 +218,8 @@ class AsyncEngine:
             command = self._inbox.popleft()
             if command[0] == "add":
                 _post(command[4], _settle, command[6], error)
+            elif command[0] == "call":
+                _post(command[2], _settle, command[3], error)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

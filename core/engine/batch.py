@@ -1,5 +1,6 @@
 """A scheduled step as tensors: the flat ForwardMetadata (with its `spec` and `checkpoints`
-sub-records when a request verifies drafts or saves a KDA checkpoint) and the sampling
+sub-records when a request verifies drafts or saves a KDA checkpoint, `lora` when a request runs
+on a LoRA adapter) and the sampling
 parameters of the requests that sample, built from the requests' row lists on the host and
 uploaded in one transfer per dtype (`HostBatch`).
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from k3.model.metadata import CheckpointMetadata, ForwardMetadata, SpecMetadata, leading_one_token_steps
+from k3.model.metadata import CheckpointMetadata, ForwardMetadata, LoRAMetadata, SpecMetadata, leading_one_token_steps
 
 from .prompt_logprobs import PromptSpan
 from .sampler import SamplingBatch
@@ -110,14 +111,18 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
         host.add("token_sources", token_sources, torch.long)
     if prompt_targets:
         host.add("prompt_targets", prompt_targets, torch.long)
+    seq_slots = tuple(s.request.lora_slot for s in out.scheduled)
+    if any(slot >= 0 for slot in seq_slots):
+        host.add("lora.token_slots", [slot for slot, n in zip(seq_slots, lens) for _ in range(n)], torch.long)
     uploaded = host.upload(device, pinned=pinned)
     sample_index = uploaded.pop("sample_index", None)
     sources = uploaded.pop("token_sources", None)
     targets = uploaded.pop("prompt_targets", None)
     spec = _record(uploaded, "spec.", SpecMetadata) if max_spec else None
     checkpoints = _record(uploaded, "checkpoints.", CheckpointMetadata) if max_ckpt else None
+    lora = LoRAMetadata(uploaded.pop("lora.token_slots"), seq_slots) if "lora.token_slots" in uploaded else None
     num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
-    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints,
+    meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints, lora=lora,
                            **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,

@@ -60,6 +60,18 @@ class EngineConfig:
     # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is
     # loaded, text only); None: no limit
     limit_mm_per_prompt: dict | None = None
+    # fields merged into the checkpoint's config.json before it is read (vLLM's --hf-overrides;
+    # k3.config.with_overrides)
+    hf_overrides: dict | None = None
+    # LoRA adapters (docs/lora.md): --enable-lora, --lora-modules name=path, --max-lora-rank, --max-loras
+    enable_lora: bool = False
+    lora_modules: dict[str, str] | None = None    # adapters loaded at start-up, name -> PEFT folder
+    max_lora_rank: int = 16
+    max_loras: int = 1                            # adapters resident at once (slots)
+    # structured outputs (k3.structured): the grammar backend, and the most seconds one
+    # grammar may take to compile (longer: the request is refused)
+    structured_outputs_backend: str = "xgrammar"
+    structured_outputs_timeout_s: float = 10.0
 
     @property
     def max_images_per_prompt(self) -> int | None:
@@ -88,6 +100,8 @@ class EngineConfig:
             raise ValueError(f"limit_mm_per_prompt takes {{\"image\": N}} with N >= 0, got {limit!r}")
         if self.max_num_encoder_tokens is not None and self.max_num_encoder_tokens < 1:
             raise ValueError(f"max_num_encoder_tokens must be at least 1, got {self.max_num_encoder_tokens}")
+        if self.enable_lora or self.lora_modules:
+            self._validate_lora()
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.kv_transfer_config is not None:
@@ -99,6 +113,24 @@ class EngineConfig:
                                  "data_parallel_size 1 and no speculative decoding (got tensor_parallel_size "
                                  f"{self.tensor_parallel_size}, data_parallel_size {self.data_parallel_size}, "
                                  f"speculative_config {self.speculative_config!r})")
+
+    def _validate_lora(self) -> None:
+        if not self.enable_lora:
+            raise ValueError("lora_modules needs enable_lora (--enable-lora)")
+        for name, value in (("max_lora_rank", self.max_lora_rank), ("max_loras", self.max_loras)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if len(self.lora_modules or {}) > self.max_loras:
+            raise ValueError(f"{len(self.lora_modules)} lora_modules do not fit in max_loras {self.max_loras}")
+        others = {"tensor_parallel_size": self.tensor_parallel_size > 1, "data_parallel_size": self.data_parallel_size > 1,
+                  "enable_expert_parallel": self.enable_expert_parallel or bool(self.expert_parallel_size),
+                  "decode_context_parallel_size": self.decode_context_parallel_size > 1,
+                  "speculative_config": bool(self.speculative_config),
+                  "kv_transfer_config": self.kv_transfer_config is not None}
+        clash = [name for name, on in others.items() if on]
+        if clash:
+            raise ValueError(f"LoRA adapters run on one rank without speculation or disaggregation for now: "
+                             f"enable_lora does not combine with {', '.join(clash)} (docs/lora.md)")
 
 
 def default_cpu_cache_bytes() -> int:

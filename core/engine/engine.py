@@ -33,10 +33,12 @@ class LLMEngine:
         self.plan, self.cache, self.pool, self.prefix_cache = parts.plan, parts.cache, parts.pool, parts.prefix_cache
         self.max_model_len = self.plan.max_model_len
         self.scheduler, self.runner, self.outputs = parts.scheduler, parts.runner, parts.outputs
+        self.structured = parts.outputs.structured      # compile cache of structured outputs (k3.structured)
         self.strategy = parts.strategy
         self.async_scheduling, self.graph_capture_error = parts.async_scheduling, parts.graph_capture_error
         self.kv_producer, self.kv_consumer = parts.kv_producer, parts.kv_consumer
         self.media = parts.media
+        self.lora = parts.lora                  # k3.lora.LoRARegistry, None without enable_lora
         self._on_shutdown = on_shutdown
 
     # ------------------------------------------------------------------ requests
@@ -52,10 +54,39 @@ class LLMEngine:
         final output's kv_transfer_params is the handle; on a consumer, a handle pulls the
         prompt's rows and decodes on (a failed pull prefills here)."""
         params = params or SamplingParams()
+        lora = {}
+        if params.lora_name is not None:
+            if self.lora is None:
+                from k3.lora import LoRANotFound
+
+                raise LoRANotFound(f"The model `{params.lora_name}` does not exist (LoRA is not enabled).")
+            adapter = self.lora.get(params.lora_name)
+            lora = {"lora_slot": adapter.slot, "cache_salt": adapter.salt}
         kv = params.kv_transfer_params
         if self.kv_producer is not None and kv and kv.get("do_remote_decode") and params.n == 1:
             params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
-        self.outputs.add(request_id, prompt, params, multi_modal_data)
+        self.outputs.add(request_id, prompt, params, multi_modal_data, **lora)
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def load_lora_adapter(self, name: str, path: str):
+        """Load the PEFT adapter at `path` as `name` (k3.lora.LoRARegistry.load; LoRAError when
+        refused). Call between steps (the async engine's engine thread: `AsyncEngine.call`)."""
+        return self._registry().load(name, path)
+
+    def unload_lora_adapter(self, name: str):
+        """Forget adapter `name` (LoRANotFound when it is not loaded); running requests finish on it."""
+        return self._registry().unload(name)
+
+    def lora_adapters(self) -> list:
+        """The loaded adapters (k3.lora.LoadedAdapter), in load order; [] without LoRA."""
+        return [] if self.lora is None else list(self.lora.adapters.values())
+
+    def _registry(self):
+        if self.lora is None:
+            from k3.lora import LoRAError
+
+            raise LoRAError("LoRA is not enabled (start the engine with enable_lora / --enable-lora)")
+        return self.lora
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request (or every child of an n > 1 request); its rows are free at once."""

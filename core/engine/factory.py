@@ -25,6 +25,7 @@ from k3.checkpoint.loader import load_checkpoint
 from k3.config import K3Config
 from k3.dtypes import dtype_name, torch_dtype
 from k3.platform import select_platform
+from k3.structured import StructuredOutputs
 from k3.tokenizer import load_tokenizer
 
 from .config import GIB, EngineConfig, default_cpu_cache_bytes
@@ -56,16 +57,18 @@ class EngineParts:
     kv_producer: object = None          # k3.engine.kv_transfer.producer.KVProducer (disaggregation)
     kv_consumer: object = None          # k3.engine.kv_transfer.consumer.KVConsumer
     media: object = None                # k3.engine.media.MediaEncoder (a checkpoint with a vision tower)
+    lora: object = None                 # k3.lora.LoRARegistry (enable_lora)
 
 
 def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
     """Every part of an engine for `config` (broadcast: the tensor-parallel rank 0's sender)."""
     config.validate()
     platform = platform or select_platform(config.platform)
-    cfg = K3Config.from_pretrained(config.model)
+    cfg = K3Config.from_pretrained(config.model, config.hf_overrides)
     tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.model)
     model = load_model(config, cfg, platform, parallel)
     device = torch.device(platform.info.device)
+    lora = _lora_registry(config, model, device)
     spec = SpeculativeConfig.parse(config.speculative_config)
     tp = model.parallel.world_size
     # decode graphs are captured on one rank without collectives: none under TP, and none under EP
@@ -126,7 +129,10 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                          media=media)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
-                              release=proposer.release if proposer else None, media=media)
+                              release=proposer.release if proposer else None, media=media,
+                              structured=StructuredOutputs(tokenizer, cfg.vocab_size, cfg.eos_token_ids,
+                                                           backend=config.structured_outputs_backend,
+                                                           compile_timeout_s=config.structured_outputs_timeout_s))
     if spec is not None:
         from .spec.driver import SpeculativeStep
 
@@ -138,10 +144,12 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     else:
         strategy = PlainStep(scheduler, runner, outputs)
     kv_producer, kv_consumer = _kv_transfer(config, cache, pool, prefix_cache, scheduler)
+    if lora is not None:     # a slot is reused only when no live request still runs on it
+        lora._in_use = lambda: {r.lora_slot for r in outputs.requests.values() if not r.finished}
     return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
                        prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
-                       kv_producer=kv_producer, kv_consumer=kv_consumer, media=media)
+                       kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora)
 
 
 def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
@@ -172,6 +180,22 @@ def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
                            patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)))
     encoder.max_images = config.max_images_per_prompt
     return encoder
+
+
+def _lora_registry(config: EngineConfig, model, device):
+    """The LoRA registry over `max_loras` slots of the model (None without enable_lora), the
+    start-up adapters (`lora_modules`) loaded. Adapters are held in the model's dtype."""
+    if not config.enable_lora:
+        return None
+    from k3.lora import LoRARegistry
+    from k3.model.lora import attach_lora
+
+    state = attach_lora(model, max_loras=config.max_loras, max_rank=config.max_lora_rank, dtype=model.dtype,
+                        device=device)
+    registry = LoRARegistry(state)
+    for name, path in (config.lora_modules or {}).items():
+        registry.load(name, path)
+    return registry
 
 
 def _kv_transfer(config: EngineConfig, cache: CachePool, pool: BlockPool, prefix_cache, scheduler: Scheduler):

@@ -30,8 +30,8 @@ def default_buckets(max_num_seqs: int) -> list[int]:
 
 
 def is_plain_decode(meta: ForwardMetadata) -> bool:
-    """One new token per sequence and nothing but logits asked for."""
-    return (meta.mode is ForwardMode.DECODE and meta.checkpoints is None
+    """One new token per sequence, no LoRA adapter row, and nothing but logits asked for."""
+    return (meta.mode is ForwardMode.DECODE and meta.checkpoints is None and meta.lora is None
             and meta.num_tokens == meta.num_seqs and meta.logits_indices.shape[0] == meta.num_seqs)
 
 

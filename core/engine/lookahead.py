@@ -11,8 +11,9 @@ pageable memory would first wait for the running step.
 
 A lookahead is a plain continuation or nothing: every request of the running step sampled a
 token (no prompt still prefilling), no request waits to be admitted (that needs the scheduler),
-and each request's next token needs nothing the host has not got: no penalties, token masks or
-min_tokens blocking (they read the outputs), no prefix-cache checkpoint at that position. A
+and each request's next token needs nothing the host has not got: no penalties, token masks,
+structured-output grammars or min_tokens blocking (they read the outputs), no prefix-cache
+checkpoint at that position. A
 request whose running token is its last (max_tokens, the model length) is left out; one that
 stops on that token (EOS, a stop string) is found only afterwards, and its lookahead token is
 dropped.
@@ -71,7 +72,8 @@ class LookaheadStep(PlainStep):
         collected)."""
         r, p = s.request, s.request.params
         after = len(r.output_token_ids) + 1              # outputs once the running token is appended
-        if r.finished or s.spec_tokens or p.uses_penalties or p.allowed_tokens or p.min_tokens > after:
+        if (r.finished or s.spec_tokens or p.uses_penalties or p.allowed_tokens or r.grammar is not None
+                or p.min_tokens > after):
             return False
         if p.max_tokens is not None and after >= p.max_tokens:
             return False                                 # the running token is its last

@@ -28,11 +28,14 @@ class OutputProcessor:
     release: called with every request that leaves (finished and reported, or aborted), for
     the parts that keep per-request state of their own (a draft model's rows).
     media: the engine's MediaEncoder (None: the model takes no images).
+    structured: the engine's k3.structured.StructuredOutputs (compile cache); a request with
+    `structured_outputs` gets its RequestGrammar here, which follows every appended token.
     """
 
     def __init__(self, scheduler: Scheduler, tokenizer, *, eos_token_ids, vocab_size: int, max_model_len: int,
-                 seed: int = 0, release: Callable[[Request], None] | None = None, media=None):
+                 seed: int = 0, release: Callable[[Request], None] | None = None, media=None, structured=None):
         self.scheduler, self.tokenizer, self.release, self.media = scheduler, tokenizer, release, media
+        self.structured = structured
         self.stop_token_ids = set(eos_token_ids)
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
         self.requests: dict[str, Request] = {}
@@ -79,12 +82,14 @@ class OutputProcessor:
                                  f"{budget} (max_num_encoder_tokens)")
         return ids, media
 
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, multi_modal_data=None) -> None:
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, multi_modal_data=None, *,
+            lora_slot: int = -1, cache_salt: bytes = b"") -> None:
         """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids.
 
         multi_modal_data: vLLM's {"image": image or list of images} (tensors [3, H, W] or PIL
         images), one per media placeholder token of the prompt, in order; each placeholder is
-        expanded to the image's token count."""
+        expanded to the image's token count.
+        lora_slot / cache_salt: the request's LoRA adapter slot and prefix-cache salt (`Request`)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.check(prompt, params)
@@ -92,11 +97,18 @@ class OutputProcessor:
         if multi_modal_data:
             ids, media = self.prepare_media(ids, multi_modal_data)
             ids = self.check(ids, params)
-            self.media.stats["mm_images_total"] += len(media.items) if media is not None else 0
+        grammars = [None] * params.n
+        if params.structured_outputs is not None:     # StructuredOutputError (a ValueError) before queueing
+            if self.structured is None:
+                raise ValueError("this engine has no structured-output support")
+            grammars = [self.structured.request_grammar(params.structured_outputs) for _ in range(params.n)]
+        if media is not None:
+            self.media.stats["mm_images_total"] += len(media.items)
         children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
-            request = Request(child, ids, params, seed)
+            request = Request(child, ids, params, seed, lora_slot=lora_slot, cache_salt=cache_salt,
+                              grammar=grammars[i])
             if media is not None:
                 request.media = media if i == 0 else media.copy()
             if params.prompt_logprobs is not None:
@@ -129,6 +141,8 @@ class OutputProcessor:
         """One generated token: detokenise it and finish the request on a stop or a limit."""
         request.output_token_ids.append(token)
         request.output_logprobs.append(logprob)
+        if request.grammar is not None:
+            request.grammar.accept(token)
         if request.params.logprobs:
             ids, lps = top
             request.output_top_logprobs.append(list(zip(ids, lps))[: request.params.logprobs])

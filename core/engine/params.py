@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from k3.structured.errors import StructuredOutputError
+from k3.structured.spec import StructuredOutputsParams
+
 # A logits processor / token bitmask hook: called with the request's output token ids so far,
 # returns the token ids allowed next (structured output, forced tool choice), or None for all.
 AllowedTokensFn = Callable[[Sequence[int]], "Sequence[int] | None"]
@@ -43,10 +46,17 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     allowed_tokens: AllowedTokensFn | None = field(default=None, repr=False)
+    # structured outputs (vLLM's field): the output must match a JSON schema, a regex, one of
+    # several strings or a grammar (k3.structured); a dict is read as StructuredOutputsParams(**it)
+    structured_outputs: StructuredOutputsParams | None = None
     # prefill/decode disaggregation (vLLM's field, docs/disaggregation.md): {"do_remote_decode": true}
     # on a producer (prefill here, publish the rows), a producer's handle ({"do_remote_prefill":
     # true, ...}) on a consumer (pull the rows, decode here)
     kv_transfer_params: dict | None = field(default=None, repr=False)
+    # the LoRA adapter the request runs on (a name the engine has loaded, docs/lora.md); None: the
+    # base model. vLLM passes a LoRARequest beside the params; carried here, it reaches the engine
+    # through every path that forwards the params (n > 1 children, the async engine)
+    lora_name: str | None = None
 
     MAX_LOGPROBS = 20
 
@@ -57,6 +67,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except (TypeError, StructuredOutputError) as e:
+                raise SamplingParamsError("structured_outputs", str(e)) from None
         self.validate()
 
     def validate(self) -> None:
@@ -84,6 +99,8 @@ class SamplingParams:
              "prompt_logprobs", f"must be in [0, {self.MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         need(self.kv_transfer_params is None or isinstance(self.kv_transfer_params, dict), "kv_transfer_params",
              f"must be an object or None, got {type(self.kv_transfer_params).__name__}")
+        need(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+             "structured_outputs", "must be a StructuredOutputsParams (or a dict of its fields) or None")
         need(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         need(len(self.stop) <= 16, "stop", "at most 16 stop strings")
         # Seeds go to int64 tensors; sample i of n uses seed + i.

@@ -59,10 +59,16 @@ class Request:
     spec_probs: object = None               # [k, V] draft distributions, or None (one-hot)
     spec_rows: list[int] = field(default_factory=list)
     record_slot: int | None = None
+    # structured outputs: the request's k3.structured.RequestGrammar (None: unconstrained)
+    grammar: object = None
     # prefill/decode disaggregation: the handle a producer published for this request's rows
     kv_transfer_params: dict | None = None
     # images: k3.engine.media.RequestMedia (placeholder spans, content hashes, encoder outputs)
     media: object = None
+    # LoRA: the adapter slot the request runs on (-1: the base model) and its prefix-cache salt
+    # (the adapter load's: requests of two adapters never share cached prefixes)
+    lora_slot: int = -1
+    cache_salt: bytes = b""
 
     @property
     def media_spans(self) -> list:

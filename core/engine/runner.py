@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.model.metadata import ForwardMetadata
+from k3.structured.bitmask import bitmask_width
 
 from .batch import build_metadata, build_sampling
 from .prompt_logprobs import PromptScores, score_prompt_rows
@@ -129,8 +130,23 @@ class ModelRunner:
             raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
                                f"size {self.vocab_size}")
         logits = logits[step.sample_index] if step.sample_index is not None else logits[: len(step.sample_logits)]
+        # The grammars fill their bitmask now, while the forward runs on the device; the
+        # upload is queued behind it without a host wait (pinned memory off the CPU).
+        sampling.bitmask = self._grammar_bitmask([out.scheduled[i].request.grammar for i in step.sample_rows])
         launched.samples = sample_batch(logits, sampling)
         return launched
+
+    def _grammar_bitmask(self, grammars: list) -> torch.Tensor | None:
+        """The structured-output bitmask [B, W] int32 on the device of the sampling rows, or
+        None when no row is constrained this step (rows without a grammar allow everything)."""
+        if not any(g is not None and g.active for g in grammars):
+            return None
+        pin = self.pinned_uploads and self.device.type != "cpu"
+        host = torch.full((len(grammars), bitmask_width(self.vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
+        for row, g in enumerate(grammars):
+            if g is not None and g.active:
+                g.fill(host, row)
+        return host.to(self.device, non_blocking=pin)
 
     def _not_yet(self, s) -> set[int]:
         """The token ids a scheduled request must not sample yet (min_tokens)."""

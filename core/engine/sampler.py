@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from k3.reference.sampling import filtered_logits
+from k3.structured.bitmask import unpack_bitmask
 
 _MASK64 = (1 << 64) - 1
 
@@ -55,7 +56,9 @@ class SamplingBatch:
     steps [B] int64 (the row's output index, the noise counter); penalties [B] each;
     token_counts [B, V] int32 output-token counts (presence, frequency) and prompt_mask [B, V]
     bool (tokens seen in the prompt, for the repetition penalty), or None when no row has a
-    penalty; allowed [B, V] bool or None (logits-processor / structured-output token mask);
+    penalty; allowed [B, V] bool or None (logits-processor / min_tokens token mask);
+    bitmask [B, ceil(V / 32)] int32 or None: the structured-output grammars' packed token
+    bitmask (`k3.structured.bitmask`), unpacked and applied on the device;
     num_logprobs: host int, top logprobs to return (0: only the sampled token's).
     all_greedy, filters_off: host facts about every row (set by the engine from the requests'
     parameters, never read back from the device): every row has temperature 0, or no row
@@ -77,6 +80,7 @@ class SamplingBatch:
     token_counts: torch.Tensor | None = None
     prompt_mask: torch.Tensor | None = None
     allowed: torch.Tensor | None = None
+    bitmask: torch.Tensor | None = None
     num_logprobs: int = 0
     all_greedy: bool = False
     filters_off: bool = False
@@ -120,6 +124,8 @@ def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     x = apply_penalties(raw, b)
     if b.allowed is not None:
         x = x.masked_fill(~b.allowed, float("-inf"))
+    if b.bitmask is not None:
+        x = x.masked_fill(~unpack_bitmask(b.bitmask, x.shape[1]), float("-inf"))
     if b.all_greedy:
         tokens = x.argmax(dim=-1)
     else:

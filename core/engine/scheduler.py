@@ -242,7 +242,7 @@ class Scheduler:
         request.checkpoint_targets = self._checkpoint_targets(len(tokens))
         if request.params.prompt_logprobs is not None:
             return              # as vLLM: every prompt position is computed (and scored), none reused
-        hit = cache.lookup(tokens, media=request.media_spans)
+        hit = cache.lookup(tokens, media=request.media_spans, salt=request.cache_salt)
         if hit.tokens == 0:
             return
         full, partial = hit.tokens // self.config.block_size, hit.tokens % self.config.block_size != 0
@@ -288,7 +288,8 @@ class Scheduler:
         start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
         plan = []
         for pos in [p for p in request.checkpoint_targets if start < p <= end]:
-            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos, media=request.media_spans):
+            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos, media=request.media_spans,
+                                                salt=request.cache_salt):
                 continue
             rows = self.pool.allocate(1)
             if rows is not None:
@@ -311,8 +312,8 @@ class Scheduler:
             if self.prefix_cache is None:
                 continue
             tokens = r.all_token_ids
-            media = r.media_spans
+            media, salt = r.media_spans, r.cache_salt
             r.prefix_units = self.prefix_cache.register(tokens, r.rows, r.num_computed_tokens, r.prefix_units,
-                                                        media=media)
+                                                        media=media, salt=salt)
             for pos, row in s.checkpoints:
-                self.prefix_cache.add_checkpoint(tokens, pos, row, media=media)
+                self.prefix_cache.add_checkpoint(tokens, pos, row, media=media, salt=salt)

@@ -40,9 +40,10 @@ class DecoderLayer(K3Module):
                               dtype=dtype, device=device)
 
     def ffn(self, h: torch.Tensor, *, decode: bool = False, ep_dispatch: str | None = None,
-            ep_capacity: int | None = None) -> torch.Tensor:
+            ep_capacity: int | None = None, lora=None) -> torch.Tensor:
         """decode: a one-token-per-sequence step (MoE dispatch without host synchronisation);
-        ep_dispatch / ep_capacity: `MoE.forward`'s (ignored by a dense layer)."""
+        ep_dispatch / ep_capacity: `MoE.forward`'s (ignored by a dense layer); lora: the rows'
+        LoRA adapters (`ForwardMetadata.lora`)."""
         if not self.is_moe:
-            return self.mlp(h)
-        return self.block_sparse_moe(h, decode=decode, ep_dispatch=ep_dispatch, ep_capacity=ep_capacity)
+            return self.mlp(h, lora=lora)
+        return self.block_sparse_moe(h, decode=decode, ep_dispatch=ep_dispatch, ep_capacity=ep_capacity, lora=lora)

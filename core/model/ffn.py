@@ -21,6 +21,7 @@ from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from .expert_dispatch import dispatch_combine, peer_rows, tp_slice
+from .lora import apply_lora, expert_lora
 from .module import K3Module, WeightSpec
 from .parallel import ParallelContext
 
@@ -32,6 +33,8 @@ def _activation(cfg: K3Config) -> dict:
 
 class GLUMLP(K3Module):
     """down(act(gate_up(x))) with gate_proj / up_proj fused into one [2 I_local, d] weight."""
+
+    LORA_PARAMS = ("gate_up_proj", "down_proj")     # what a LoRA adapter may add to (`k3.model.lora`)
 
     def __init__(self, cfg: K3Config, *, intermediate: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype, device=None, intermediate_field: str = "intermediate_size"):
@@ -45,10 +48,11 @@ class GLUMLP(K3Module):
         self.add_weight("down_proj", (d, il), dtype, device, full_shape=(d, intermediate), shard=(1, i0, il),
                         dims=("hidden_size", intermediate_field))
 
-    def forward(self, x: torch.Tensor, *, decode: bool = False) -> torch.Tensor:
-        """x [T, d] -> [T, d], reduced over ranks."""
-        a = self.kernels.elementwise.glu_activation(F.linear(x, self.gate_up_proj), **_activation(self.cfg))
-        return self.parallel.all_reduce(F.linear(a, self.down_proj))
+    def forward(self, x: torch.Tensor, *, decode: bool = False, lora=None) -> torch.Tensor:
+        """x [T, d] -> [T, d], reduced over ranks. lora: the rows' adapters (`ForwardMetadata.lora`)."""
+        gate_up = apply_lora(self, "gate_up_proj", x, F.linear(x, self.gate_up_proj), lora)
+        a = self.kernels.elementwise.glu_activation(gate_up, **_activation(self.cfg))
+        return self.parallel.all_reduce(apply_lora(self, "down_proj", a, F.linear(a, self.down_proj), lora))
 
 
 class MoE(K3Module):
@@ -56,7 +60,13 @@ class MoE(K3Module):
 
     W4A16 experts (compressed-tensors `pack-quantized`) load into packed int32 planes and fp32
     scales; `dequantize_int4_experts` turns them into the dense stacks (the model's dtype)
-    once every tensor is read, and frees the planes: the kernels see dense experts."""
+    once every tensor is read, and frees the planes: the kernels see dense experts.
+
+    LoRA adapters (`k3.model.lora`) may add to every routed expert's w1 / w3 / w2 (bf16 adapters
+    beside MXFP4 or dense bases) and to the latent projections; a batch with expert adapters
+    runs its routed experts on the `lora.experts` kernel entry."""
+
+    LORA_PARAMS = ("w13", "w2", "routed_expert_down_proj", "routed_expert_up_proj")
 
     def __init__(self, cfg: K3Config, *, kernels: KernelSet, parallel: ParallelContext, dtype, device=None):
         super().__init__()
@@ -132,7 +142,7 @@ class MoE(K3Module):
                                         dtype=dense.dtype))     # [E_local, out, in]
 
     def forward(self, h: torch.Tensor, *, decode: bool = False, ep_dispatch: str | None = None,
-                ep_capacity: int | None = None) -> torch.Tensor:
+                ep_capacity: int | None = None, lora=None) -> torch.Tensor:
         """h [T, d] -> [T, d]: router and shared experts on h, routed experts in the latent,
         combined (reduced over the TP ranks, or dispatched over the EP group) before the norm and
         the up-projection. decode: dispatch without host synchronisation (every local expert,
@@ -140,11 +150,13 @@ class MoE(K3Module):
         capacity (None: `ExpertParallel.dispatch` / `.capacity`), the same on every EP rank."""
         ep = self.parallel.ep
         if ep is None:
-            u = self.parallel.all_reduce(self._routed(h, decode))                              # [T, L]
+            u = self.parallel.all_reduce(self._routed(h, decode, lora))                        # [T, L]
         else:
+            if lora is not None:
+                raise NotImplementedError("LoRA adapters with expert parallelism are not built yet")
             u = self._expert_parallel(h, ep_dispatch, ep_capacity)                              # [T, L]
-        y = self._latent_out(u)
-        return y if self.shared_experts is None else y + self.shared_experts(h)
+        y = self._latent_out(u, lora)
+        return y if self.shared_experts is None else y + self.shared_experts(h, lora=lora)
 
     def idle(self, dispatch: str | None = None, capacity: int | None = None) -> None:
         """Take part in this layer's EP collectives with zero local tokens (every rank of a
@@ -178,19 +190,32 @@ class MoE(K3Module):
             renormalize=cfg.moe_renormalize, routed_scaling_factor=cfg.routed_scaling_factor,
             num_expert_group=cfg.num_expert_group if grouped else 1, topk_group=cfg.topk_group if grouped else 1)
 
-    def _latent_in(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.routed_expert_down_proj) if self.cfg.uses_latent_moe else h   # [T, L]
+    def _latent_in(self, h: torch.Tensor, lora=None) -> torch.Tensor:
+        if not self.cfg.uses_latent_moe:
+            return h
+        return apply_lora(self, "routed_expert_down_proj", h, F.linear(h, self.routed_expert_down_proj), lora)  # [T, L]
 
-    def _latent_out(self, u: torch.Tensor) -> torch.Tensor:
+    def _latent_out(self, u: torch.Tensor, lora=None) -> torch.Tensor:
         cfg = self.cfg
         if cfg.latent_moe_use_norm:
             u = self.kernels.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
-        return F.linear(u, self.routed_expert_up_proj) if cfg.uses_latent_moe else u           # [T, d]
+        if not cfg.uses_latent_moe:
+            return u
+        return apply_lora(self, "routed_expert_up_proj", u, F.linear(u, self.routed_expert_up_proj), lora)  # [T, d]
 
-    def _routed(self, h: torch.Tensor, decode: bool) -> torch.Tensor:
-        """This rank's experts on every token: [T, L], the partial sum over the local experts."""
+    def _routed(self, h: torch.Tensor, decode: bool, lora=None) -> torch.Tensor:
+        """This rank's experts on every token: [T, L], the partial sum over the local experts
+        (with the rows' expert adapters when `lora` has any)."""
         chosen = self._select(h)
-        return self._run_experts(self._latent_in(h), chosen.ids, chosen.weights, decode)
+        x = self._latent_in(h, lora)
+        adapters = expert_lora(self, lora)
+        if adapters is not None:
+            w13, w2 = self.expert_weights()
+            w13_lora, w2_lora, scales = adapters
+            return self.kernels.lora.experts(x, w13, w2, chosen.weights, chosen.ids, lora.token_slots,
+                                             w13_lora=w13_lora, w2_lora=w2_lora, scales=scales,
+                                             expert_start=self.expert_start, **_activation(self.cfg))
+        return self._run_experts(x, chosen.ids, chosen.weights, decode)
 
     def _dispatched(self, h: torch.Tensor, capacity_rows: int | None) -> torch.Tensor:
         """The routed experts of the whole EP group on h [T, d]: [T, L] (EP all-to-all)."""

@@ -17,6 +17,7 @@ from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
 from k3.plugin.tables import KernelSet
 
 from .kda_verify import commit_records, verify
+from .lora import apply_lora
 from .module import K3Module
 from .parallel import ParallelContext
 
@@ -38,6 +39,9 @@ def checkpoint_offsets(meta: ForwardMetadata):
 
 
 class KDAMixer(K3Module):
+    # the products a LoRA adapter may add to (`k3.model.lora`): q/k/v/g (or g_a)/f_a/b, f_b, g_b, o
+    LORA_PARAMS = ("in_proj", "f_b_proj", "g_b_proj", "o_proj")
+
     def __init__(self, cfg: K3Config, *, kda_index: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype: torch.dtype, device=None):
         super().__init__()
@@ -88,14 +92,16 @@ class KDAMixer(K3Module):
         self.add_weight("o_proj", (d, p_local), dtype, device, full_shape=(d, p_full), shard=(1, c0, p_local),
                         dims=(D, P))
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _project(self, x: torch.Tensor, lora=None) -> tuple[torch.Tensor, ...]:
         """x [T, d] through the fused `in_proj`: (qkv [T, 3P], output gate [T, H, K], f [T, H, K]
-        (after f_b), b [T, H]); qkv and b are column views of one product."""
+        (after f_b), b [T, H]); qkv and b are column views of one product. lora: the rows'
+        adapters (`ForwardMetadata.lora`), None for the base model."""
         t, hl, hd = x.shape[0], self.num_heads, self.head_dim
-        qkv, g, f_a, b = F.linear(x, self.in_proj).split(self.in_proj_split, -1)
+        qkv, g, f_a, b = apply_lora(self, "in_proj", x, F.linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
         if not self.cfg.linear_attn.use_full_rank_gate:
-            g = F.linear(g, self.g_b_proj)
-        return qkv, g.reshape(t, hl, hd), F.linear(f_a, self.f_b_proj).view(t, hl, hd), b
+            g = apply_lora(self, "g_b_proj", g, F.linear(g, self.g_b_proj), lora)
+        f = apply_lora(self, "f_b_proj", f_a, F.linear(f_a, self.f_b_proj), lora)
+        return qkv, g.reshape(t, hl, hd), f.view(t, hl, hd), b
 
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
                 *, per_position_states: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -113,7 +119,7 @@ class KDAMixer(K3Module):
             states = None
         else:
             o, states = self._mix(x, meta, cache, path)
-        return self.parallel.all_reduce(F.linear(o, self.o_proj)), states
+        return self.parallel.all_reduce(apply_lora(self, "o_proj", o, F.linear(o, self.o_proj), meta.lora)), states
 
     @staticmethod
     def _path(meta: ForwardMetadata, per_position_states: bool) -> str:
@@ -143,7 +149,7 @@ class KDAMixer(K3Module):
         fresh = (meta.context_lens == 0)                                        # [N]
         view = cache.kda[self.kda_index]
 
-        qkv, gate, f, b = self._project(x)                                     # qkv [T, 3P]: q | k | v
+        qkv, gate, f, b = self._project(x, meta.lora)                                   # qkv [T, 3P]: q | k | v
         conv_w = self.qkv_conv1d.squeeze(1)                                     # [3P, W]
         if path == "fused_decode":
             o = k.kda.decode_step(qkv, conv_w, f, self.A_log, self.dt_bias.view(hl, hd), b, gate, self.o_norm,

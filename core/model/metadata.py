@@ -84,6 +84,25 @@ class CheckpointMetadata:
 
 
 @dataclass
+class LoRAMetadata:
+    """The LoRA adapter of every row of a call (multi-adapter batches, `k3.model.lora`).
+
+    token_slots: [T] int64, the adapter slot of each new token, -1 = the base model.
+    seq_slots:   host tuple of N ints, the slot of each sequence (the same per token of it):
+                 layers whose weight enters a kernel whole (MLA's kv_b_proj) run each run of
+                 sequences sharing an adapter with that adapter's merged weight.
+    """
+
+    token_slots: torch.Tensor
+    seq_slots: tuple[int, ...]
+
+    def rows(self, cut: slice) -> "LoRAMetadata":
+        """The adapters of sequences (and tokens) `cut` of a call whose sequences bring one
+        token each up to the cut (`ForwardMetadata.split_decodes`)."""
+        return LoRAMetadata(self.token_slots[cut], self.seq_slots[cut])
+
+
+@dataclass
 class ForwardMetadata:
     """Flat metadata of one forward call: N sequences, T new tokens packed in sequence order.
 
@@ -108,6 +127,7 @@ class ForwardMetadata:
                     on whether prefill chunks share its batch.
     spec:           SpecMetadata, or None when no sequence verifies drafts.
     checkpoints:    CheckpointMetadata, or None when no KDA state is saved mid-call.
+    lora:           LoRAMetadata, or None when no row of the call uses a LoRA adapter.
     A layer dispatches on `mode`, once.
     """
 
@@ -123,6 +143,7 @@ class ForwardMetadata:
     num_decodes: int = 0
     spec: SpecMetadata | None = None
     checkpoints: CheckpointMetadata | None = None
+    lora: LoRAMetadata | None = None
 
     @property
     def mode(self) -> ForwardMode:
@@ -170,11 +191,30 @@ class ForwardMetadata:
                 context_lens=self.context_lens[cut], slot_mapping=self.slot_mapping[cut],
                 block_table=self.block_table[cut], state_indices=self.state_indices[cut], logits_indices=none,
                 max_q_len=max_q_len, num_decodes=d if max_q_len == 1 else 0,
-                checkpoints=None if ckpt is None else ckpt.rows(cut))
+                checkpoints=None if ckpt is None else ckpt.rows(cut),
+                lora=None if self.lora is None else self.lora.rows(cut))
 
         head, tail = slice(0, d), slice(d, None)
         return [(head, part(head, self.cu_seqlens[: d + 1], 1)),
                 (tail, part(tail, self.cu_seqlens[d:] - d, self.max_q_len))]
+
+    def sequences(self, lo: int, hi: int) -> tuple[slice, "ForwardMetadata"]:
+        """(tokens, metadata) of sequences lo .. hi - 1 of a call that verifies no drafts, for a
+        layer that runs runs of sequences apart (MLA's kv_b_proj under LoRA adapters). Reads
+        cu_seqlens on the host. Like a `split_decodes` part, it feeds a layer, not the LM head."""
+        if self.spec is not None:
+            raise ValueError("ForwardMetadata.sequences: a VERIFY call is not split by sequences")
+        bounds = self.cu_seqlens[lo: hi + 1].tolist()
+        cut, seqs = slice(bounds[0], bounds[-1]), slice(lo, hi)
+        lens = [b - a for a, b in zip(bounds, bounds[1:])]
+        ckpt = self.checkpoints
+        return cut, ForwardMetadata(
+            input_ids=self.input_ids[cut], positions=self.positions[cut],
+            cu_seqlens=self.cu_seqlens[lo: hi + 1] - bounds[0], context_lens=self.context_lens[seqs],
+            slot_mapping=self.slot_mapping[cut], block_table=self.block_table[seqs],
+            state_indices=self.state_indices[seqs], logits_indices=self.logits_indices[:0], max_q_len=max(lens),
+            num_decodes=leading_one_token_steps(lens), checkpoints=None if ckpt is None else ckpt.rows(seqs),
+            lora=None if self.lora is None else LoRAMetadata(self.lora.token_slots[cut], self.lora.seq_slots[seqs]))
 
     @classmethod
     def build(

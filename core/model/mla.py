@@ -23,12 +23,17 @@ from k3.plugin.tables import KernelSet
 
 from .dcp_attention import dcp_mla_attention, dcp_token_slots
 from .indexer import DSAIndexer
+from .lora import apply_lora, has_lora, merged_weight
 from .module import K3Module
 from .paging import gather_sequences, token_page_slots
 from .parallel import ParallelContext, RowExchange
 
 
 class MLAMixer(K3Module):
+    # the products a LoRA adapter may add to (`k3.model.lora`): q_a (or q), kv_a, the gate g, q_b,
+    # kv_b (a merged weight per run of sequences sharing an adapter) and o
+    LORA_PARAMS = ("in_proj", "q_b_proj", "kv_b_proj", "o_proj")
+
     def __init__(self, cfg: K3Config, *, mla_index: int, kernels: KernelSet, parallel: ParallelContext,
                  dtype: torch.dtype, device=None):
         super().__init__()
@@ -100,10 +105,11 @@ class MLAMixer(K3Module):
         after the latents are written; it writes the DSA index keys itself."""
         cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
-        q, kv, *g = F.linear(x, self.in_proj).split(self.in_proj_split, -1)      # kv [T, R + Dr]
+        lora = meta.lora
+        q, kv, *g = apply_lora(self, "in_proj", x, F.linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
         if cfg.q_lora_rank is not None:
             c_q = k.elementwise.rms_norm(q, self.q_a_layernorm, eps)                 # [T, r_q] (rows strided)
-            q = F.linear(c_q, self.q_b_proj)
+            q = apply_lora(self, "q_b_proj", c_q, F.linear(c_q, self.q_b_proj), lora)
         else:
             c_q, q = None, q.contiguous()                                       # as its own product gave it
         q = q.view(t, hl, dn + dr)
@@ -114,7 +120,7 @@ class MLAMixer(K3Module):
             if exchange is not None or attend is not None:
                 raise NotImplementedError("token-sharded prefill under decode context parallelism is not built yet")
             o = self._attend_dcp(x, q, c_q, row, meta, cache, dcp)
-            return self._output(o, g, x)
+            return self._output(o, g, x, lora)
         view = cache.latent[self.mla_index]
         pages, offsets = token_page_slots(meta, view.page_size)
         at, rows = (pages, offsets), row
@@ -132,13 +138,13 @@ class MLAMixer(K3Module):
         if attend is not None:
             o = attend(self, x, q, c_q, cache, pages, offsets)
         elif meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
-            o = torch.cat([self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
-                                        offsets[cut]) for cut, part in meta.split_decodes()])
+            o = torch.cat([self._attend_adapted(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache,
+                                                pages[cut], offsets[cut]) for cut, part in meta.split_decodes()])
         else:
-            o = self._attend(x, q, c_q, meta, cache, pages, offsets, exchange)
-        return self._output(o, g, x)
+            o = self._attend_adapted(x, q, c_q, meta, cache, pages, offsets, exchange)
+        return self._output(o, g, x, lora)
 
-    def _output(self, o: torch.Tensor, g: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def _output(self, o: torch.Tensor, g: list[torch.Tensor], x: torch.Tensor, lora=None) -> torch.Tensor:
         """o [T, H, Dv] -> the gated o_proj output [T, d], reduced over tensor-parallel ranks."""
         cfg = self.cfg
         o = o.reshape(x.shape[0], self.num_heads * cfg.v_head_dim)
@@ -146,7 +152,7 @@ class MLAMixer(K3Module):
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
             gate = torch.sigmoid(g[0].to(cd))
             o = (o.to(cd) * gate).to(x.dtype)
-        return self.parallel.all_reduce(F.linear(o, self.o_proj))
+        return self.parallel.all_reduce(apply_lora(self, "o_proj", o, F.linear(o, self.o_proj), lora))
 
     def _attend_dcp(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, row: torch.Tensor,
                     meta: ForwardMetadata, cache: CacheViews, dcp) -> torch.Tensor:
@@ -171,13 +177,40 @@ class MLAMixer(K3Module):
         return dcp_mla_attention(q[..., :dn], q[..., dn:], w_uk, w_uv, view.pages, view.scale, meta, dcp,
                                  scale=cfg.mla_softmax_scale, selected=selected)
 
+    def _attend_adapted(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
+                        cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor,
+                        exchange: RowExchange | None = None) -> torch.Tensor:
+        """`_attend`, with each run of sequences that share a LoRA adapter of kv_b_proj attending
+        with that adapter's merged kv_b_proj (W + scale B A): kv_b_proj expands the cached
+        latents inside the attention kernels, so it cannot take a per-row delta."""
+        lora = meta.lora
+        if lora is None or not has_lora(self, "kv_b_proj") or all(s < 0 for s in lora.seq_slots):
+            return self._attend(x, q, c_q, meta, cache, pages, offsets, exchange)
+        if exchange is not None:
+            raise NotImplementedError("LoRA adapters on kv_b_proj with token-sharded prefill are not built yet")
+        runs, start = [], 0
+        slots = lora.seq_slots
+        for n in range(1, len(slots) + 1):
+            if n == len(slots) or slots[n] != slots[start]:
+                runs.append((start, n))
+                start = n
+        if len(runs) == 1:
+            return self._attend(x, q, c_q, meta, cache, pages, offsets,
+                                kv_b=merged_weight(self, "kv_b_proj", self.kv_b_proj, slots[0]))
+        out = []
+        for lo, hi in runs:
+            cut, part = meta.sequences(lo, hi)
+            out.append(self._attend(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache, pages[cut],
+                                    offsets[cut], kv_b=merged_weight(self, "kv_b_proj", self.kv_b_proj, slots[lo])))
+        return torch.cat(out)
+
     def _attend(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
                 cache: CacheViews, pages: torch.Tensor, offsets: torch.Tensor,
-                exchange: RowExchange | None = None) -> torch.Tensor:
+                exchange: RowExchange | None = None, kv_b: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q [T, H, Dn + Dr] over the cached context (this call's latents already
         written): the DSA selection first (writing the index keys), then the absorbed form when
         every sequence brings one token or DSA selects the rows, the expanded form otherwise.
-        Returns [T, H, Dv]."""
+        Returns [T, H, Dv]. kv_b: a kv_b_proj standing in for the layer's (an adapter's merged one)."""
         cfg, k = self.cfg, self.kernels
         dn, r = cfg.qk_nope_head_dim, cfg.kv_lora_rank
         view = cache.latent[self.mla_index]
@@ -191,7 +224,8 @@ class MLAMixer(K3Module):
             # decode (no host sync), and DSA's sparse prefill and verify: absorbed MQA over the
             # paged cache, reading each query's own selection (k rows, not the whole context), as
             # DeepSeek V3.2's sparse attention does for prefill too
-            w_uk, w_uv = self.absorbed_weights()
+            w_uk, w_uv = self.absorbed_weights() if kv_b is None else ref.mla_absorb_weights(
+                kv_b, num_heads=self.num_heads, qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim)
             return k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
                                 w_uk, w_uv, scale=scale, cu_seqlens_q=None if decode else meta.cu_seqlens,
                                 kv_cache_scale=view.scale, topk_indices=topk)
@@ -199,6 +233,7 @@ class MLAMixer(K3Module):
         rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
         if view.scale is not None:
             rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)
-        return k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype), self.kv_b_proj,
+        return k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype),
+                             self.kv_b_proj if kv_b is None else kv_b,
                              cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,
                              qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim, topk_indices=topk)

@@ -132,7 +132,8 @@ class K3Model(K3Module):
         token-wise parts here and its own KDA / MLA calls); None: each layer's own mixer."""
         x0 = self.embed(meta.input_ids, media_embeds, media_positions)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
-        ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity}
+        ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity,
+               "lora": meta.lora}
         hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn,
                                    mixer or self._mixer)
         if FINAL_HIDDEN in tap_layers:

@@ -52,6 +52,7 @@ k3_moe_kernels = _table("moe")
 k3_attn_res_kernels = _table("attn_res")
 k3_elementwise_kernels = _table("elementwise")
 k3_quant_kernels = _table("quant")
+k3_lora_kernels = _table("lora")
 
 
 @hookimpl(trylast=True)

@@ -19,6 +19,7 @@ from .tables import (
     KDAKernels,
     KernelSet,
     KernelTable,
+    LoRAKernels,
     MLAKernels,
     MoEKernels,
     QuantKernels,
@@ -28,5 +29,5 @@ from .types import KDA_STATE_LAYOUTS, Capabilities, CollectiveBackend, Detection
 __all__ = [
     "HOOKSPEC_VERSION", "KDA_STATE_LAYOUTS", "KERNEL_TABLES", "AttnResKernels", "Capabilities",
     "CollectiveBackend", "Detection", "ElementwiseKernels", "IndexerKernels", "KDAKernels", "KernelSet",
-    "KernelTable", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "hookimpl", "hookspec",
+    "KernelTable", "LoRAKernels", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "hookimpl", "hookspec",
 ]

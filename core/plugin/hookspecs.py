@@ -145,6 +145,12 @@ def k3_quant_kernels(platform):
     `k3.quant` (protocols in `k3.plugin.kernels.quant`)."""
 
 
+@hookspec
+def k3_lora_kernels(platform):
+    """A `LoRAKernels` table: delta, experts (protocols in `k3.plugin.kernels.lora`): LoRA
+    adapters of multi-adapter batches (docs/lora.md)."""
+
+
 # ---------------------------------------------------------------------------- collectives
 
 

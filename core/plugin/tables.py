@@ -124,8 +124,19 @@ class QuantKernels(KernelTable):
     nvfp4_dequantize: p.NVFP4Dequantize | None = _op(p.NVFP4Dequantize, "nvfp4_dequantize")
 
 
+@dataclass(frozen=True)
+class LoRAKernels(KernelTable):
+    """LoRA adapters of a multi-adapter batch: the per-row delta of a product, the routed experts
+    with per-expert adapters."""
+
+    FAMILY = "lora"
+    delta: p.LoRADelta | None = _op(p.LoRADelta, "lora_delta")
+    experts: p.LoRAExperts | None = _op(p.LoRAExperts, "lora_experts_forward")
+
+
 KERNEL_TABLES: tuple[type[KernelTable], ...] = (
-    KDAKernels, MLAKernels, IndexerKernels, MoEKernels, AttnResKernels, ElementwiseKernels, QuantKernels)
+    KDAKernels, MLAKernels, IndexerKernels, MoEKernels, AttnResKernels, ElementwiseKernels, QuantKernels,
+    LoRAKernels)
 
 
 @dataclass(frozen=True)
@@ -139,4 +150,5 @@ class KernelSet:
     attn_res: AttnResKernels
     elementwise: ElementwiseKernels
     quant: QuantKernels
+    lora: LoRAKernels
     providers: dict[str, str] = field(default_factory=dict, compare=False)   # "kda.chunked" -> plugin

@@ -29,6 +29,7 @@ from .indexer import (
 )
 from .kda import kda_chunked, kda_gate, kda_rebuild_state, kda_recurrent
 from .kda_decode import kda_decode_step
+from .lora import lora_delta, lora_experts_forward
 from .mla import mla_absorb_weights, mla_decode, mla_expand_kv, mla_prefill
 from .moe import experts_forward, glu_mlp, latent_moe, latent_moe_finish, latent_moe_routed_partial
 from .norms import gated_rms_norm, l2_norm, layer_norm, rms_norm
@@ -41,7 +42,7 @@ __all__ = [
     "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_paged_decode_scores",
     "indexer_quantize_keys",
     "indexer_scores",
-    "indexer_topk", "kda_chunked", "kda_decode_step", "kda_gate", "kda_rebuild_state", "kda_recurrent", "l2_norm", "latent_moe",
+    "indexer_topk", "kda_chunked", "kda_decode_step", "kda_gate", "kda_rebuild_state", "kda_recurrent", "l2_norm", "latent_moe", "lora_delta", "lora_experts_forward",
     "latent_moe_finish",
     "latent_moe_routed_partial", "layer_norm", "mla_absorb_weights", "mla_decode", "mla_expand_kv",
     "mla_prefill", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize",

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from . import chat, completions, metrics, models
+from . import chat, completions, lora, metrics, models
 from .docs_auth import protect_docs
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
@@ -20,28 +20,43 @@ TOOL_CALL_PARSERS = ("kimi_k3",)
 REASONING_PARSERS = ("kimi_k3",)
 
 
-def generation_defaults(model_dir: str | Path) -> dict[str, Any]:
-    """Request defaults from the checkpoint's generation_config.json (temperature, top_p, top_k,
-    min_p, repetition_penalty), as vLLM's `--generation-config auto` applies them."""
-    path = Path(model_dir) / "generation_config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: config[k] for k in DEFAULT_KEYS if isinstance(config.get(k), (int, float))
-            and not isinstance(config.get(k), bool)}
+def generation_defaults(model_dir: str | Path | None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Request defaults (temperature, top_p, top_k, min_p, repetition_penalty) from
+    `model_dir`/generation_config.json (None: none), with `overrides` over them, as vLLM's
+    `--generation-config auto|DIR|vllm` and `--override-generation-config` apply them. Other
+    keys of the file are ignored; an override key k3 does not apply, or a value that is not a
+    number, is a ValueError."""
+    config: dict[str, Any] = {}
+    if model_dir is not None:
+        try:
+            config = json.loads((Path(model_dir) / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+    out = {k: config[k] for k in DEFAULT_KEYS if _number(config.get(k))}
+    for key, value in (overrides or {}).items():
+        if key not in DEFAULT_KEYS:
+            raise ValueError(f"generation config override {key!r}: k3 applies {', '.join(DEFAULT_KEYS)}")
+        if not _number(value):
+            raise ValueError(f"generation config override {key!r}: expected a number, got {value!r}")
+        out[key] = value
+    return out
 
 
-def build_app(engine, *, served_model_name: str | list[str], api_key: str | None = None,
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def build_app(engine, *, served_model_name: str | list[str], api_key: str | list[str] | None = None,
               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
               max_prompt_tokens_per_request: int | None = None, public_docs: bool = False,
-              media: MediaOptions | None = None) -> FastAPI:
+              media: MediaOptions | None = None, chat_template=None) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
-    api_key: when set, /v1 routes need `Authorization: Bearer KEY` (/health, /metrics do not),
+    api_key: a key or a list of keys; when set, /v1 routes need `Authorization: Bearer KEY` with
+    one of them (/health, /metrics do not),
     and so do /docs, /redoc and /openapi.json unless public_docs (`k3.serve.docs_auth`).
     enable_auto_tool_choice + tool_call_parser="kimi_k3": tool calls in K3 output become
     `tool_calls` (else they stay in the content). reasoning_parser="kimi_k3": the think
@@ -50,6 +65,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
     max_prompts_per_request / max_prompt_tokens_per_request: the prompts, and their tokens in
     all (None: max_model_len), one request may bring (400 above; `k3.serve.limits`).
     media: the policy for chat image_url parts (`k3.serve.media`; default: data URLs only).
+    chat_template: a `k3.chat.jinja_template.JinjaChatTemplate` that renders chat prompts instead
+    of the model's own chat format (vLLM's --chat-template; also for a tokenizer without one).
     The caller owns the engine (shut it down after the server stops). The body-size limit and
     the shutdown drain are ASGI middlewares `k3 serve` puts in front (`BodyLimit`, `DrainGate`).
     """
@@ -68,14 +85,17 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
                 else "has no chat format (its tokenizer has no K3 or K2 chat markers)")
         raise ValueError(f"the kimi_k3 parsers read K3 XTML output, but this model {used}: leave the parser "
                          "options out")
+    keys = None if api_key is None else ((api_key,) if isinstance(api_key, str) else tuple(api_key))
+    if keys is not None and (not keys or not all(isinstance(k, str) and k for k in keys)):
+        raise ValueError("api_key must be a non-empty key or list of keys")
     if max_prompts_per_request < 1 or (max_prompt_tokens_per_request is not None and max_prompt_tokens_per_request < 1):
         raise ValueError("max_prompts_per_request and max_prompt_tokens_per_request must be at least 1")
-    state = ServerState(engine=engine, model_names=names, api_key=api_key,
+    state = ServerState(engine=engine, model_names=names, api_keys=keys,
                         max_prompts_per_request=max_prompts_per_request,
                         max_prompt_tokens_per_request=max_prompt_tokens_per_request,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
                         parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}),
-                        media=media or MediaOptions())
+                        media=media or MediaOptions(), chat_template=chat_template)
     from k3 import __version__
 
     app = FastAPI(title="k3", version=__version__,
@@ -86,4 +106,6 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | None
         protect_docs(app)
     for router in (chat.router, completions.router, models.v1, models.router, metrics.router):
         app.include_router(router)
+    if getattr(getattr(engine, "engine", None), "lora", None) is not None:   # as vLLM: LoRA routes only with LoRA on
+        app.include_router(lora.v1)
     return app

@@ -33,6 +33,8 @@ from .metrics import RequestTimer
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
 from .sampling import build_params, chat_logprobs, check_context, new_tokens, usage
+from .structured import compile_spec, for_k3_chat, requested_spec
+from .tool_grammar import tool_call_spec
 from .state import ServerState, get_state, require_api_key
 from .streaming import DONE, EventStream, collect, merge, sse
 
@@ -81,8 +83,11 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     try:
         k3 = chat_format(tok) == "k3"
     except ChatFormatUnavailable as e:
-        raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
-                          code="chat_format_unavailable") from None
+        if state.chat_template is None:
+            raise bad_request(f"{e}. This model serves /v1/completions only.", param="messages",
+                              code="chat_format_unavailable") from None
+        k3 = False
+    render = state.chat_template.prompt_ids if state.chat_template is not None else chat_prompt_ids
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
         urls = image_urls(messages)
@@ -91,8 +96,9 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     if urls and not state.takes_images:
         raise bad_request("this model takes no images (its checkpoint has no vision tower)", param="messages",
                           code="images_not_supported")
-    if urls and not k3:
-        raise bad_request("images need the K3 chat format", param="messages", code="images_not_supported")
+    if urls and (not k3 or state.chat_template is not None):
+        raise bad_request("images need the K3 chat format (a --chat-template renders text only)",
+                          param="messages", code="images_not_supported")
     images = load_chat_images(urls, state.media) if urls else None
     kwargs = req.chat_template_kwargs.model_dump(exclude_none=True) if req.chat_template_kwargs else {}
     if req.reasoning_effort is not None:
@@ -100,7 +106,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)
-        ids = chat_prompt_ids(
+        ids = render(
             tok, messages,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None, tool_choice=choice,
             response_format=req.response_format.model_dump(exclude_none=True) if req.response_format else None,
@@ -110,12 +116,25 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
     top = req.top_logprobs or 0
+    spec, spec_field = requested_spec(req)
+    if spec is not None and k3:
+        spec = for_k3_chat(spec, tok, thinking=thinking)
+    forced_call = req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice))
+    if forced_call and k3:
+        if spec is not None:
+            raise bad_request(f"tool_choice {req.tool_choice if isinstance(req.tool_choice, str) else 'function'} "
+                              f"and {spec_field} cannot both constrain one answer", param="tool_choice")
+        spec, spec_field = tool_call_spec(tok, [t.function.model_dump(exclude_none=True) for t in req.tools], choice,
+                                          thinking=thinking), "tool_choice"
+    if spec is not None:
+        compile_spec(state, spec, spec_field)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = build_params(req, max_tokens=max_tokens, logprobs=top if req.logprobs else None,
                           skip_special_tokens=False if k3 else req.skip_special_tokens,
                           defaults=state.sampling_defaults, vocab_size=state.vocab_size,
-                          renamed={"max_tokens": max_param, "logprobs": "top_logprobs"})
+                          renamed={"max_tokens": max_param, "logprobs": "top_logprobs"},
+                          structured_outputs=spec)
     # the context check counts the placeholders each image expands to (one is in ids already)
     expanded = len(ids) + sum(state.media_encoder.num_tokens(image) - 1 for image in images or [])
     check_context(expanded, max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
@@ -232,6 +251,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     state = get_state(request)
     model = state.check_model(req.model)
     plan = await run_in_threadpool(plan_chat, state, req)     # rendering and tokenising off the event loop
+    plan.params = state.with_adapter(plan.params, req.model)
     check_prompt_work([plan.num_prompt_tokens], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     timer = RequestTimer(state.metrics)

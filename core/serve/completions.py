@@ -17,6 +17,7 @@ from .protocol import CompletionRequest
 from .responses import STREAMING_RESPONSES, CompletionResponse
 from .sampling import build_params, check_context, completion_logprobs, new_tokens, prompt_logprobs_json, usage
 from .state import ServerState, get_state, require_api_key
+from .structured import compile_spec, requested_spec
 from .streaming import DONE, EventStream, collect, merge, sse
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -127,9 +128,14 @@ async def create_completion(req: CompletionRequest, request: Request):
             and len(req.prompt) > state.max_prompts_per_request:
         check_prompt_work([0] * len(req.prompt), max_prompts=state.max_prompts_per_request, max_prompt_tokens=0)
     prompts = await run_in_threadpool(_prompts, state, req.prompt)     # tokenising stays off the event loop
+    spec, spec_field = requested_spec(req)
+    if spec is not None:                                               # compiling too (under a time limit)
+        await run_in_threadpool(compile_spec, state, spec, spec_field)
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
-                          prompt_logprobs=req.prompt_logprobs, vocab_size=state.vocab_size)
+                          prompt_logprobs=req.prompt_logprobs, vocab_size=state.vocab_size,
+                          structured_outputs=spec)
+    params = state.with_adapter(params, req.model)
     for ids in prompts:
         check_context(len(ids), req.max_tokens, state.max_model_len, prompt_param="prompt",
                       max_tokens_param="max_tokens")

@@ -53,6 +53,10 @@ def as_api_error(exc: Exception) -> APIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine has failed: {exc}", code="engine_dead")
+    from k3.lora import LoRANotFound
+
+    if isinstance(exc, LoRANotFound):   # the adapter was unloaded after the route checked the name
+        return APIError(404, str(exc), param="model", code="model_not_found")
     if isinstance(exc, ValueError):
         return bad_request(str(exc))
     logger.error("unexpected error while generating: %s: %s", type(exc).__name__, exc, exc_info=exc)

@@ -16,20 +16,28 @@ def _card(state: ServerState, name: str) -> ModelCard:
     return ModelCard(id=name, created=state.created, root=state.model_path, max_model_len=state.max_model_len)
 
 
+def _adapter_card(state: ServerState, adapter) -> ModelCard:
+    """A loaded LoRA adapter, as vLLM lists one: root its folder, parent the base model."""
+    return ModelCard(id=adapter.name, created=state.created, root=adapter.path, parent=state.model_names[0],
+                     max_model_len=state.max_model_len)
+
+
 @v1.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
 async def list_models(request: Request) -> ModelList:
-    """The served model names (every --served-model-name)."""
+    """The served model names (every --served-model-name), then the loaded LoRA adapters."""
     state = get_state(request)
-    return ModelList(data=[_card(state, name) for name in state.model_names])
+    return ModelList(data=[_card(state, name) for name in state.model_names]
+                     + [_adapter_card(state, a) for a in state.lora_adapters()])
 
 
 @v1.get("/v1/models/{model:path}", response_model=ModelCard,
         responses={401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]})
 async def get_model(model: str, request: Request) -> ModelCard:
-    """One served model, or 404."""
+    """One served model or LoRA adapter, or 404."""
     state = get_state(request)
     state.check_model(model)
-    return _card(state, model)
+    adapter = next((a for a in state.lora_adapters() if a.name == model and model not in state.model_names), None)
+    return _card(state, model) if adapter is None else _adapter_card(state, adapter)
 
 
 @router.get("/health", response_class=Response,

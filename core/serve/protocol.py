@@ -9,6 +9,7 @@ must fit the context) is checked by the handlers. Unknown top-level fields are i
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
@@ -32,6 +33,28 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value, path: str = "") -> str | None:
+    """Where in `value` (JSON as Python objects) a string holds a lone UTF-16 surrogate, or None.
+
+    json.loads turns an escaped pair into one code point, so any surrogate left in a str is
+    unpaired: such text has no UTF-8 form, and the tokenizer would have to guess."""
+    if isinstance(value, str):
+        return path or "value" if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = lone_surrogate_path(k, f"{path}.<key>") or lone_surrogate_path(v, f"{path}.{k}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            if not isinstance(v, (int, float)) and (found := lone_surrogate_path(v, f"{path}[{i}]")):
+                return found
+    return None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -44,7 +67,7 @@ class FunctionSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="1-64 characters from A-Z a-z 0-9 _ . : -")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
-    strict: bool | None = Field(None, description="accepted; grammar enforcement is not implemented")
+    strict: bool | None = Field(None, description="accepted; tool-call grammars are not enforced yet (issue 29)")
 
     @field_validator("parameters")
     @classmethod
@@ -144,6 +167,18 @@ class _Sampling(_Strict):
     """Fields shared by chat and text completions. Defaults of temperature, top_p, top_k,
     min_p and repetition_penalty: the checkpoint's generation_config.json, else vLLM's."""
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        """One rule for every text field of a request: a lone surrogate is refused (400 naming the
+        top-level field). It walks each field's raw value once, nested messages and tools included,
+        so the nested models need no check of their own."""
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
+                             "(surrogates come in escaped pairs)")
+        return value
+
     model: str
     n: integer(ge=1, le=16) = Field(1, description="choices per request")
     stream: bool = False
@@ -164,6 +199,15 @@ class _Sampling(_Strict):
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = Field(None, description="not implemented: must be absent or empty")
     user: str | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="json_object / json_schema: the output is constrained by a grammar (k3.structured)")
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM extra: one of json (a JSON schema), regex, choice (strings), grammar (EBNF), "
+                          "json_object: the output must match it")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM extra: structured_outputs.json")
+    guided_regex: str | None = Field(None, description="vLLM extra: structured_outputs.regex")
+    guided_choice: list[str] | None = Field(None, description="vLLM extra: structured_outputs.choice")
+    guided_grammar: str | None = Field(None, description="vLLM extra: structured_outputs.grammar")
     kv_transfer_params: dict[str, Any] | None = Field(
         None, description="vLLM extra, prefill/decode disaggregation (docs/disaggregation.md): "
                           "{\"do_remote_decode\": true} on a prefill instance, its answer's kv_transfer_params on a "
@@ -181,7 +225,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls it makes")
-    response_format: ResponseFormat | None = Field(None, description="rendered as an instruction, not enforced")
     reasoning_effort: Literal["low", "medium", "high", "max"] | None = Field(
         None, description="K3 thinking_effort (chat_template_kwargs.thinking_effort wins)")
     chat_template_kwargs: ChatTemplateKwargs | None = None

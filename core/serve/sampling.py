@@ -20,10 +20,11 @@ LOGPROB_FLOOR = -9999.0   # -inf is not JSON; vLLM clamps the same way
 
 def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None, skip_special_tokens: bool,
                  defaults: dict[str, Any], renamed: dict[str, str] | None = None,
-                 prompt_logprobs: int | None = None, vocab_size: int | None = None) -> SamplingParams:
+                 prompt_logprobs: int | None = None, vocab_size: int | None = None,
+                 structured_outputs=None) -> SamplingParams:
     """SamplingParams for `req`; an out-of-range value is a 400 naming the request field
     (`renamed` maps engine field names to the names this request used; `vocab_size` bounds
-    stop_token_ids)."""
+    stop_token_ids; `structured_outputs`: the compiled constraint, `k3.serve.structured`)."""
     if req.logit_bias:
         raise bad_request("logit_bias is not supported by k3 yet", param="logit_bias")
     if vocab_size is not None and req.stop_token_ids:
@@ -46,7 +47,7 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
             presence_penalty=req.presence_penalty if req.presence_penalty is not None else 0.0,
             frequency_penalty=req.frequency_penalty if req.frequency_penalty is not None else 0.0,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=skip_special_tokens,
-            kv_transfer_params=req.kv_transfer_params)
+            kv_transfer_params=req.kv_transfer_params, structured_outputs=structured_outputs)
     except SamplingParamsError as e:
         name = (renamed or {}).get(e.field, e.field)
         raise bad_request(f"{name}: {str(e).split(': ', 1)[1]}", param=name) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -18,10 +19,12 @@ from .metrics import Metrics
 class ServerState:
     engine: Any                      # AsyncEngine (or anything with its interface)
     model_names: list[str]           # the first is reported in responses
-    api_key: str | None = None
+    api_keys: tuple[str, ...] | None = None   # --api-key: any of these (None: no key needed)
     parse_tool_calls: bool = False   # --enable-auto-tool-choice with --tool-call-parser kimi_k3
     parse_reasoning: bool = False    # --reasoning-parser kimi_k3
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    chat_template: Any = None        # --chat-template: a k3.chat.jinja_template.JinjaChatTemplate (None: the
+                                     # model's own chat format)
     max_prompts_per_request: int = 64              # /v1/completions prompts in one request
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
     media: MediaOptions = field(default_factory=MediaOptions)   # image_url policy (k3.serve.media)
@@ -64,13 +67,28 @@ class ServerState:
     def model_path(self) -> str:
         return str(self.engine.engine.config.model)
 
+    def lora_adapters(self) -> list:
+        """The engine's loaded LoRA adapters (k3.lora.LoadedAdapter), [] without LoRA."""
+        registry = getattr(getattr(self.engine, "engine", None), "lora", None)
+        return [] if registry is None else list(registry.adapters.values())
+
     def check_model(self, name: str) -> str:
-        """The reported model name; 404 for a name this server does not serve."""
-        if name not in self.model_names:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves "
-                                f"{', '.join(repr(n) for n in self.model_names)}.", param="model",
-                           code="model_not_found")
-        return self.model_names[0]
+        """The reported model name (a LoRA adapter's own name, as vLLM reports it); 404 for a
+        name this server does not serve."""
+        if name in self.model_names:
+            return self.model_names[0]
+        if any(a.name == name for a in self.lora_adapters()):
+            return name
+        served = [*self.model_names, *(a.name for a in self.lora_adapters())]
+        raise APIError(404, f"The model `{name}` does not exist; this server serves "
+                            f"{', '.join(repr(n) for n in served)}.", param="model", code="model_not_found")
+
+    def with_adapter(self, params, name: str):
+        """params running on the LoRA adapter `name` selects (the `model` field, as vLLM reads
+        it); unchanged for a served model name."""
+        if name in self.model_names:
+            return params
+        return dataclasses.replace(params, lora_name=name)
 
 
 def get_state(request: Request) -> ServerState:
@@ -79,14 +97,16 @@ def get_state(request: Request) -> ServerState:
 
 def api_key_error(request: Request) -> APIError | None:
     """The 401 for a request without the server's key (None when it has it, or no key is set)."""
-    key = get_state(request).api_key
-    if key is None:
+    keys = get_state(request).api_keys
+    if keys is None:
         return None
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token:
         return APIError(401, "Missing API key: send `Authorization: Bearer KEY`.", code="invalid_api_key")
-    if not secrets.compare_digest(token.strip().encode(), key.encode()):
+    given = token.strip().encode()
+    # every key compared (no early exit), each in constant time
+    if not sum(secrets.compare_digest(given, key.encode()) for key in keys):
         return APIError(401, "Incorrect API key provided.", code="invalid_api_key")
     return None
 

@@ -162,6 +162,7 @@ class MoonViTTower:
             if tuple(params[name].shape) != shape:
                 raise ValueError(f"vision weight {name!r} has shape {tuple(params[name].shape)}, expected {shape}")
         self.cfg, self.p = cfg, dict(params)
+        self._pos_cache: dict[tuple, torch.Tensor] = {}
 
     def tokens_for_grid(self, h: int, w: int) -> int:
         """Placeholder tokens one image of h x w patches takes in the text stream."""
@@ -169,19 +170,29 @@ class MoonViTTower:
         return (h // kh) * (w // kw)
 
     def _pos_embed(self, h: int, w: int, dtype: torch.dtype) -> torch.Tensor:
-        table = self.p["vision_tower.patch_embed.pos_emb.weight"]
-        if (h, w) == tuple(table.shape[:2]):
-            return table.reshape(h * w, -1).to(dtype)
-        grid = F.interpolate(table.to(dtype).permute(2, 0, 1)[None], size=(h, w), mode="bilinear")
-        return grid[0].permute(1, 2, 0).reshape(h * w, -1)
+        """[h*w, hidden] position embeddings: the table, bilinearly resized to the grid (memoised per
+        grid and dtype: the table never changes, and the resize is a slow kernel on accelerators)."""
+        key = (h, w, dtype)
+        if key not in self._pos_cache:
+            if len(self._pos_cache) >= 64:      # bounded: many distinct image sizes must not grow it
+                self._pos_cache.clear()
+            table = self.p["vision_tower.patch_embed.pos_emb.weight"]
+            if (h, w) == tuple(table.shape[:2]):
+                self._pos_cache[key] = table.reshape(h * w, -1).to(dtype)
+            else:
+                grid = F.interpolate(table.to(dtype).permute(2, 0, 1)[None], size=(h, w), mode="bilinear")
+                self._pos_cache[key] = grid[0].permute(1, 2, 0).reshape(h * w, -1)
+        return self._pos_cache[key]
 
     def _block(self, x: torch.Tensor, i: int, angles: torch.Tensor) -> torch.Tensor:
         c, p, b = self.cfg, self.p, f"vision_tower.encoder.blocks.{i}."
         y = _rms_norm(x, p[b + "norm0.weight"].to(x.dtype), None)
         q, k, v = (y @ p[b + "wqkv.weight"].to(x.dtype).T).unflatten(-1, (3, c.num_heads, c.head_dim)).unbind(-3)
         q, k = _apply_rope(q, angles), _apply_rope(k, angles)
-        attn = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                              scale=c.head_dim ** -0.5)
+        # [1, heads, n, head_dim]: with a batch dimension SDPA can take its fused backends (a 3-D call
+        # falls back to the math path, which runs in float32 on CUDA)
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, scale=c.head_dim ** -0.5)[0]
         x = x + attn.transpose(0, 1).reshape(x.shape[0], -1) @ p[b + "wo.weight"].to(x.dtype).T
         y = _rms_norm(x, p[b + "norm1.weight"].to(x.dtype), None)
         y = F.gelu(y @ p[b + "mlp.fc0.weight"].to(x.dtype).T, approximate="tanh")

@@ -17,6 +17,7 @@ from k3.plugin.tables import (
     KDAKernels,
     KernelTable,
     MLAKernels,
+    LoRAKernels,
     MoEKernels,
     QuantKernels,
 )
@@ -43,6 +44,7 @@ def torch_tables() -> dict[str, KernelTable]:
         "elementwise": ElementwiseKernels(rms_norm=ref.rms_norm, gated_rms_norm=ref.gated_rms_norm,
                                           layer_norm=ref.layer_norm, l2_norm=ref.l2_norm,
                                           glu_activation=ref.glu_activation),
+        "lora": LoRAKernels(delta=ref.lora_delta, experts=ref.lora_experts_forward),
         "quant": QuantKernels(fp8_quantize=ref.fp8_quantize, fp8_dequantize=ref.fp8_dequantize,
                               mxfp4_quantize=ref.mxfp4_quantize, mxfp4_dequantize=ref.mxfp4_dequantize,
                               nvfp4_quantize=ref.nvfp4_quantize, nvfp4_dequantize=ref.nvfp4_dequantize),

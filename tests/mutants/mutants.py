@@ -66,7 +66,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "routed_scaling_factor=cfg.routed_scaling_factor", "routed_scaling_factor=1.0",
            "routed_scaling_factor ignored (Kimi-Linear: 2.446)"),
     Mutant("shared_experts_skipped", "core/model/ffn.py",
-           "return y if self.shared_experts is None else y + self.shared_experts(h)", "return y",
+           "return y if self.shared_experts is None else y + self.shared_experts(h, lora=lora)", "return y",
            "MoE output without the shared experts"),
     Mutant("topk_renormalisation_flipped", "core/model/ffn.py",
            "renormalize=cfg.moe_renormalize", "renormalize=not cfg.moe_renormalize",

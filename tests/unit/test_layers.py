@@ -12,9 +12,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS = (
-    ("base", {"k3.dtypes", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
+    ("base", {"k3.dtypes", "k3.dtype_names", "k3.presets", "k3._config_fields", "k3._config_hf", "k3.config",
               "k3.__version__"}),           # the root package's version string (a constant, no import)
     ("text", {"k3.tokenizer", "k3.chat"}),
+    ("grammar", {"k3.structured"}),
     ("number formats", {"k3.quant"}),
     ("contract", {"k3.plugin"}),
     ("op helpers", {"k3.ops_helpers"}),
@@ -22,7 +23,7 @@ LAYERS = (
     ("kernel libraries", {"k3.platforms.torch_kernels", "k3.platforms.triton_kernels"}),
     ("model", {"k3.model"}),
     ("platform", {"k3.platform"}),
-    ("cache and checkpoints", {"k3.cache", "k3.checkpoint", "k3.vision"}),
+    ("cache and checkpoints", {"k3.cache", "k3.checkpoint", "k3.vision", "k3.lora"}),
     ("engine", {"k3.engine"}),
     ("server", {"k3.serve"}),
     ("entry points", {"k3.cli", "k3.conformance", "k3"}),

@@ -68,7 +68,7 @@ def check(config: EngineConfig, dcfg: DistributedConfig) -> None:
     from k3.config import K3Config
 
     config.validate()
-    dcfg.validate(num_experts=K3Config.from_pretrained(config.model).num_experts
+    dcfg.validate(num_experts=K3Config.from_pretrained(config.model, config.hf_overrides).num_experts
                   if dcfg.enable_expert_parallel else None)
     if dcfg.enable_expert_parallel:
         # the DP ranks run the MoE collectives in lockstep, one forward per step each

@@ -91,7 +91,8 @@ class KVConsumer:
         except ValueError as e:
             _log(f"request {request.request_id}: prefilling locally ({e})")
             return False
-        shared = (self.prefix_cache.lookup_rows(request.prompt_token_ids, request.media_spans)
+        shared = (self.prefix_cache.lookup_rows(request.prompt_token_ids, request.media_spans,
+                                                  salt=request.cache_salt)
                   if self.prefix_cache is not None else [])
         self.pool.incref(shared)
         skip = len(shared)

@@ -133,10 +133,13 @@ class SpeculativeStep(PlainStep):
     @staticmethod
     def eligible(request) -> bool:
         """Speculation keeps the output distribution only where acceptance sees the same
-        transform as sampling: no penalties, token masks, logprobs or pending min_tokens."""
+        transform as sampling: no penalties, token masks, logprobs or pending min_tokens. A
+        structured-output request is not drafted for: it decodes one grammar-masked token a
+        step (its drafts would need verifying against the grammar)."""
         p = request.params
         return (request.num_computed_tokens == request.num_tokens - 1 and not p.uses_penalties
-                and p.allowed_tokens is None and p.logprobs is None and p.min_tokens <= len(request.output_token_ids))
+                and p.allowed_tokens is None and request.grammar is None and p.logprobs is None
+                and p.min_tokens <= len(request.output_token_ids))
 
     def propose(self, running: list) -> None:
         batch = []

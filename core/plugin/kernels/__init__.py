@@ -49,6 +49,7 @@ from .kda import (
     ShortConv,
     ShortConvOut,
 )
+from .lora import LoRADelta, LoRAExperts
 from .mla import MLADecode, MLAPrefill
 from .moe import Experts, ExpertSelection, RouterLogits, SelectExperts
 from .quant import FP8Dequantize, FP8Quantize, MXFP4Dequantize, MXFP4Quantize, NVFP4Dequantize, NVFP4Quantize
@@ -58,6 +59,6 @@ __all__ = [
     "GLUActivation", "GatedRMSNorm", "HadamardTransform", "IndexerDecodeScores", "IndexerDequantizeKeys",
     "IndexerPagedDecodeScores", "IndexerQuantizeKeys", "IndexerScores", "IndexerTopK", "KDAChunked",
     "KDAChunkedOut", "KDADecodeStep", "KDAGate", "KDARebuildState", "KDARecurrent", "KDARecurrentOut",
-    "L2Norm", "LayerNorm", "MLADecode", "MLAPrefill", "MXFP4Dequantize", "MXFP4Quantize", "NVFP4Dequantize",
+    "L2Norm", "LayerNorm", "LoRADelta", "LoRAExperts", "MLADecode", "MLAPrefill", "MXFP4Dequantize", "MXFP4Quantize", "NVFP4Dequantize",
     "NVFP4Quantize", "QuantizedKeys", "RMSNorm", "RouterLogits", "SelectExperts", "ShortConv", "ShortConvOut",
 ]

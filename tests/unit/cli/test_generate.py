@@ -187,3 +187,26 @@ def test_chat_without_chat_markers_is_a_clear_error(tiny_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--chat: this model's tokenizer has no chat format" in err and "use --prompt" in err
     assert "<|end_of_msg|>" in err and "<|im_end|>" in err and "Traceback" not in err
+
+
+def test_generate_runs_where_serve_would(tiny_dir, capsys, monkeypatch):
+    """k3 generate leaves the platform to the same selection as k3 serve (--platform, else
+    $K3_PLATFORM, else detection) instead of forcing the CPU reference ops, so one request
+    decodes as fast per token as on the server; the summary names the platform."""
+    from k3.cli import generate
+    from k3.platform import select_platform
+
+    seen = []
+
+    class Spy(LLMEngine):
+        def __init__(self, config, **kw):
+            seen.append(config.platform)
+            super().__init__(config, **kw)
+
+    monkeypatch.setattr("k3.engine.engine.LLMEngine", Spy)
+    monkeypatch.delenv("K3_PLATFORM", raising=False)
+    _, err = _generate(capsys, "--model", str(tiny_dir), "--prompt", "a", "--max-tokens", "2")
+    assert seen == [None] and f"on {select_platform().name}, finish" in err and "time per output token" in err
+    _generate(capsys, "--model", str(tiny_dir), "--prompt", "a", "--max-tokens", "2", "--platform", "reference")
+    assert seen == [None, "reference"]
+    assert generate.__doc__ and "detection" in generate.__doc__

@@ -8,16 +8,18 @@ import torch
 from k3.cache.pool import CachePool
 from k3.engine.runner import ModelRunner
 from k3.model import K3ForCausalLM, contiguous_block_table
-from k3.model.metadata import ForwardMetadata
+from k3.model.metadata import ForwardMetadata, LoRAMetadata
 
 PAGE_SIZE = 16
 
 
 def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int | None = None,
-                   slots: list[int] | None = None, first: int | None = None) -> list[torch.Tensor]:
+                   slots: list[int] | None = None, first: int | None = None,
+                   adapters: list[int] | None = None) -> list[torch.Tensor]:
     """Logits of every position of every prompt, fed `chunk` tokens per sequence per call
     (None: all at once; 1: pure decode steps after the first token), sequences batched.
-    first: the first call's tokens per sequence (a prefill before `chunk`-token steps)."""
+    first: the first call's tokens per sequence (a prefill before `chunk`-token steps).
+    adapters: a LoRA slot per prompt (-1: the base model)."""
     n = len(prompts)
     slots = slots or list(range(n))
     pages, states = -(-max(map(len, prompts)) // PAGE_SIZE), max(slots) + 1
@@ -34,6 +36,9 @@ def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int
                                       state_indices=[slots[i] for i in active],
                                       block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
                                       all_logits=True)
+        if adapters is not None and any(adapters[i] >= 0 for i in active):
+            lora = tuple(adapters[i] for i in active)
+            batch.lora = LoRAMetadata(torch.tensor([s for s, p in zip(lora, pieces) for _ in p]), lora)
         out = runner.forward(batch).logits
         at = 0
         for i, piece in zip(active, pieces):

@@ -29,7 +29,7 @@ def _refused(capsys, argv, pattern):
 
 
 @pytest.mark.parametrize("extra,pattern", [
-    (["--prefix-match-unit", "32"], "need --enable-prefix-caching"),
+    (["--no-enable-prefix-caching", "--prefix-match-unit", "32"], "need prefix caching"),
     (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
     (["--decode-context-parallel-size", "2"], "must divide --tensor-parallel-size 1"),
@@ -78,10 +78,14 @@ def test_port_in_use(capsys, checkpoint):
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_serve_process_end_to_end(checkpoint, stop):
-    env = {**os.environ, "K3_API_KEY": "k"}
-    proc = subprocess.Popen([sys.executable, "-m", "k3.cli.main", "serve", "--model", str(checkpoint), "--port", "0",
+    # a vLLM-style command line: positional model, -tp, --trust-remote-code, 1K, VLLM_API_KEY, prefix caching
+    # on by default
+    env = {k: v for k, v in os.environ.items() if k not in ("K3_API_KEY", "VLLM_API_KEY")}
+    env["VLLM_API_KEY"] = "k"
+    proc = subprocess.Popen([sys.executable, "-m", "k3.cli.main", "serve", str(checkpoint), "--port", "0",
                              "--served-model-name", "tiny", "--kv-cache-memory", "0.02", "--platform", "reference",
-                             "--dtype", "float32", "--max-model-len", "1024", "--reasoning-parser", "kimi_k3",
+                             "-tp", "1", "--trust-remote-code", "--dtype", "float32", "--max-model-len", "1K",
+                             "--reasoning-parser", "kimi_k3",
                              "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3", "--uvicorn-log-level",
                              "warning"], stderr=subprocess.PIPE, text=True, env=env)
     try:

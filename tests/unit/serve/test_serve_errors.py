@@ -185,6 +185,16 @@ def test_api_key(keyed, engine):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_several_api_keys(engine):
+    """--api-key a b: either key opens /v1, anything else is a 401."""
+    with LiveServer(build_app(engine, served_model_name=MODEL, api_key=["first", "second"])) as live, \
+            httpx.Client(base_url=live.url) as c:
+        for key in ("first", "second"):
+            assert c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        for key in ("third", "firstsecond", "first second"):
+            _error(c.get("/v1/models", headers={"Authorization": f"Bearer {key}"}), 401, code="invalid_api_key")
+
+
 def test_server_still_serves_after_all_that(client, engine):
     assert client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2).usage.completion_tokens == 2
 
@@ -210,3 +220,25 @@ def test_dead_engine_is_503(engine):
             with c.stream("POST", COMPLETIONS, json={"model": MODEL, "prompt": "a", "stream": True}) as r:
                 lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.status_code == 200 and '"code": "engine_dead"' in lines[0] and lines[-1] == "data: [DONE]"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    (CHAT, _chat(messages=[{"role": "user", "content": "a\ud800b"}]), "messages"),
+    (CHAT, _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]), "messages"),
+    (CHAT, _chat(messages=MSG + [{"role": "assistant", "content": "x\udc00"}, {"role": "user", "content": "y"}]),
+     "messages"),
+    (CHAT, _chat(stop=["x\ud800"]), "stop"),
+    (CHAT, _chat(tools=[{"type": "function", "function": {"name": "f", "description": "\udc00"}}]), "tools"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "a\ud800", "max_tokens": 2}, "prompt"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "a", "stop": "\ud83d", "max_tokens": 2}, "stop"),
+], ids=["content", "text-part", "assistant", "stop", "tool-description", "prompt", "completion-stop"])
+def test_a_lone_surrogate_is_refused_wherever_it_is(http, engine, path, body, param):
+    """One rule for text: a lone surrogate (valid JSON, invalid Unicode) is a 400 naming the field,
+    in chat content as in `stop` (chat content was once accepted and `stop` refused)."""
+    import json
+
+    r = http.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    error = _error(r, 400, param=param)
+    assert "surrogate" in error["message"], error
+    ok = http.post(CHAT, json=_chat(messages=[{"role": "user", "content": "a pair is fine: \U0001F600"}]))
+    assert ok.status_code == 200, ok.text

@@ -1,0 +1,78 @@
+"""tool_choice "required" / named function on K3 chat: the answer is one constrained tool call.
+
+The K3 tools channel is XTML (k3-architecture.md section 5): after an empty response channel,
+
+    <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
+      <|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|> ...
+    <|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
+
+The markers are forced tokens; the tool name is a choice among the declared tools (named:
+forced) whose outcome picks that tool's arguments; each declared property of its JSON-schema
+parameters becomes one argument, in declaration order, whose value is constrained by the
+property's schema: compact JSON for typed values, raw text for strings (its enum, its pattern,
+or up to maxLength characters (default 64) without "<" or control characters, so a value
+cannot spell a marker). This is a segment program (`k3.structured.program`), not an xgrammar
+structural tag.
+"""
+
+from __future__ import annotations
+
+from k3.chat.xtml import (ARGUMENT_CLOSE, CALL_CLOSE, END_OF_MSG, MESSAGE_CLOSE, OPEN, RESPONSE_CLOSE,
+                          RESPONSE_OPEN, SEP, THINK_CLOSE, TOOLS_CLOSE, TOOLS_OPEN, escape_attr)
+from k3.structured import StructuredOutputsParams
+from k3.structured.program import Constrained, Forced
+
+DEFAULT_MAX_STRING = 64
+XTML_TYPES = {"string", "number", "boolean", "null", "object", "array"}
+
+
+def _value_spec(schema: dict) -> tuple[str, StructuredOutputsParams]:
+    """(the argument's type attribute, the spec of its value) for one property schema."""
+    kind = schema.get("type")
+    if kind == "string":
+        if schema.get("enum"):
+            return "string", StructuredOutputsParams(choice=[str(v) for v in schema["enum"]])
+        if schema.get("pattern"):
+            return "string", StructuredOutputsParams(regex=schema["pattern"].removeprefix("^").removesuffix("$"))
+        low, high = int(schema.get("minLength", 0)), int(schema.get("maxLength", DEFAULT_MAX_STRING))
+        return "string", StructuredOutputsParams(regex=f"[^<\\x00-\\x1f]{{{low},{high}}}")
+    label = "number" if kind == "integer" else kind if kind in XTML_TYPES else "object"
+    return label, StructuredOutputsParams(json=schema)
+
+
+def _arguments(tokenizer, tool: dict) -> list:
+    enc = _encoder(tokenizer)
+    out = []
+    for key, schema in ((tool.get("parameters") or {}).get("properties") or {}).items():
+        label, spec = _value_spec(schema if isinstance(schema, dict) else {})
+        out += [Forced(enc(f'{OPEN}argument key="{escape_attr(key)}" type="{label}"{SEP}')), Constrained(spec),
+                Forced(enc(ARGUMENT_CLOSE))]
+    return out
+
+
+def _encoder(tokenizer):
+    return lambda text: tuple(tokenizer.encode(text, allow_special=True))
+
+
+def tool_call_spec(tokenizer, tools: list[dict], tool_choice, *, thinking: bool) -> StructuredOutputsParams:
+    """The constraint of a K3 answer under tool_choice "required" or a named function.
+    tools: the request's function specs ({"name", "parameters", ...})."""
+    enc = _encoder(tokenizer)
+    by_name = {t["name"]: t for t in tools}
+    head = (RESPONSE_OPEN if thinking else "") + RESPONSE_CLOSE + TOOLS_OPEN + OPEN + 'call tool="'
+    tail = Forced(enc(CALL_CLOSE + TOOLS_CLOSE + MESSAGE_CLOSE + END_OF_MSG))
+    call_head_end = '" index="1"' + SEP
+    if isinstance(tool_choice, dict):
+        name = tool_choice["function"]["name"]
+        program = [Forced(enc(head + escape_attr(name) + call_head_end)), *_arguments(tokenizer, by_name[name]),
+                   tail]
+    else:
+        names = list(by_name)
+        branches = tuple((escape_attr(n), (Forced(enc(call_head_end)), *_arguments(tokenizer, by_name[n]), tail))
+                         for n in names)
+        program = [Forced(enc(head)), Constrained(StructuredOutputsParams(choice=[escape_attr(n) for n in names]),
+                                                  branches=branches)]
+    return StructuredOutputsParams(sequence=tuple(program), trigger=enc(THINK_CLOSE) if thinking else ())
+
+
+__all__ = ["tool_call_spec"]

@@ -1,0 +1,106 @@
+"""The xgrammar backend (the default; `pip install k3[structured]`).
+
+xgrammar's JSON strings admit raw control characters (U+0000-U+001F other than CR and LF),
+which JSON forbids unescaped; and with compact separators no JSON output has a control byte
+outside a string either. So a JSON constraint's matcher also clears every token holding a
+byte below 0x20 (`_json_safe`, one precomputed bitmask row).
+
+JSON is compiled with compact separators (`{"a":1}`) and no free whitespace, so a schema
+whose strings and arrays are bounded has a bounded output: a model cannot stall in an endless
+run of spaces. Compiled grammars are cached by the manager, not here (xgrammar's own cache is
+off so that the manager's bound is the only one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from .backend import VocabInfo
+from .errors import StructuredOutputError
+from .spec import StructuredOutputsParams
+
+
+class XGrammarMatcher:
+    def __init__(self, compiled: Any, keep: torch.Tensor | None = None):
+        self._m = xgr.GrammarMatcher(compiled)
+        self._keep = keep            # int32 [W]: a bitmask row ANDed in (JSON: no control bytes)
+
+    def accept_token(self, token_id: int) -> bool:
+        return bool(self._m.accept_token(int(token_id)))
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+        if self._keep is not None:
+            bitmask[row] &= self._keep
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return bool(self._m.is_terminated())
+
+
+class XGrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, vocab: VocabInfo, *, max_threads: int = 2):
+        self.vocab = vocab
+        info = xgr.TokenizerInfo(list(vocab.encoded_vocab), xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
+                                 stop_token_ids=list(vocab.stop_token_ids))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self._json_safe = _json_safe(vocab)
+
+    def compile(self, spec: StructuredOutputsParams) -> Any:
+        c = self._compiler
+        try:
+            if spec.json is not None:
+                return _Json(c.compile_json_schema(spec.json, any_whitespace=False, separators=(",", ":")))
+            if spec.json_object:
+                return _Json(c.compile_json_schema({"type": "object"}, any_whitespace=False, separators=(",", ":")))
+            if spec.regex is not None:
+                return c.compile_regex(spec.regex)
+            if spec.choice is not None:
+                body = " | ".join(_ebnf_string(s) for s in spec.choice)
+                return c.compile_grammar(f"root ::= {body}")
+            return c.compile_grammar(spec.grammar)
+        except (RuntimeError, ValueError, TypeError) as e:   # xgrammar's parse and schema errors
+            raise StructuredOutputError(f"the {spec.kind} constraint cannot be compiled: {_first_line(e)}",
+                                        field=spec.kind) from None
+
+    def matcher(self, compiled: Any) -> XGrammarMatcher:
+        if isinstance(compiled, _Json):
+            return XGrammarMatcher(compiled.grammar, self._json_safe)
+        return XGrammarMatcher(compiled)
+
+
+class _Json:
+    """A compiled JSON grammar (its matchers also clear control-byte tokens)."""
+
+    def __init__(self, grammar: Any):
+        self.grammar = grammar
+
+
+def _json_safe(vocab: VocabInfo) -> torch.Tensor:
+    """int32 bitmask row: 1 for every token without a byte below 0x20 (stop ids kept)."""
+    words = [0] * ((vocab.vocab_size + 31) // 32)
+    stops = set(vocab.stop_token_ids)
+    for i, raw in enumerate(vocab.encoded_vocab):
+        if i in stops or not any(b < 0x20 for b in raw):
+            words[i // 32] |= 1 << (i % 32)
+    return torch.tensor([((w + (1 << 31)) % (1 << 32)) - (1 << 31) for w in words], dtype=torch.int32)
+
+
+def _ebnf_string(text: str) -> str:
+    """An EBNF string literal for `text` (JSON escaping is a valid GBNF literal)."""
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(e).__name__
