@@ -189,12 +189,18 @@ def _tiny_text() -> dict[str, Any]:
 
 
 def k3_tiny() -> dict[str, Any]:
-    return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision=False)
+    """K3's structure at CPU size with a tiny MoonViT tower and projector (k3.vision): serves images."""
+    return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision_config=TINY_VISION_CONFIG)
 
 
 def k3_tiny_vision() -> dict[str, Any]:
-    """k3-tiny (identical text weights) plus a tiny MoonViT tower and projector (k3.vision)."""
-    return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision_config=TINY_VISION_CONFIG)
+    """The same as k3-tiny (the name from before k3-tiny had a tower)."""
+    return k3_tiny()
+
+
+def k3_tiny_text() -> dict[str, Any]:
+    """k3-tiny without a vision tower (identical text weights): a model that takes no images."""
+    return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision=False)
 
 
 def k3_tiny_mtp() -> dict[str, Any]:
@@ -275,6 +281,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "k3-tiny": k3_tiny,
     "k3-tiny-mtp": k3_tiny_mtp,
     "k3-tiny-vision": k3_tiny_vision,
+    "k3-tiny-text": k3_tiny_text,
     "k3.1-pro-tiny": k3_1_pro_tiny,
     "kimi-linear-tiny": kimi_linear_tiny,
     "k3-slice": k3_slice,

@@ -2,6 +2,10 @@
 
 Prompts are hashed as a chain of prefix-match units (`unit` tokens, dividing the row's block
 size): unit k's key covers every token before its end, so equal keys mean equal prefixes.
+A prompt with images passes their placeholder spans (`media`: (offset, tokens, content hash) per
+image): a unit that covers any placeholder of an image mixes that image's hash and offset into
+its key, so two prompts share a unit only when their images up to its end are the same pictures
+at the same places (the placeholder token ids alone are equal for every image).
 Each cached unit names the row holding its latent and index-key pages (and every earlier
 token of its block); the cache holds one pool reference per row it uses, so rows outlive the
 request that wrote them.
@@ -21,6 +25,7 @@ so equal token prefixes under different salts are different keys.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .block_pool import BlockPool
@@ -70,12 +75,18 @@ class PrefixCache:
         self.stats = PrefixStats()
 
     # ------------------------------------------------------------------ keys
-    def keys(self, tokens: list[int], num_units: int, salt: bytes = b"") -> list[bytes]:
-        """Chain keys of the first num_units units of tokens, the chain started from `salt`."""
+    def keys(self, tokens: list[int], num_units: int, media: Sequence[tuple[int, int, bytes]] = (),
+             salt: bytes = b"") -> list[bytes]:
+        """Chain keys of the first num_units units of tokens, the chain started from `salt`
+        (media: see the module docstring)."""
         out, parent = [], salt
         for k in range(num_units):
+            lo, hi = k * self.unit, (k + 1) * self.unit
             h = hashlib.blake2b(parent, digest_size=16)
-            h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens[k * self.unit: (k + 1) * self.unit]))
+            h.update(b"".join(t.to_bytes(4, "little", signed=False) for t in tokens[lo: hi]))
+            for offset, length, key in media:
+                if offset < hi and lo < offset + length:
+                    h.update(b"image" + offset.to_bytes(8, "little") + key)
             parent = h.digest()
             out.append(parent)
         return out
@@ -85,11 +96,12 @@ class PrefixCache:
         unit.last_used = self._clock
 
     # ------------------------------------------------------------------ lookup
-    def lookup(self, tokens: list[int], salt: bytes = b"") -> PrefixHit:
+    def lookup(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = (),
+               salt: bytes = b"") -> PrefixHit:
         """The longest reusable prefix of `tokens`, leaving at least one token to compute."""
         self.stats.queries += 1
         self.stats.queried_tokens += len(tokens)
-        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, salt)
+        keys = self.keys(tokens, (len(tokens) - 1) // self.unit, media, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -110,13 +122,14 @@ class PrefixCache:
         self.stats.reused_tokens += usable * self.unit
         return PrefixHit(usable * self.unit, rows, ckpt)
 
-    def lookup_rows(self, tokens: list[int]) -> list[int]:
+    def lookup_rows(self, tokens: list[int], media: Sequence[tuple[int, int, bytes]] = (),
+                    salt: bytes = b"") -> list[int]:
         """The rows of the leading full blocks of `tokens` the cache holds, attention only (no
         KDA checkpoint clamp: for a request whose state comes from elsewhere, a disaggregated
         prefill). The caller takes its own references."""
         self.stats.queries += 1
         self.stats.queried_tokens += len(tokens)
-        keys = self.keys(tokens, len(tokens) // self.unit)
+        keys = self.keys(tokens, len(tokens) // self.unit, media, salt)
         matched = 0
         while matched < len(keys) and keys[matched] in self.units:
             matched += 1
@@ -132,13 +145,13 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ insertion
     def register(self, tokens: list[int], rows: list[int], computed: int, start_unit: int = 0,
-                 salt: bytes = b"") -> int:
+                 media: Sequence[tuple[int, int, bytes]] = (), salt: bytes = b"") -> int:
         """Cache the full units among the first `computed` tokens, held in `rows` (the request's
         rows in position order). Returns the number of units now registered for it."""
         n = computed // self.unit
         if n <= start_unit:
             return start_unit
-        keys = self.keys(tokens, n, salt)
+        keys = self.keys(tokens, n, media, salt)
         for k in range(start_unit, n):
             if keys[k] in self.units:
                 continue
@@ -154,21 +167,23 @@ class PrefixCache:
             self._row_users[row] = self._row_users.get(row, 0) + 1
         return n
 
-    def add_checkpoint(self, tokens: list[int], position: int, state_row: int, salt: bytes = b"") -> bool:
+    def add_checkpoint(self, tokens: list[int], position: int, state_row: int,
+                       media: Sequence[tuple[int, int, bytes]] = (), salt: bytes = b"") -> bool:
         """Keep `state_row` (the KDA state after `position` tokens, a unit boundary) as a
         checkpoint. The cache takes over the row's reference; a duplicate is freed. Returns
         whether it was kept."""
         if position <= 0 or position % self.unit:
             raise ValueError(f"checkpoint position {position} is not a positive multiple of the unit {self.unit}")
-        key = self.keys(tokens, position // self.unit, salt)[-1]
+        key = self.keys(tokens, position // self.unit, media, salt)[-1]
         if key in self.checkpoints or key not in self.units:
             self.pool.free([state_row])
             return False
         self.checkpoints[key] = state_row
         return True
 
-    def has_checkpoint(self, tokens: list[int], position: int, salt: bytes = b"") -> bool:
-        return self.keys(tokens, position // self.unit, salt)[-1] in self.checkpoints
+    def has_checkpoint(self, tokens: list[int], position: int, media: Sequence[tuple[int, int, bytes]] = (),
+                       salt: bytes = b"") -> bool:
+        return self.keys(tokens, position // self.unit, media, salt)[-1] in self.checkpoints
 
     # ------------------------------------------------------------------ eviction
     def evict(self, rows_wanted: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from k3.chat.errors import ChatTemplateError
+from k3.chat.media import IMAGE_PLACEHOLDER, MEDIA_BEGIN, MEDIA_CONTENT, MEDIA_END, user_parts
 from k3.chat.messages import (
     Call, ToolResultMatcher, calls_of, compact_json, deep_sorted, optional_str, role_of, text_of,
     tool_name, tool_specs,
@@ -73,7 +74,7 @@ def render_k3_segments(
     """The K3 prompt as :class:`Segment` s (see :mod:`k3.chat.segments` for why).
 
     ``messages``: OpenAI-style system/developer/user/assistant/tool messages; content a string or
-    text parts; assistant ``reasoning_content`` (or ``reasoning``) and ``tool_calls`` (arguments a
+    text parts (user messages also ``image_url`` parts, rendered as k3.chat.media says); assistant ``reasoning_content`` (or ``reasoning``) and ``tool_calls`` (arguments a
     JSON object string); tool messages ``tool_call_id`` and/or ``name``; a system message may carry
     ``tools`` to declare more tools at that point. ``tools``: OpenAI tool specs, declared in
     compact deep-key-sorted JSON. ``thinking``: thinking mode (else instruct). ``thinking_effort``:
@@ -140,7 +141,18 @@ def _plain(w: "_Writer", role: str, msg: Mapping, where: str) -> None:
     if name := optional_str(msg, "name", where):
         attrs["name"] = name
     w.open("message", attrs)
-    w.text(text_of(msg.get("content"), where))
+    if role == "user":
+        for kind, value in user_parts(msg.get("content"), where):
+            if kind == "text":
+                w.text(value)
+            else:          # an image: one placeholder between the media markers (k3.chat.media)
+                w.special(MEDIA_BEGIN)
+                w.text("image")
+                w.special(MEDIA_CONTENT)
+                w.special(IMAGE_PLACEHOLDER)
+                w.special(MEDIA_END)
+    else:
+        w.text(text_of(msg.get("content"), where))
     w.end_message()
 
 

@@ -101,13 +101,16 @@ def _describe(spec, dtype: torch.dtype, cfg: K3Config | None = None, *, shape=No
     return f"shape {shape}{fields}, dtype {_SAFETENSORS_NAMES.get(dtype, dtype)} (any float dtype is converted)"
 
 
-def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part: str = "text") -> LoadReport:
+def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part: str = "text",
+                    vision_notice: bool = True) -> LoadReport:
     """Fill `model` (a K3ForCausalLM built for this rank) from a checkpoint directory; W4A16
     routed experts are dequantised to the model's dtype once every tensor is read (a packed
     weight's `weight_shape` record, when present, is checked against it).
 
     part "mtp": `model` is an MTP layer (`k3.model.mtp.MTPLayer`) filled from the checkpoint's
-    MTP tensors; the text model's tensors and the other MTP layers' are skipped."""
+    MTP tensors; the text model's tensors and the other MTP layers' are skipped.
+    vision_notice: say how many vision tensors were skipped (off for a caller that loads the
+    tower itself, as the engine does)."""
     model_dir = Path(model_dir)
     cfg: K3Config = model.cfg
     tensors = dict(model.named_parameters())
@@ -140,7 +143,7 @@ def load_checkpoint(model, model_dir: str | Path, *, progress: bool = True, part
                         + (" ..." if len(unexpected) > _MAX_LISTED else ""))
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not match the config: " + " | ".join(problems))
-    if report.skipped.get("vision") and part == "text":
+    if report.skipped.get("vision") and part == "text" and vision_notice:
         logger.info(f"skipped {report.skipped['vision']} vision tensors (the tower loads through k3.vision.weights)")
     dequantize_int4_experts(model)
     return report

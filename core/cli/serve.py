@@ -159,6 +159,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
                             "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
                             "each process joins as $RANK and only rank 0 serves HTTP")
+    group = parser.add_argument_group("images (docs/vision.md)")
+    group.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="chat image_url parts may name local files under DIR (default: data: URLs only)")
+    group.add_argument("--allow-remote-media", action="store_true",
+                       help="fetch http(s) image_url parts (default: refused with a 400; vLLM fetches them "
+                            "unasked)")
+    group.add_argument("--max-num-encoder-tokens", type=values.positive_int, default=None, metavar="N",
+                       help="image tokens the vision encoder may encode in one step (default: the larger of "
+                            "--max-num-batched-tokens and the largest image's tokens)")
+    group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
+                       help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
+                            "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
+                            "tower) is not implemented")
+    group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
+                       help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
+                            'tower loaded)')
     group = parser.add_argument_group("LoRA adapters (docs/lora.md)")
     group.add_argument("--enable-lora", action="store_true",
                        help="serve PEFT LoRA adapters beside the base model (the `model` field selects one; "
@@ -236,6 +252,8 @@ def _usage_error(parser, message: str):
     if parser is not None:
         parser.error(message)
     raise CliError(message)
+
+
 def lora_modules(values: list[str] | None) -> dict[str, str] | None:
     """--lora-modules values (name=path, or vLLM's JSON {"name", "path"}) -> {name: path}."""
     if not values:
@@ -309,6 +327,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise CliError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout:g}")
     if args.api_key is not None and not all(args.api_key):
         raise CliError("--api-key is empty")
+    if args.allowed_local_media_path is not None and not Path(args.allowed_local_media_path).is_dir():
+        raise CliError(f"--allowed-local-media-path {args.allowed_local_media_path} is not a directory")
     resolve_model_dir(args)
     if args.generation_config not in ("auto", "vllm") and not Path(args.generation_config).is_dir():
         raise CliError(f"--generation-config {args.generation_config}: expected auto, vllm or a directory "
@@ -392,7 +412,9 @@ def engine_config(args: argparse.Namespace):
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
         hf_overrides=args.hf_overrides,
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
-        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant)
+        max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
+        max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+        limit_mm_per_prompt=args.limit_mm_per_prompt)
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)
     problems = platform.validate_config(model_config, vars(args))
@@ -512,6 +534,7 @@ def run(args: argparse.Namespace) -> int:
     from k3.engine.async_engine import AsyncEngine
     from k3.engine.startup_report import log_startup_report
     from k3.serve import build_app
+    from k3.serve.media import MediaOptions
 
     resolve_arguments(args)
     _check_flags(args)
@@ -537,7 +560,9 @@ def run(args: argparse.Namespace) -> int:
                             sampling_defaults=defaults, max_prompts_per_request=args.max_prompts_per_request,
                             max_prompt_tokens_per_request=args.max_prompt_tokens_per_request,
                             public_docs=args.public_docs, chat_template=template,
-                            log_requests=args.log_requests, max_log_len=args.max_log_len)
+                            log_requests=args.log_requests, max_log_len=args.max_log_len,
+                            media=MediaOptions(allowed_local_media_path=args.allowed_local_media_path,
+                                               allow_remote_media=args.allow_remote_media))
         except ValueError as e:
             raise CliError(str(e)) from None
         from k3.serve.drain import DrainGate

@@ -67,3 +67,20 @@ def json_object(value: str) -> dict:
     if not isinstance(obj, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {type(obj).__name__}")
     return obj
+
+
+def positive_int(value: str) -> int:
+    """A human_readable_int of at least 1 (token budgets: --max-num-encoder-tokens)."""
+    n = human_readable_int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at least 1")
+    return n
+
+
+def limit_mm_per_prompt(value: str) -> dict:
+    """--limit-mm-per-prompt: vLLM's JSON '{"image": N}' (N >= 0; 0: text only)."""
+    obj = json_object(value)
+    if (set(obj) - {"image"}
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in obj.values())):
+        raise argparse.ArgumentTypeError(f'expected {{"image": N}} with N >= 0, got {value!r}')
+    return obj

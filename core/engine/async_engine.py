@@ -84,16 +84,17 @@ class AsyncEngine:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                       multi_modal_data: dict | None = None) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until it finishes. Raises ValueError for a request
-        the engine refuses (too long, bad ids) before anything is generated."""
+        the engine refuses (too long, bad ids, images it cannot take) before anything is
+        generated. multi_modal_data: its images (`LLMEngine.add_request`)."""
         if self.dead:
             raise EngineDeadError(self.dead)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         accepted = loop.create_future()
-        self._inbox.append(("add", request_id, prompt, params, loop, queue, accepted))
+        self._inbox.append(("add", request_id, prompt, params, loop, queue, accepted, multi_modal_data))
         self._wake.set()
         finished = False
         try:
@@ -194,9 +195,12 @@ class AsyncEngine:
                 else:
                     _post(loop, _resolve, done, result)
                 continue
-            _, request_id, prompt, params, loop, queue, accepted = command
+            _, request_id, prompt, params, loop, queue, accepted, multi_modal_data = command
             try:
-                self.engine.add_request(request_id, prompt, params)
+                if multi_modal_data:
+                    self.engine.add_request(request_id, prompt, params, multi_modal_data)
+                else:
+                    self.engine.add_request(request_id, prompt, params)
             except Exception as e:  # refused: the caller raises it
                 _post(loop, _settle, accepted, e)
                 continue

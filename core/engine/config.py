@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 GIB = 1024 ** 3
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+MM_ENCODER_TP_MODES = ("data", "weights")
 
 
 @dataclass
@@ -49,6 +50,16 @@ class EngineConfig:
     # prefill/decode disaggregation: vLLM's --kv-transfer-config JSON (k3.engine.kv_transfer.config,
     # docs/disaggregation.md); None: a standalone engine
     kv_transfer_config: str | dict | None = None
+    # images (a checkpoint with a vision tower; k3.engine.media): placeholder tokens the encoder may
+    # encode in one step (None: max(max_num_batched_tokens, the largest image's tokens)); under
+    # tensor parallelism "data" splits a step's images over the TP ranks (each has the whole
+    # tower) and all-gathers the outputs ("weights", a tower sharded over the ranks, is not
+    # implemented)
+    max_num_encoder_tokens: int | None = None
+    mm_encoder_tp_mode: str = "data"
+    # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is
+    # loaded, text only); None: no limit
+    limit_mm_per_prompt: dict | None = None
     # fields merged into the checkpoint's config.json before it is read (vLLM's --hf-overrides;
     # k3.config.with_overrides)
     hf_overrides: dict | None = None
@@ -70,6 +81,11 @@ class EngineConfig:
         if self.batch_invariant is None:
             self.batch_invariant = os.environ.get("K3_BATCH_INVARIANT", "0") not in ("", "0")
 
+    @property
+    def max_images_per_prompt(self) -> int | None:
+        """limit_mm_per_prompt's image count (None: no limit)."""
+        return None if not self.limit_mm_per_prompt else self.limit_mm_per_prompt.get("image")
+
     def validate(self) -> None:
         """Refuse combinations no part can serve (before anything is loaded)."""
         if self.async_scheduling is True and (self.speculative_config or self.tensor_parallel_size > 1):
@@ -82,6 +98,16 @@ class EngineConfig:
         if dcp > 1 and (self.speculative_config or self.enable_prefix_caching):
             raise ValueError("decode context parallelism does not run with speculative decoding or prefix caching "
                              "yet (docs/context-parallel.md)")
+        if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
+            raise ValueError(f"mm_encoder_tp_mode must be data or weights, got {self.mm_encoder_tp_mode!r}")
+        if self.mm_encoder_tp_mode == "weights" and self.tensor_parallel_size > 1:
+            raise ValueError("mm_encoder_tp_mode 'weights' (the vision tower sharded over the TP ranks) is not "
+                             "implemented: use 'data' (the TP leader runs the whole tower)")
+        limit = self.limit_mm_per_prompt or {}
+        if set(limit) - {"image"} or not all(isinstance(v, int) and v >= 0 for v in limit.values()):
+            raise ValueError(f"limit_mm_per_prompt takes {{\"image\": N}} with N >= 0, got {limit!r}")
+        if self.max_num_encoder_tokens is not None and self.max_num_encoder_tokens < 1:
+            raise ValueError(f"max_num_encoder_tokens must be at least 1, got {self.max_num_encoder_tokens}")
         if self.enable_lora or self.lora_modules:
             self._validate_lora()
         if self.batch_invariant:

@@ -37,18 +37,26 @@ class LLMEngine:
         self.strategy = parts.strategy
         self.async_scheduling, self.graph_capture_error = parts.async_scheduling, parts.graph_capture_error
         self.kv_producer, self.kv_consumer = parts.kv_producer, parts.kv_consumer
+        self.media = parts.media
         self.lora = parts.lora                  # k3.lora.LoRARegistry, None without enable_lora
         self._on_shutdown = on_shutdown
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    multi_modal_data: dict | None = None) -> None:
         """Queue a request; `prompt` is text (encoded with special tokens as text) or token ids.
+
+        multi_modal_data: vLLM's {"image": image or list} for a prompt with one media placeholder
+        token per image (`k3.engine.media`; ValueError for a model without a vision tower).
 
         Disaggregation (docs/disaggregation.md): on a producer, params.kv_transfer_params
         {"do_remote_decode": true} runs the prefill and first token only (max_tokens 1) and the
         final output's kv_transfer_params is the handle; on a consumer, a handle pulls the
         prompt's rows and decodes on (a failed pull prefills here)."""
         params = params or SamplingParams()
+        if multi_modal_data and self.runner.batch_invariant:
+            raise ValueError("images are not supported in the batch-invariant mode (its one-token steps "
+                             "take no image rows yet; docs/batch-invariance.md)")
         lora = {}
         if params.lora_name is not None:
             if self.lora is None:
@@ -60,7 +68,7 @@ class LLMEngine:
         kv = params.kv_transfer_params
         if self.kv_producer is not None and kv and kv.get("do_remote_decode") and params.n == 1:
             params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1))
-        self.outputs.add(request_id, prompt, params, **lora)
+        self.outputs.add(request_id, prompt, params, multi_modal_data, **lora)
 
     # ------------------------------------------------------------------ LoRA adapters
     def load_lora_adapter(self, name: str, path: str):
@@ -153,7 +161,7 @@ class LLMEngine:
                 "preemptions_total": self.scheduler.num_preemptions, "cache_rows": self.pool.num_rows,
                 "cache_rows_free": self.pool.num_free, "iteration_tokens": self.scheduler.step_tokens.to_dict(),
                 **self.prefix_cache_stats(), **self.spec_stats(),
-                **self.kv_transfer_stats()}
+                **self.kv_transfer_stats(), **(self.media.stats if self.media is not None else {})}
 
     def kv_transfer_stats(self) -> dict:
         """Disaggregation counters ({} without a kv_transfer_config): pins and pulls."""

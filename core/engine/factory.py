@@ -58,6 +58,7 @@ class EngineParts:
     graph_capture_error: str | None
     kv_producer: object = None          # k3.engine.kv_transfer.producer.KVProducer (disaggregation)
     kv_consumer: object = None          # k3.engine.kv_transfer.consumer.KVConsumer
+    media: object = None                # k3.engine.media.MediaEncoder (a checkpoint with a vision tower)
     lora: object = None                 # k3.lora.LoRARegistry (enable_lora)
 
 
@@ -105,11 +106,17 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     dcp = model.parallel.context_parallel
     logical_block = plan.block_size * (dcp.size if dcp is not None else 1)
     prefix_cache = _prefix_cache(config, cfg, pool, plan.block_size)
+    media = build_media_encoder(config, cfg, model, device)
+    encoder_budget = 0
+    if media is not None:
+        encoder_budget = config.max_num_encoder_tokens or max(config.max_num_batched_tokens,
+                                                              media.max_tokens_per_image)
     scheduler = Scheduler(SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=plan.max_model_len, block_size=logical_block,
         adaptive_token_limit=prefill_token_limit(cfg, config.max_num_batched_tokens, accelerator=device.type != "cpu"),
-        checkpoint_interval=config.kda_checkpoint_interval), pool, prefix_cache)
+        checkpoint_interval=config.kda_checkpoint_interval, max_num_encoder_tokens=encoder_budget),
+        pool, prefix_cache)
 
     proposer = None
     if spec is not None:
@@ -124,10 +131,10 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
                          graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast,
-                         batch_invariant=config.batch_invariant)
+                         batch_invariant=config.batch_invariant, media=media)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
-                              release=proposer.release if proposer else None,
+                              release=proposer.release if proposer else None, media=media,
                               structured=StructuredOutputs(tokenizer, cfg.vocab_size, cfg.eos_token_ids,
                                                            backend=config.structured_outputs_backend,
                                                            compile_timeout_s=config.structured_outputs_timeout_s))
@@ -147,7 +154,37 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
                        prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
-                       kv_producer=kv_producer, kv_consumer=kv_consumer, lora=lora)
+                       kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora)
+
+
+def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
+    """The MediaEncoder of a checkpoint whose config has a vision_config (None otherwise, or with
+    limit_mm_per_prompt {"image": 0}): the tower read from the shards (random with load_format
+    "dummy"), in the model's dtype on its device. A checkpoint whose config declares a tower its
+    shards do not hold at all serves text only (with a notice)."""
+    vision = cfg.extra_top.get("vision_config")
+    if not vision or cfg.media_placeholder_token_id is None or config.max_images_per_prompt == 0:
+        return None
+    from k3.vision import MoonViTConfig, MoonViTTower, init_vision_params
+    from k3.vision.weights import has_vision_tensors, load_vision_tower
+
+    from .media import IN_PATCH_LIMIT, PATCH_LIMIT_ON_ONE_SIDE, MediaEncoder
+
+    if config.load_format == "dummy":
+        vcfg = MoonViTConfig.from_dict(vision)
+        tower = MoonViTTower(vcfg, init_vision_params(vcfg, seed=config.seed, dtype=model.dtype))
+    elif not has_vision_tensors(config.model):
+        print(f"k3: {config.model}: the config declares a vision tower but the checkpoint holds none of its "
+              "tensors; serving text only", file=sys.stderr)
+        return None
+    else:
+        tower = load_vision_tower(config.model, dtype=model.dtype)
+    tower.p = {name: t.to(device) for name, t in tower.p.items()}
+    encoder = MediaEncoder(tower, cfg.media_placeholder_token_id, dtype=model.dtype, device=device,
+                           in_patch_limit=int(vision.get("in_patch_limit", IN_PATCH_LIMIT)),
+                           patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)))
+    encoder.max_images = config.max_images_per_prompt
+    return encoder
 
 
 def _lora_registry(config: EngineConfig, model, device):
@@ -195,7 +232,9 @@ def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):
     if config.load_format == "dummy":
         load_dummy_weights(model, seed=config.seed, progress=config.load_progress)
     else:
-        load_checkpoint(model, config.model, progress=config.load_progress)
+        # the tower, when the engine serves images, loads through k3.vision (build_media_encoder)
+        load_checkpoint(model, config.model, progress=config.load_progress,
+                        vision_notice=config.max_images_per_prompt == 0)
     platform.process_weights(model)
     model.model.fold_weights()
     return model

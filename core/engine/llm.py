@@ -53,7 +53,9 @@ class LLM:
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Outputs in prompt order. A prompt is a string or {"prompt_token_ids": [...]}."""
+        """Outputs in prompt order. A prompt is a string or {"prompt_token_ids": [...]}, with
+        optionally vLLM's "multi_modal_data": {"image": image or list} (tensors [3, H, W] or PIL
+        images, one per media placeholder token of the prompt; k3.engine.media)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
@@ -63,24 +65,38 @@ class LLM:
         for prompt, p in zip(prompts, params):
             request_id = f"llm-{self._counter}"
             self._counter += 1
+            media = None
             if isinstance(prompt, dict):
                 if "prompt_token_ids" not in prompt:
                     raise ValueError('a dict prompt needs "prompt_token_ids"')
+                media = prompt.get("multi_modal_data")
                 prompt = list(prompt["prompt_token_ids"])
-            self.engine.add_request(request_id, prompt, p or SamplingParams())
+            if media:
+                self.engine.add_request(request_id, prompt, p or SamplingParams(), media)
+            else:
+                self.engine.add_request(request_id, prompt, p or SamplingParams())
             ids.append(request_id)
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None, *,
              tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
              use_tqdm: bool = True) -> list[RequestOutput]:
-        """One or several conversations, rendered with the model's chat format."""
+        """One or several conversations, rendered with the model's chat format. User messages may
+        carry image_url parts (data: URLs and local files; k3.vision.media.load_image)."""
+        from k3.chat.media import image_urls
         from k3.chat.template import chat_prompt_ids
+        from k3.vision.media import MediaPolicy, load_image
 
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [{"prompt_token_ids": chat_prompt_ids(self.engine.tokenizer, conv, tools=tools,
-                                                        **(chat_template_kwargs or {}))}
-                   for conv in conversations]
+        prompts = []
+        for conv in conversations:
+            prompt = {"prompt_token_ids": chat_prompt_ids(self.engine.tokenizer, conv, tools=tools,
+                                                          **(chat_template_kwargs or {}))}
+            urls = image_urls(conv)
+            if urls:
+                policy = MediaPolicy(allow_local_files=True)
+                prompt["multi_modal_data"] = {"image": [load_image(url, policy) for url in urls]}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

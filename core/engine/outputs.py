@@ -14,6 +14,7 @@ from collections.abc import Callable
 from k3.tokenizer import IncrementalDetokenizer
 from k3.tokenizer.detokenize import NoDetokenizer
 
+from .media import images_of
 from .params import SamplingParams
 from .prompt_logprobs import append_prompt_logprobs
 from .request import CompletionOutput, Request, RequestOutput
@@ -26,13 +27,14 @@ class OutputProcessor:
 
     release: called with every request that leaves (finished and reported, or aborted), for
     the parts that keep per-request state of their own (a draft model's rows).
+    media: the engine's MediaEncoder (None: the model takes no images).
     structured: the engine's k3.structured.StructuredOutputs (compile cache); a request with
     `structured_outputs` gets its RequestGrammar here, which follows every appended token.
     """
 
     def __init__(self, scheduler: Scheduler, tokenizer, *, eos_token_ids, vocab_size: int, max_model_len: int,
-                 seed: int = 0, release: Callable[[Request], None] | None = None, structured=None):
-        self.scheduler, self.tokenizer, self.release = scheduler, tokenizer, release
+                 seed: int = 0, release: Callable[[Request], None] | None = None, media=None, structured=None):
+        self.scheduler, self.tokenizer, self.release, self.media = scheduler, tokenizer, release, media
         self.structured = structured
         self.stop_token_ids = set(eos_token_ids)
         self.vocab_size, self.max_model_len = vocab_size, max_model_len
@@ -65,23 +67,53 @@ class OutputProcessor:
                              "tokens (prompt + output)")
         return ids
 
-    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, *, lora_slot: int = -1,
-            cache_salt: bytes = b"") -> None:
+    def prepare_media(self, ids: list[int], multi_modal_data) -> tuple[list[int], object]:
+        """(the prompt with its image placeholders expanded, its RequestMedia) for vLLM's
+        `multi_modal_data` ({"image": ...}); (ids, None) without images. ValueError for images a
+        model without a vision tower is given, placeholders that do not pair with the images, or
+        an image larger than the encoder budget."""
+        images = images_of(multi_modal_data)
+        if not images:
+            return ids, None
+        if self.media is None:
+            raise ValueError("this model takes no images (its checkpoint has no vision tower)")
+        ids, media = self.media.prepare(ids, images)
+        budget = self.scheduler.config.max_num_encoder_tokens
+        for i, item in enumerate(media.items):
+            if item.num_tokens > budget:
+                raise ValueError(f"image {i} takes {item.num_tokens} tokens, more than the encoder budget of "
+                                 f"{budget} (max_num_encoder_tokens)")
+        return ids, media
+
+    def add(self, request_id: str, prompt: str | list[int], params: SamplingParams, multi_modal_data=None, *,
+            lora_slot: int = -1, cache_salt: bytes = b"") -> None:
         """Check and queue a request; `prompt` is text (encoded with special tokens as text) or token ids.
+
+        multi_modal_data: vLLM's {"image": image or list of images} (tensors [3, H, W] or PIL
+        images), one per media placeholder token of the prompt, in order; each placeholder is
+        expanded to the image's token count.
         lora_slot / cache_salt: the request's LoRA adapter slot and prefix-cache salt (`Request`)."""
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self.check(prompt, params)
+        media = None
+        if multi_modal_data:
+            ids, media = self.prepare_media(ids, multi_modal_data)
+            ids = self.check(ids, params)
         grammars = [None] * params.n
         if params.structured_outputs is not None:     # StructuredOutputError (a ValueError) before queueing
             if self.structured is None:
                 raise ValueError("this engine has no structured-output support")
             grammars = [self.structured.request_grammar(params.structured_outputs) for _ in range(params.n)]
+        if media is not None:
+            self.media.stats["mm_images_total"] += len(media.items)
         children = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         for i, child in enumerate(children):
             seed = params.seed + i if params.seed is not None else self._rng.getrandbits(62)
             request = Request(child, ids, params, seed, lora_slot=lora_slot, cache_salt=cache_salt,
                               grammar=grammars[i])
+            if media is not None:
+                request.media = media if i == 0 else media.copy()
             if params.prompt_logprobs is not None:
                 request.prompt_logprobs.append(None)        # the first prompt token has none
             self.scheduler.add(request)

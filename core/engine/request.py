@@ -64,10 +64,17 @@ class Request:
     grammar: object = None
     # prefill/decode disaggregation: the handle a producer published for this request's rows
     kv_transfer_params: dict | None = None
+    # images: k3.engine.media.RequestMedia (placeholder spans, content hashes, encoder outputs)
+    media: object = None
     # LoRA: the adapter slot the request runs on (-1: the base model) and its prefix-cache salt
     # (the adapter load's: requests of two adapters never share cached prefixes)
     lora_slot: int = -1
     cache_salt: bytes = b""
+
+    @property
+    def media_spans(self) -> list:
+        """(offset, tokens, content hash) of each image: what its prefix-cache keys mix in."""
+        return self.media.spans if self.media is not None else []
 
     @property
     def all_token_ids(self) -> list[int]:

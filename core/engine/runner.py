@@ -56,28 +56,35 @@ class ModelRunner:
     graphs: DecodeGraphs replaying plain decode steps (None: eager).
     pinned_uploads: stage uploads in page-locked memory (asynchronous scheduling).
     broadcast: called with each step's metadata and row copies before the forward (rank 0
-        of tensor parallelism: the other ranks follow).
+        of tensor parallelism: the other ranks follow), and with its image rows when it has any.
     batch_invariant: run every forward as one-token steps (`k3.model.token_steps`), the
-        batch-invariant mode (docs/batch-invariance.md).
+        batch-invariant mode (docs/batch-invariance.md); image requests are refused in it.
+    media: the MediaEncoder of a model with a vision tower (None: text only): before a step's
+        forward it encodes the images the step's chunks reach, and the forward takes their rows.
     """
 
     def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
                  tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
-                 broadcast: Callable | None = None, batch_invariant: bool = False):
+                 broadcast: Callable | None = None, batch_invariant: bool = False, media=None):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
         self.stop_token_ids = set(eos_token_ids)
         self.tap_layers, self.graphs = tuple(tap_layers), graphs
-        self.pinned_uploads, self.broadcast = pinned_uploads, broadcast
+        self.pinned_uploads, self.broadcast, self.media = pinned_uploads, broadcast, media
         self.batch_invariant = batch_invariant
         self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
-    def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = ()):
+    def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = (),
+                media: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Copy rows (prefix-cache hits: checkpoints into private state rows, partly shared
-        blocks), then run the model (a plain decode step replays its captured graph)."""
+        blocks), then run the model (a plain decode step replays its captured graph).
+        media: (image embedding rows, the batch rows they replace) of the step, or None."""
         self.num_forwards += 1
         for src, dst in row_copies:
             self.cache.copy_row(src, dst)
+        if media is not None:
+            return self.model(meta, self.cache.views, media_embeds=media[0], media_positions=media[1],
+                              tap_layers=self.tap_layers)
         if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):
             return ReplayedStep(self.graphs.run(meta))
         if self.batch_invariant:
@@ -103,9 +110,17 @@ class ModelRunner:
             sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device,
                                       pinned=self.pinned_uploads)
             self._block_stop_ids(sampling, [self._not_yet(out.scheduled[i]) for i in step.sample_rows])
+        media = None
+        if self.media is not None:
+            self.media.encode_step(out.scheduled)
+            media = self.media.step_embeds(out.scheduled, step.token_starts)
         if self.broadcast is not None:
-            self.broadcast(step.meta, out.row_copies)
-        result = self.forward(step.meta, out.row_copies)
+            if media is None:
+                self.broadcast(step.meta, out.row_copies)
+            else:
+                self.broadcast(step.meta, out.row_copies, media=media)
+        result = (self.forward(step.meta, out.row_copies) if media is None
+                  else self.forward(step.meta, out.row_copies, media))
         logits = result.logits
         launched = Launched(out, step.sample_rows, None, token_starts=step.token_starts,
                             spec_logits={i: logits[rows] for i, rows in step.spec_rows.items()})

@@ -9,6 +9,10 @@ forward call up to `adaptive_token_limit` (a memory bound: the AttnRes block ban
 activations per token in flight), because splitting a lone request only delays its first
 token. When rows run out, the most recently arrived running request is preempted: its rows
 are freed and it waits to be recomputed from its prompt and the tokens it already produced.
+Images (k3.engine.media): the images a step's chunks reach that are not encoded yet share a
+per-step encoder budget (`max_num_encoder_tokens`); a chunk stops before an image that does not
+fit (and the request waits a step if it starts at one). A request's encoder outputs are dropped
+when it finishes or is aborted, kept across a preemption.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from k3.cache.block_pool import BlockPool
 from k3.cache.prefix import PrefixCache
 
+from .media import tokens_to_encode
 from .request import Request, RequestStatus
 from .step_tokens import StepTokenHistogram
 
@@ -44,6 +49,8 @@ class SchedulerConfig:
     adaptive_max_requests: int = 2
     adaptive_token_limit: int = 0        # 0: no adaptive budget
     checkpoint_interval: int = 0         # prefix caching: extra KDA checkpoints every N tokens (0: none)
+    # image placeholders whose images the vision encoder may encode in one step (0: no images)
+    max_num_encoder_tokens: int = 0
 
 
 @dataclass
@@ -132,6 +139,8 @@ class Scheduler:
         if reason != "abort" and self.kv_producer is not None and self.kv_producer.wants(request):
             request.kv_transfer_params = self.kv_producer.publish(request)   # takes the rows, pinned
         self.release(request)
+        if request.media is not None:
+            request.media.free()             # its encoder outputs go with it
         request.status, request.finish_reason = RequestStatus.FINISHED, reason
 
     def has_unfinished(self) -> bool:
@@ -171,13 +180,26 @@ class Scheduler:
         few = len(self.running) + len(self.waiting) <= c.adaptive_max_requests
         return max(c.max_num_batched_tokens, c.adaptive_token_limit) if few else c.max_num_batched_tokens
 
+    def _fit_encoder(self, request: Request, num_new: int, encoder_budget: list[int]) -> int:
+        """The chunk's tokens that fit the step's encoder budget (encoder_budget[0], decreased by
+        the images this chunk encodes): it stops before an image that does not fit."""
+        if request.media is None:
+            return num_new
+        num_new, used = tokens_to_encode(request.media, request.num_computed_tokens, num_new, encoder_budget[0])
+        encoder_budget[0] -= used
+        return num_new
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self._budget()
+        encoder_budget = [self.config.max_num_encoder_tokens]
         for request in list(self.running):
             if request not in self.running or budget <= 0:
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._fit_encoder(request, min(request.num_tokens - request.num_computed_tokens, budget),
+                                        encoder_budget)
+            if num_new == 0:
+                continue                     # its next image waits for the encoder budget
             if request.spec_tokens:          # a verify step: the last token and every draft, or none
                 if num_new == 1 and 1 + len(request.spec_tokens) <= budget:
                     num_new += len(request.spec_tokens)
@@ -195,8 +217,9 @@ class Scheduler:
             request = self.waiting[0]
             if self.prefix_cache is not None and request.num_computed_tokens == 0 and request.state_row is None:
                 self._reuse_prefix(request, out)
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, num_new):
+            num_new = self._fit_encoder(request, min(request.num_tokens - request.num_computed_tokens, budget),
+                                        encoder_budget)
+            if num_new == 0 or not self._grow(request, num_new):
                 self._undo_prefix(request, out)
                 break
             self.waiting.popleft()
@@ -223,7 +246,7 @@ class Scheduler:
         request.checkpoint_targets = self._checkpoint_targets(len(tokens))
         if request.params.prompt_logprobs is not None:
             return              # as vLLM: every prompt position is computed (and scored), none reused
-        hit = cache.lookup(tokens, salt=request.cache_salt)
+        hit = cache.lookup(tokens, media=request.media_spans, salt=request.cache_salt)
         if hit.tokens == 0:
             return
         full, partial = hit.tokens // self.config.block_size, hit.tokens % self.config.block_size != 0
@@ -269,7 +292,8 @@ class Scheduler:
         start, end = request.num_computed_tokens, request.num_computed_tokens + num_new
         plan = []
         for pos in [p for p in request.checkpoint_targets if start < p <= end]:
-            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos, salt=request.cache_salt):
+            if self.prefix_cache.has_checkpoint(request.all_token_ids, pos, media=request.media_spans,
+                                                salt=request.cache_salt):
                 continue
             rows = self.pool.allocate(1)
             if rows is not None:
@@ -295,8 +319,8 @@ class Scheduler:
             if self.prefix_cache is None:
                 continue
             tokens = r.all_token_ids
-            salt = r.cache_salt
+            media, salt = r.media_spans, r.cache_salt
             r.prefix_units = self.prefix_cache.register(tokens, r.rows, r.num_computed_tokens, r.prefix_units,
-                                                        salt=salt)
+                                                        media=media, salt=salt)
             for pos, row in s.checkpoints:
-                self.prefix_cache.add_checkpoint(tokens, pos, row, salt=salt)
+                self.prefix_cache.add_checkpoint(tokens, pos, row, media=media, salt=salt)

@@ -106,25 +106,31 @@ class K3Model(K3Module):
             return folded[2]
         return ref.fold_attn_res_query(norm, proj)
 
-    def embed(self, input_ids: torch.Tensor, media_embeds: torch.Tensor | None) -> torch.Tensor:
-        """[T, d]; vocabulary-parallel lookup; media placeholders take `media_embeds` in order."""
+    def embed(self, input_ids: torch.Tensor, media_embeds: torch.Tensor | None,
+              media_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, d]; vocabulary-parallel lookup; media placeholders take `media_embeds` in order.
+
+        media_positions: the rows of the batch that take `media_embeds` (an engine step: only the
+        placeholders of its images, not a placeholder id a prompt holds as text or a model
+        generated); None: every media placeholder token."""
         local = input_ids - self.vocab_start
         mine = (local >= 0) & (local < self.embed_tokens.shape[0])
         x = F.embedding(local.clamp(0, self.embed_tokens.shape[0] - 1), self.embed_tokens)
         x = self.parallel.all_reduce(x.masked_fill(~mine[:, None], 0))
         if media_embeds is not None:
-            placeholder = input_ids == self.cfg.media_placeholder_token_id
+            placeholder = (input_ids == self.cfg.media_placeholder_token_id if media_positions is None
+                           else media_positions)
             x = x.clone()
             x[placeholder] = media_embeds.to(x.dtype)
         return x
 
-    def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds=None,
+    def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds=None, media_positions=None,
                 tap_layers=(), per_position_kda_states: bool = False, ep_dispatch: str | None = None,
                 ep_capacity: int | None = None, mixer=None) -> ForwardOutput:
         """mixer: a stand-in for the layers' mixer calls, called as mixer(layer, h [T, d], meta,
         cache, per_position_kda_states, states) -> [T, d] (the token-sharded prefill runs the
         token-wise parts here and its own KDA / MLA calls); None: each layer's own mixer."""
-        x0 = self.embed(meta.input_ids, media_embeds)
+        x0 = self.embed(meta.input_ids, media_embeds, media_positions)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
         ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity,
                "lora": meta.lora}
@@ -213,14 +219,16 @@ class K3ForCausalLM(K3Module):
 
     @torch.no_grad()
     def forward(self, meta: ForwardMetadata, cache: CacheViews, *, media_embeds: torch.Tensor | None = None,
-                tap_layers=(), per_position_kda_states: bool = False, ep_dispatch: str | None = None,
-                ep_capacity: int | None = None) -> ForwardOutput:
+                media_positions: torch.Tensor | None = None, tap_layers=(), per_position_kda_states: bool = False,
+                ep_dispatch: str | None = None, ep_capacity: int | None = None) -> ForwardOutput:
         """Run the new tokens of a batch, reading and updating `cache` (see ForwardMetadata).
-        ep_dispatch / ep_capacity: this step's expert-parallel dispatch ("all_to_all" or
+        media_embeds / media_positions: image embedding rows and the batch rows they replace
+        (`K3Model.embed`). ep_dispatch / ep_capacity: this step's expert-parallel dispatch ("all_to_all" or
         "all_to_all_static") and static capacity (the most tokens any EP rank runs this step),
         overriding `ExpertParallel.dispatch` / `.capacity`; the same on every EP rank. Ignored
         without an EP group."""
-        out = self.model(meta, cache, media_embeds=media_embeds, tap_layers=tap_layers,
+        out = self.model(meta, cache, media_embeds=media_embeds, media_positions=media_positions,
+                         tap_layers=tap_layers,
                          per_position_kda_states=per_position_kda_states, ep_dispatch=ep_dispatch,
                          ep_capacity=ep_capacity)
         out.logits = self.compute_logits(out.hidden_states[meta.logits_indices])

@@ -13,6 +13,7 @@ from .docs_auth import protect_docs
 from .docs_page import install_docs_page
 from .errors import install_error_handlers
 from .limits import DEFAULT_MAX_PROMPTS
+from .media import MediaOptions
 from .sampling import DEFAULT_KEYS
 from .state import ServerState
 
@@ -51,7 +52,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
               reasoning_parser: str | None = None, sampling_defaults: dict[str, Any] | None = None,
               max_prompts_per_request: int = DEFAULT_MAX_PROMPTS,
               max_prompt_tokens_per_request: int | None = None, public_docs: bool = False,
-              chat_template=None, log_requests: bool = False, max_log_len: int = 0) -> FastAPI:
+              chat_template=None, log_requests: bool = False, max_log_len: int = 0,
+              media: MediaOptions | None = None) -> FastAPI:
     """The OpenAI-compatible app over a running `AsyncEngine`.
 
     served_model_name: the name(s) clients pass as `model` (the first is reported back).
@@ -65,6 +67,7 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
     with another chat format. sampling_defaults: request defaults (see generation_defaults).
     max_prompts_per_request / max_prompt_tokens_per_request: the prompts, and their tokens in
     all (None: max_model_len), one request may bring (400 above; `k3.serve.limits`).
+    media: the policy for chat image_url parts (`k3.serve.media`; default: data URLs only).
     chat_template: a `k3.chat.jinja_template.JinjaChatTemplate` that renders chat prompts instead
     of the model's own chat format (vLLM's --chat-template; also for a tokenizer without one).
     log_requests: log one line per request (id, prompt tokens, params; `k3.serve.request_log`),
@@ -97,7 +100,8 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
                         max_prompt_tokens_per_request=max_prompt_tokens_per_request,
                         parse_tool_calls=bool(enable_auto_tool_choice and tool_call_parser),
                         parse_reasoning=reasoning_parser is not None, sampling_defaults=dict(sampling_defaults or {}),
-                        chat_template=chat_template, log_requests=log_requests, max_log_len=max_log_len)
+                        chat_template=chat_template, log_requests=log_requests, max_log_len=max_log_len,
+                        media=media or MediaOptions())
     from k3 import __version__
 
     app = FastAPI(title="k3", version=__version__, docs_url=None, redoc_url=None,

@@ -21,12 +21,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from k3.chat import ChatFormatUnavailable, ChatTemplateError, ContentDelta, K3OutputParser, ReasoningDelta, ToolCall
+from k3.chat.media import image_urls
 from k3.chat.template import chat_format, chat_prompt_ids, thinking_from_kwargs
 from k3.chat.xtml import THINK_OPEN
 from k3.engine.params import SamplingParams
 
 from .errors import CLIENT_CLOSED, as_api_error, bad_request, sse_error
 from .limits import check_prompt_work
+from .media import load_chat_images
 from .metrics import RequestTimer
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
@@ -50,6 +52,12 @@ class ChatPlan:
     tools: bool                  # parse tool calls
     starts_in_reasoning: bool
     top_logprobs: int
+    images: list | None = None   # decoded images, one per placeholder of prompt_ids (k3.serve.media)
+    num_prompt_tokens: int = 0   # with each image's placeholder expanded (what the engine runs)
+
+    @property
+    def multi_modal_data(self) -> dict | None:
+        return {"image": self.images} if self.images else None
 
     def parser(self) -> K3OutputParser | None:
         if not self.k3:
@@ -88,9 +96,11 @@ def template_kwargs(req) -> dict:
     return kwargs
 
 
-def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True) -> tuple[list[int], bool, bool]:
-    """(prompt ids, K3 format, thinking mode) of a chat request's messages and tools, rendered
-    with the model's chat format or --chat-template; every problem is a 400. Also /tokenize's."""
+def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
+                  ) -> tuple[list[int], bool, bool, list | None]:
+    """(prompt ids, K3 format, thinking mode, the images loaded from image_url parts or None) of a
+    chat request's messages and tools, rendered with the model's chat format or --chat-template
+    (one placeholder per image in the ids); every problem is a 400. Also /tokenize's."""
     tok = state.tokenizer
     try:
         k3 = chat_format(tok) == "k3"
@@ -100,6 +110,18 @@ def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
                               code="chat_format_unavailable") from None
         k3 = False
     render = state.chat_template.prompt_ids if state.chat_template is not None else chat_prompt_ids
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    try:
+        urls = image_urls(messages)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), param="messages") from None
+    if urls and not state.takes_images:
+        raise bad_request("this model takes no images (its checkpoint has no vision tower)", param="messages",
+                          code="images_not_supported")
+    if urls and (not k3 or state.chat_template is not None):
+        raise bad_request("images need the K3 chat format (a --chat-template renders text only)",
+                          param="messages", code="images_not_supported")
+    images = load_chat_images(urls, state.media) if urls else None
     kwargs = template_kwargs(req)
     tool_choice = getattr(req, "tool_choice", None)
     response_format = getattr(req, "response_format", None)
@@ -107,19 +129,19 @@ def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
     try:
         thinking = k3 and thinking_from_kwargs(kwargs)
         ids = render(
-            tok, [m.model_dump(exclude_none=True) for m in req.messages],
+            tok, messages,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None, tool_choice=choice,
             response_format=response_format.model_dump(exclude_none=True) if response_format else None,
             add_generation_prompt=add_generation_prompt, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), param=_template_param(str(e))) from None
-    return ids, k3, thinking
+    return ids, k3, thinking, images
 
 
 def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     """Render the prompt and build the sampling parameters; every problem is a 400."""
     tok = state.tokenizer
-    ids, k3, thinking = render_prompt(state, req)
+    ids, k3, thinking, images = render_prompt(state, req)
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
@@ -143,10 +165,13 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
                           defaults=state.sampling_defaults, vocab_size=state.vocab_size,
                           renamed={"max_tokens": max_param, "logprobs": "top_logprobs"},
                           structured_outputs=spec)
-    check_context(len(ids), max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
+    # the context check counts the placeholders each image expands to (one is in ids already)
+    expanded = len(ids) + sum(state.media_encoder.num_tokens(image) - 1 for image in images or [])
+    check_context(expanded, max_tokens, state.max_model_len, prompt_param="messages", max_tokens_param=max_param)
     return ChatPlan(prompt_ids=ids, params=params, k3=k3, reasoning=state.parse_reasoning and thinking,
                     tools=state.parse_tool_calls and bool(req.tools) and req.tool_choice != "none",
-                    starts_in_reasoning=thinking and tok.decode(ids[-8:]).endswith(THINK_OPEN), top_logprobs=top)
+                    starts_in_reasoning=thinking and tok.decode(ids[-8:]).endswith(THINK_OPEN), top_logprobs=top,
+                    images=images, num_prompt_tokens=expanded)
 
 
 def _call(call: ToolCall) -> dict:
@@ -257,11 +282,14 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request):
     model = state.check_model(req.model)
     plan = await run_in_threadpool(plan_chat, state, req)     # rendering and tokenising off the event loop
     plan.params = state.with_adapter(plan.params, req.model)
-    check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
+    check_prompt_work([plan.num_prompt_tokens], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     state.log_request(request_id, req.model, [plan.prompt_ids], plan.params)
     timer = RequestTimer(state.metrics, plan.params)
-    stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
+    if plan.images:
+        stream = state.engine.generate(request_id, plan.prompt_ids, plan.params, plan.multi_modal_data)
+    else:
+        stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
     if req.stream:
         return EventStream(_stream(state, req, plan, request_id, model, stream, timer))
     try:

@@ -110,16 +110,39 @@ class ToolCallIn(_Strict):
 
 
 class TextPart(_Strict):
-    type: Literal["text", "input_text", "output_text"] = Field(description="k3 chat takes text parts only")
+    type: Literal["text", "input_text", "output_text"]
     text: str
 
 
+class ImageURL(_Strict):
+    url: str = Field(description="a data:image/...;base64 URL; a local file under --allowed-local-media-path; "
+                                 "http(s) with --allow-remote-media")
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="accepted and ignored")
+
+
+class ImageURLPart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL | str
+
+
+def _part_kind(part: Any) -> str:
+    """Which part model a content part is validated as (the tags are class names: error locations
+    skip them, `k3.serve.errors`)."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "ImageURLPart" if kind == "image_url" else "TextPart"
+
+
+ContentPart = Annotated[Annotated[TextPart, Tag("TextPart")] | Annotated[ImageURLPart, Tag("ImageURLPart")],
+                        Discriminator(_part_kind)]
+
+
 class ChatMessage(_Strict):
-    """One input message. `content`: a string, null, or a list of text parts."""
+    """One input message. `content`: a string, null, or a list of text parts (user messages: also
+    image_url parts, for a model with a vision tower)."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None

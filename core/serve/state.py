@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 
 from .errors import APIError
+from .media import MediaOptions
 from .metrics import Metrics
 from .request_log import log_request
 from .vllm_metrics import cache_info
@@ -30,6 +31,7 @@ class ServerState:
     max_prompt_tokens_per_request: int | None = None   # all its prompts' tokens (None: max_model_len)
     log_requests: bool = False       # --enable-log-requests: one line per request (k3.serve.request_log)
     max_log_len: int = 0             # --max-log-len: prompt characters in that line (0: none)
+    media: MediaOptions = field(default_factory=MediaOptions)   # image_url policy (k3.serve.media)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = None          # type: ignore[assignment]
 
@@ -48,6 +50,18 @@ class ServerState:
     @property
     def prompt_token_limit(self) -> int:
         return self.max_prompt_tokens_per_request or self.max_model_len
+
+    @property
+    def media_encoder(self):
+        """The engine's MediaEncoder (k3.engine.media), None for a model without a vision tower."""
+        engine = self.engine.engine
+        engine = getattr(engine, "engine", engine)          # the DP front-end's rank-0 engine
+        return getattr(engine, "media", None)
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model has a vision tower."""
+        return self.media_encoder is not None
 
     @property
     def vocab_size(self) -> int:

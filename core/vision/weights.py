@@ -25,6 +25,15 @@ def vision_config_of(top_config: Mapping[str, Any]) -> MoonViTConfig | None:
     return None if not vc else MoonViTConfig.from_dict(vc)
 
 
+def has_vision_tensors(model_dir: str | Path) -> bool:
+    """Whether any shard of the checkpoint holds a `vision_tower.*` / `mm_projector.*` tensor."""
+    for path in shard_files(Path(model_dir)):
+        with open_shard(path, CheckpointError) as f:
+            if any(key.startswith(VISION_PREFIXES) for key in f.keys()):
+                return True
+    return False
+
+
 def load_vision_tower(model_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> MoonViTTower | None:
     """The MoonViT tower of a checkpoint (None when its config has no vision_config).
 

@@ -115,3 +115,13 @@ def test_vision_encoder_bench_smoke(tmp_path):
     rows = _smoke("vision_encoder.py", tmp_path)["rows"]
     assert [r["tower"] for r in rows] == ["k3-tiny-vision"]
     assert rows[0]["image_tokens"] == 16 and rows[0]["encoder_ms_per_image"] > 0 and rows[0]["ratio"] > 0
+
+
+def test_vision_ttft_bench_smoke(tmp_path):
+    """One image request against the same prompt without it: every case has a TTFT, the image
+    prompt is longer by the image's tokens less its placeholder, and the encoder ran once."""
+    r = _smoke("vision_ttft.py", tmp_path)
+    assert r["image_tokens"] == 16 and r["encoder_runs"] == 1
+    tokens = r["prompt_tokens"]
+    assert tokens["image"] == tokens["same_length"] == tokens["text"] + 16     # the placeholder expanded to 16
+    assert all(r["ttft_p50_ms"][k] > 0 and r["cpu_ms_p50"][k] > 0 for k in ("image", "text", "same_length"))

@@ -134,9 +134,10 @@ class DistributedEngine:
         return self.engine.model
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt, params=None) -> None:
+    def add_request(self, request_id: str, prompt, params=None, multi_modal_data=None) -> None:
         """Check the request on rank 0 (every DP rank has the same context limit and vocabulary)
-        and assign it to the least-loaded DP rank; ValueError when refused."""
+        and assign it to the least-loaded DP rank; ValueError when refused. multi_modal_data:
+        its images (`LLMEngine.add_request`), sent to the rank that serves it."""
         from ..params import SamplingParams
 
         params = params or SamplingParams()
@@ -144,12 +145,14 @@ class DistributedEngine:
             self._raise_if_failed()
             if request_id in self._owner:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            self.engine.outputs.check(prompt, params)
+            ids = self.engine.outputs.check(prompt, params)
+            if multi_modal_data:
+                self.engine.outputs.check(self.engine.outputs.prepare_media(ids, multi_modal_data)[0], params)
             d = pick_rank(self._loads())
             if d == 0:
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, multi_modal_data)
             else:
-                self._adds[d].append((request_id, prompt, params))
+                self._adds[d].append((request_id, prompt, params, multi_modal_data))
             self._owner[request_id] = d
 
     def abort_request(self, request_id: str) -> None:
@@ -303,9 +306,9 @@ def lead(engine, groups: Groups, cfg: DistributedConfig, sender: TPSender) -> No
         for request_id in commands["aborts"][d]:
             engine.abort_request(request_id)
         refused = []
-        for request_id, prompt, params in commands["adds"][d]:
+        for request_id, prompt, params, multi_modal_data in commands["adds"][d]:
             try:
-                engine.add_request(request_id, prompt, params)
+                engine.add_request(request_id, prompt, params, multi_modal_data)
             except ValueError as e:
                 refused.append((request_id, str(e)))
         outputs = _local_step(engine, sender, cfg, commands["work"])

@@ -103,6 +103,9 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     sender = TPSender(groups.tp, device, groups.tp_size)
     engine = LLMEngine(config, platform=platform, parallel=build_parallel_context(platform, groups, dcfg),
                        broadcast=sender.step if groups.is_tp_leader and groups.tp_size > 1 else None)
+    if engine.media is not None and groups.is_tp_leader and groups.tp_size > 1:
+        tower = engine.media.tower          # mm_encoder_tp_mode "data": the TP ranks share the encoding
+        engine.media.encode_fn = lambda patches, grids: sender.encode(tower, patches, grids)
     ep = engine.model.parallel.ep
     if ep is not None:
         start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)

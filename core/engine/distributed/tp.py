@@ -2,7 +2,11 @@
 
 The leader runs the DP rank's LLMEngine; before each forward it broadcasts the step's
 ForwardMetadata and row copies (`TPSender.step`), so every follower runs the same forward on its
-shard with the same cache rows. Between steps it may send `idle` (a heartbeat, or with expert
+shard with the same cache rows. Images (`mm_encoder_tp_mode` "data"): before such a step the
+leader sends the patches of the images to encode (`TPSender.encode`), every rank encodes every
+TP-size-th image with its replicated tower and the outputs are all-gathered, so the encoder's
+work is split over the ranks (vLLM's data mode); the step then carries the embedding rows it
+uses and the batch rows they replace. Between steps it may send `idle` (a heartbeat, or with expert
 parallelism an empty forward that joins the MoE collectives) and at the end `stop`.
 """
 
@@ -13,9 +17,10 @@ import torch.distributed as dist
 
 from k3.model.metadata import CheckpointMetadata, ForwardMetadata
 
-STOP, STEP, HEARTBEAT, IDLE_FORWARD = 0, 1, 2, 3
+STOP, STEP, HEARTBEAT, IDLE_FORWARD, ENCODE = 0, 1, 2, 3, 4
 _FIELDS = ("input_ids", "positions", "cu_seqlens", "context_lens", "slot_mapping", "state_indices", "logits_indices")
-_HEADER = 9
+_HEADER = 11
+_MEDIA_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 class TPSender:
@@ -41,31 +46,92 @@ class TPSender:
         expert-parallel collectives of the DP ranks that have work."""
         self._command(IDLE_FORWARD if forward else HEARTBEAT)
 
-    def step(self, meta: ForwardMetadata, row_copies=()) -> None:
+    def encode(self, tower, patches: torch.Tensor, grids: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """The leader's side of a data-parallel encoder run: tower.encode(patches, grids), each rank
+        encoding its share (module docstring)."""
+        if self.size == 1:
+            return tower.encode(patches, grids)
+        header = torch.zeros(_HEADER, dtype=torch.long, device=self.device)
+        header[:4] = torch.tensor([ENCODE, len(grids), patches.shape[-1], _MEDIA_DTYPES.index(patches.dtype)])
+        self._broadcast(header)
+        self._broadcast(torch.tensor([x for hw in grids for x in hw], dtype=torch.long, device=self.device))
+        self._broadcast(patches.to(self.device).contiguous())
+        return encode_share(tower, patches, grids, self.group, self.size, 0)
+
+    def step(self, meta: ForwardMetadata, row_copies=(), media=None) -> None:
+        """media: (image embedding rows [R, d], batch rows [R]) of the step, or None."""
         if self.size == 1:
             return
         device = self.device
         n, pages = meta.block_table.shape
         c = 0 if meta.checkpoints is None else meta.checkpoints.positions.shape[1]
+        r, d, code = 0, 0, 0
+        if media is not None:
+            (r, d), code = media[0].shape, _MEDIA_DTYPES.index(media[0].dtype)
         header = torch.tensor([STEP, meta.max_q_len, meta.num_tokens, n, pages, meta.logits_indices.shape[0], c,
-                               len(row_copies), meta.num_decodes], device=device)
+                               len(row_copies), meta.num_decodes, r, d * len(_MEDIA_DTYPES) + code], device=device)
         self._broadcast(header)
         parts = [getattr(meta, f).long().flatten() for f in _FIELDS] + [meta.block_table.long().flatten()]
         if c:
             parts += [meta.checkpoints.positions.flatten(), meta.checkpoints.state_indices.flatten()]
         parts.append(torch.tensor([x for pair in row_copies for x in pair], dtype=torch.long, device=device))
+        if media is not None:
+            parts.append(media[1].long())
         self._broadcast(torch.cat([p.to(device) for p in parts]))
+        if media is not None:
+            self._broadcast(media[0].to(device).contiguous())
 
 
-def receive(group, device) -> tuple[int, tuple[ForwardMetadata, list[tuple[int, int]]] | None]:
-    """A follower's next command from its TP leader: (STEP, (meta, row copies)), else
-    (HEARTBEAT | IDLE_FORWARD | STOP, None)."""
+def encode_share(tower, patches: torch.Tensor, grids: list[tuple[int, int]], group, size: int,
+                 rank: int) -> list[torch.Tensor]:
+    """Encode images rank, rank + size, ... of `grids` and all-gather every rank's outputs: the
+    embeddings of every image, in order, on every rank."""
+    chunks = patches.split([h * w for h, w in grids])
+    share = [[i for i in range(len(grids)) if i % size == r] for r in range(size)]
+    mine = share[rank]
+    outs = tower.encode(torch.cat([chunks[i] for i in mine]) if mine else patches[:0], [grids[i] for i in mine])
+    tokens = [tower.tokens_for_grid(h, w) for h, w in grids]
+    rows = max(sum(tokens[i] for i in s) for s in share)
+    d = tower.cfg.text_hidden_size
+    local = torch.zeros(rows, d, dtype=patches.dtype, device=patches.device)
+    if outs:
+        flat = torch.cat(outs)
+        local[: flat.shape[0]] = flat
+    gathered = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(gathered, local, group=group)
+    result: list = [None] * len(grids)
+    for r, indices in enumerate(share):
+        at = 0
+        for i in indices:
+            result[i] = gathered[r][at: at + tokens[i]]
+            at += tokens[i]
+    return result
+
+
+def _follow_encode(engine, group, header: list[int]) -> None:
+    """A follower's part of `TPSender.encode`."""
+    count, patch, code = header[1], header[2], header[3]
+    grids_flat = torch.empty(2 * count, dtype=torch.long, device=engine.device)
+    dist.broadcast(grids_flat, group=group, group_src=0)
+    pairs = grids_flat.tolist()
+    grids = list(zip(pairs[0::2], pairs[1::2]))
+    patches = torch.empty(sum(h * w for h, w in grids), 3, patch, patch, dtype=_MEDIA_DTYPES[code],
+                          device=engine.device)
+    dist.broadcast(patches, group=group, group_src=0)
+    encode_share(engine.media.tower, patches, grids, group, dist.get_world_size(group), dist.get_rank(group))
+
+
+def receive(group, device) -> tuple[int, tuple | None]:
+    """A follower's next command from its TP leader: (STEP, (meta, row copies, media or None)),
+    (ENCODE, header values), else (HEARTBEAT | IDLE_FORWARD | STOP, None)."""
     header = torch.empty(_HEADER, dtype=torch.long, device=device)
     dist.broadcast(header, group=group, group_src=0)
-    cmd, max_q_len, t, n, pages, m, c, copies, num_decodes = header.tolist()
+    cmd, max_q_len, t, n, pages, m, c, copies, num_decodes, r, dcode = header.tolist()
+    if cmd == ENCODE:
+        return cmd, header.tolist()
     if cmd != STEP:
         return cmd, None
-    sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies]
+    sizes = [t, t, n + 1, n, t, n, m, n * pages, n * c, n * c, 2 * copies, r]
     payload = torch.empty(sum(sizes), dtype=torch.long, device=device)
     dist.broadcast(payload, group=group, group_src=0)
     parts = payload.split(sizes)
@@ -76,7 +142,13 @@ def receive(group, device) -> tuple[int, tuple[ForwardMetadata, list[tuple[int, 
     if c:
         meta.checkpoints = CheckpointMetadata(parts[8].view(n, c), parts[9].view(n, c))
     pairs = parts[10].tolist()
-    return STEP, (meta, list(zip(pairs[0::2], pairs[1::2])))
+    media = None
+    if r:
+        d, code = divmod(dcode, len(_MEDIA_DTYPES))
+        rows = torch.empty(r, d, dtype=_MEDIA_DTYPES[code], device=device)
+        dist.broadcast(rows, group=group, group_src=0)
+        media = (rows, parts[11])
+    return STEP, (meta, list(zip(pairs[0::2], pairs[1::2])), media)
 
 
 def follow(engine, group, on_idle) -> None:
@@ -88,5 +160,7 @@ def follow(engine, group, on_idle) -> None:
             return
         if cmd == STEP:
             engine.runner.forward(*step)
+        elif cmd == ENCODE:
+            _follow_encode(engine, group, step)
         elif cmd == IDLE_FORWARD:
             on_idle()

@@ -93,7 +93,9 @@ class KVConsumer:
         except ValueError as e:
             _log(f"request {request.request_id}: prefilling locally ({e})")
             return False
-        shared = self.prefix_cache.lookup_rows(request.prompt_token_ids) if self.prefix_cache is not None else []
+        shared = (self.prefix_cache.lookup_rows(request.prompt_token_ids, request.media_spans,
+                                                  salt=request.cache_salt)
+                  if self.prefix_cache is not None else [])
         self.pool.incref(shared)
         skip = len(shared)
         own = self._allocate(len(handle.rows) - skip + 1)

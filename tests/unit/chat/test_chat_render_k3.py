@@ -36,6 +36,20 @@ def test_user_turn_in_both_modes():
     assert render_k3_chat([USER], thinking=False, add_generation_prompt=False) == msg('role="user"', "hi")
 
 
+def test_user_images_take_one_placeholder_between_the_media_markers():
+    from k3.chat.media import image_urls
+
+    image = "<|media_begin|>image<|media_content|><|kimi_image_placeholder|><|media_end|>"
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                             {"type": "image_url", "image_url": {"url": "data:one"}},
+                                             {"type": "text", "text": "b"}, {"type": "image_url", "image_url": "two"}]}]
+    got = render_k3_chat(messages, thinking=False, add_generation_prompt=False)
+    assert got == msg('role="user"', f"a{image}b{image}")
+    assert image_urls(messages) == ["data:one", "two"]
+    specials = [s.text for s in render_k3_segments(messages, thinking=False) if s.special]
+    assert specials.count("<|kimi_image_placeholder|>") == 2
+
+
 def test_system_developer_names_and_text_parts():
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     got = render_k3_chat([{"role": "system", "content": "be terse"},
@@ -156,7 +170,8 @@ BAD = [
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}], {}, "not valid JSON"),
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}], {}, "JSON object"),
     ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}], {}, "non-empty name"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], {}, "text parts only"),
+    ([{"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], {}, "text parts only"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], {}, "image_url.url"),
     ([USER], {"tools": [{"type": "function", "function": {}}]}, "tools[0] is not an object with a function name"),
     ([USER], {"tools": ["get_weather"]}, "tools[0]"),
     ([USER], {"thinking_effort": "huge"}, "thinking_effort"),

@@ -182,3 +182,30 @@ def test_chat_template_flag(model, tmp_path):
     assert chat_template(parse(f"serve MODEL --chat-template {path}", model)).render([{"content": "x"}]) == "x"
     with pytest.raises(CliError, match="--chat-template: .*no such file"):
         chat_template(parse(f"serve MODEL --chat-template {tmp_path / 'missing.jinja'}", model))
+
+
+def test_image_flags(model, tmp_path):
+    """vLLM's image flags (and k3's --allow-remote-media) reach the engine config; defaults
+    are vLLM's (data mode, no limit), bad values are usage errors naming what is accepted."""
+    c = config("serve MODEL", model)
+    assert (c.max_num_encoder_tokens, c.mm_encoder_tp_mode, c.limit_mm_per_prompt) == (None, "data", None)
+    args = parse(f"""serve MODEL --limit-mm-per-prompt '{{"image": 2}}' --mm-encoder-tp-mode data """
+                 f"--max-num-encoder-tokens 2k --allowed-local-media-path {tmp_path} --allow-remote-media", model)
+    c = engine_config(args)[0]
+    assert (c.max_num_encoder_tokens, c.limit_mm_per_prompt, c.max_images_per_prompt) == (2000, {"image": 2}, 2)
+    assert (args.allowed_local_media_path, args.allow_remote_media) == (str(tmp_path), True)
+    with pytest.raises(CliError, match="is not a directory"):
+        from k3.cli.serve import _check_flags
+
+        _check_flags(parse(f"serve MODEL --allowed-local-media-path {tmp_path / 'missing'}", model))
+
+
+@pytest.mark.parametrize("line,pattern", [("""--limit-mm-per-prompt '{"video": 1}'""", '{"image": N}'),
+                                          ("--limit-mm-per-prompt 3", "JSON object"),
+                                          ("--max-num-encoder-tokens 0", "at least 1"),
+                                          ("--mm-encoder-tp-mode shard", "invalid choice")])
+def test_bad_image_flags_are_usage_errors(model, capsys, line, pattern):
+    with pytest.raises(SystemExit) as e:
+        parse(f"serve MODEL {line}", model)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: k3 serve") and pattern in err

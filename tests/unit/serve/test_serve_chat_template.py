@@ -47,3 +47,15 @@ def test_template_from_a_file_and_refusals(tmp_path):
         JinjaChatTemplate(str(tmp_path / "missing.jinja"))
     with pytest.raises(JinjaTemplateError, match="line 1"):
         JinjaChatTemplate("{% for m in messages %}")
+
+
+def test_images_are_refused_under_a_template(templated):
+    """k3-tiny has a tower, but a --chat-template renders text only: an image part is a 400
+    naming why, not an image silently dropped."""
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    with httpx.Client(base_url=templated.url, timeout=60) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is it?"}, part]}]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "images_not_supported" and "--chat-template" in error["message"]

@@ -1,5 +1,6 @@
 """`k3 serve --tensor-parallel-size 2` on the CPU (two ranks over gloo) gives the same greedy
-tokens as size 1 (float64 tiny model), through the real command line."""
+tokens as size 1 (float64 tiny model), through the real command line, for text and for a chat
+with an image (the TP leader encodes it and sends the rows to the other rank)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,40 @@ def _completion(url: str) -> list[str]:
     return [c["logprobs"]["tokens"] for c in sorted(choices, key=lambda c: c["index"])]
 
 
+def _image_chat(url: str) -> tuple[str, int]:
+    import base64
+    import io
+
+    import torch
+    from PIL import Image
+
+    def image(seed: int) -> dict:
+        pixels = torch.randint(0, 256, (40, 60, 3), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels.numpy()).save(buf, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        return {"type": "image_url", "image_url": {"url": url}}
+
+    # two images: with TP 2 each rank encodes one (mm_encoder_tp_mode data)
+    content = [{"type": "text", "text": "Look:"}, image(0), image(1)]
+    body = json.dumps({"model": "tiny", "max_tokens": 6, "temperature": 0,
+                       "messages": [{"role": "user", "content": content}]}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        out = json.loads(response.read())
+    return out["choices"][0]["message"]["reasoning_content"] or out["choices"][0]["message"]["content"], \
+        out["usage"]["prompt_tokens"]
+
+
 def test_tp2_serves_the_same_tokens(checkpoint):
     results = []
     for tp in (1, 2):
         proc, url = _serve(checkpoint, tp)
         try:
-            results.append(_completion(url))
+            results.append((_completion(url), _image_chat(url)))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    assert results[0] == results[1] and all(len(tokens) == 8 for tokens in results[0])
+    assert results[0] == results[1] and all(len(tokens) == 8 for tokens in results[0][0])
+    assert results[0][1][0]

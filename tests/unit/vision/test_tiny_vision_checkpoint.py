@@ -1,4 +1,4 @@
-"""`k3 checkpoint init --preset k3-tiny-vision`: k3-tiny's text tensors unchanged, plus a loadable tower."""
+"""`k3 checkpoint init --preset k3-tiny` (= k3-tiny-vision): k3-tiny-text's tensors unchanged, plus a loadable tower."""
 import torch
 from safetensors import safe_open
 
@@ -17,8 +17,8 @@ def _tensors(d):
 
 
 def test_tiny_vision_checkpoint_keeps_text_weights_and_serves_a_tower(tmp_path):
-    text_only = _tensors(init_checkpoint("k3-tiny", tmp_path / "t", progress=False))
-    with_tower = _tensors(init_checkpoint("k3-tiny-vision", tmp_path / "v", progress=False))
+    text_only = _tensors(init_checkpoint("k3-tiny-text", tmp_path / "t", progress=False))
+    with_tower = _tensors(init_checkpoint("k3-tiny", tmp_path / "v", progress=False))
     vision = {n for n in with_tower if n.startswith(("vision_tower.", "mm_projector."))}
     assert vision and set(with_tower) - vision == set(text_only)
     assert all(torch.equal(with_tower[n], t) for n, t in text_only.items())
