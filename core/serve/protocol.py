@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, RootModel, Tag,
+                      field_validator)
+
+from .token_bound import KEY_MARK, KEY_PATTERN, MARK, check_token_id, check_token_key
 
 INT64 = 2 ** 63
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
@@ -28,7 +31,11 @@ def integer(**limits):
     return Annotated[int, Field(**limits), BeforeValidator(_integral)]
 
 
-TokenId = integer(ge=0)
+# A token id: >= 0 and below the serving model's vocabulary (k3.serve.token_bound: the same
+# bound for validation and for the published schema's `maximum`).
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={MARK: True}), BeforeValidator(_integral),
+                    AfterValidator(check_token_id)]
+TokenKey = Annotated[str, Field(pattern=KEY_PATTERN), AfterValidator(check_token_key)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -53,6 +60,13 @@ def lone_surrogate_path(value, path: str = "") -> str | None:
             if not isinstance(v, (int, float)) and (found := lone_surrogate_path(v, f"{path}[{i}]")):
                 return found
     return None
+
+
+def _token_keys(schema: dict) -> None:
+    """logit_bias's schema: every key a token id (`propertyNames`; pydantic's own
+    `patternProperties` would let other keys through)."""
+    (_, value), = schema.pop("patternProperties").items()
+    schema.update({"propertyNames": {"pattern": KEY_PATTERN}, "additionalProperties": value, KEY_MARK: True})
 
 
 class _Strict(BaseModel):
@@ -114,17 +128,64 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    """One input message. `content`: a string, null, or a list of text parts."""
+Content = str | list[TextPart]
+
+
+class _Message(_Strict):
+    """Fields every input message may carry; unknown fields are kept (a custom chat template
+    may read them)."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
     name: str | None = None
+
+
+class SystemMessage(_Message):
+    """A system or developer message (the K3 format also reads `tools` declared on it)."""
+
+    role: Literal["system", "developer"]
+    content: Content | None = None
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content | None = None
+
+
+class AssistantMessage(_Message):
+    """An earlier assistant turn: its text, its reasoning, and the tool calls it made."""
+
+    role: Literal["assistant"]
+    content: Content | None = Field(None, description="null when the turn only made tool calls")
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
     reasoning_content: str | None = Field(None, description="earlier reasoning of an assistant turn")
     reasoning: str | None = Field(None, description="the same as reasoning_content (vLLM's newer name)")
+
+
+class ToolMessage(_Message):
+    """The result of a tool call of the preceding assistant message, matched by `tool_call_id`,
+    else by `name`, else by position (an unmatched result is a 400: no schema can say that)."""
+
+    role: Literal["tool"]
+    content: Content = Field(description="the tool's result (required, as in OpenAI's API)")
+    tool_call_id: str | None = None
+
+
+ROLES = {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
+         "assistant": "AssistantMessage", "tool": "ToolMessage"}
+
+
+def _role(message) -> str | None:
+    # tags are the class names, which error locations leave out (k3.serve.errors)
+    return ROLES.get(message.get("role")) if isinstance(message, dict) else None
+
+
+ChatMessage = Annotated[
+    Annotated[SystemMessage, Tag("SystemMessage")] | Annotated[UserMessage, Tag("UserMessage")]
+    | Annotated[AssistantMessage, Tag("AssistantMessage")] | Annotated[ToolMessage, Tag("ToolMessage")],
+    Discriminator(_role, custom_error_type="unknown_role",
+                  custom_error_message="a message needs a role: system, developer, user, assistant or tool")]
+"""One input message, by its `role`. `content`: a string, null, or a list of text parts (a tool
+message's content is required)."""
 
 
 class ResponseFormat(_Strict):
@@ -182,7 +243,8 @@ class _Sampling(_Strict):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,12}$")], Annotated[float, Field(ge=-100, le=100)]] | None \
+    logit_bias: Annotated[dict[TokenKey, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(json_schema_extra=_token_keys)] | None \
         = Field(None, description="token id (a decimal string) -> bias in [-100, 100], added to that token's logit "
                                   "before sampling (ids outside the vocabulary: 400)")
     user: str | None = None
