@@ -151,8 +151,9 @@ class UserMessage(_Message):
     content: Content | None = None
 
 
-class AssistantMessage(_Message):
-    """An earlier assistant turn: its text, its reasoning, and the tool calls it made."""
+class AssistantInputMessage(_Message):
+    """An earlier assistant turn: its text, its reasoning, and the tool calls it made (the answer's
+    message is `k3.serve.responses.AssistantMessage`)."""
 
     role: Literal["assistant"]
     content: Content | None = Field(None, description="null when the turn only made tool calls")
@@ -171,7 +172,7 @@ class ToolMessage(_Message):
 
 
 ROLES = {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
-         "assistant": "AssistantMessage", "tool": "ToolMessage"}
+         "assistant": "AssistantInputMessage", "tool": "ToolMessage"}
 
 
 def _role(message) -> str | None:
@@ -181,7 +182,7 @@ def _role(message) -> str | None:
 
 ChatMessage = Annotated[
     Annotated[SystemMessage, Tag("SystemMessage")] | Annotated[UserMessage, Tag("UserMessage")]
-    | Annotated[AssistantMessage, Tag("AssistantMessage")] | Annotated[ToolMessage, Tag("ToolMessage")],
+    | Annotated[AssistantInputMessage, Tag("AssistantInputMessage")] | Annotated[ToolMessage, Tag("ToolMessage")],
     Discriminator(_role, custom_error_type="unknown_role",
                   custom_error_message="a message needs a role: system, developer, user, assistant or tool")]
 """One input message, by its `role`. `content`: a string, null, or a list of text parts (a tool
