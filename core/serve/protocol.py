@@ -3,8 +3,11 @@
 
 Types are strict: a string where a number belongs, a number where a boolean belongs, NaN or
 Infinity are refused (HTTP 400), never coerced. The ranges mirror k3.engine.SamplingParams,
-which checks them again; what a schema cannot say (a tool result must answer a call, a prompt
-must fit the context) is checked by the handlers. Unknown top-level fields are ignored.
+which checks them again. The schema is the validation: chat messages are one model per role
+(a tool message needs content), and token-id fields are bounded by the served vocabulary in
+validation and in each server's /openapi.json alike (k3.serve.token_bound). What a schema cannot
+say (a tool result must answer a call, a prompt must fit the context) is checked by the
+handlers. Unknown top-level fields are ignored.
 """
 
 from __future__ import annotations
