@@ -143,10 +143,12 @@ class _Message(_Strict):
 
 
 class SystemMessage(_Message):
-    """A system or developer message (the K3 format also reads `tools` declared on it)."""
+    """A system or developer message."""
 
     role: Literal["system", "developer"]
     content: Content | None = None
+    tools: list[Tool] | None = Field(None, description="K3 format: more tools, declared at this point of the "
+                                                       "conversation (the K2 format ignores them)")
 
 
 class UserMessage(_Message):
