@@ -161,7 +161,7 @@ async def _stream(req, plan, request_id, model, stream, timer):
         yield _sse(items._event("response.in_progress", response=shell))
         async for _, out in merge([stream]):
             last, c = out, out.outputs[0]
-            timer.saw(len(c.token_ids))
+            timer.saw(out)
             delta, text_len = c.text[text_len:], len(c.text)
             for event in items.feed(_events(delta, c.finish_reason is not None, parser)):
                 yield _sse(event)
@@ -188,12 +188,12 @@ async def create_response(req: ResponsesRequest, request: Request):
     plan.params = state.with_adapter(plan.params, req.model)
     check_prompt_work([len(plan.prompt_ids)], max_prompts=1, max_prompt_tokens=state.prompt_token_limit)
     request_id = f"resp_{uuid.uuid4().hex}"
-    timer = RequestTimer(state.metrics)
+    timer = RequestTimer(state.metrics, plan.params)
     stream = state.engine.generate(request_id, plan.prompt_ids, plan.params)
     if req.stream:
         return EventStream(_stream(req, plan, request_id, model, stream, timer))
     try:
-        finals = await collect(request, [stream], on_output=lambda _, o: timer.saw(len(o.outputs[0].token_ids)))
+        finals = await collect(request, [stream], on_output=lambda _, o: timer.saw(o))
     except Exception as e:
         timer.finish([None])
         raise as_api_error(e) from None
