@@ -16,6 +16,7 @@ from .limits import DEFAULT_MAX_PROMPTS
 from .media import MediaOptions
 from .sampling import DEFAULT_KEYS
 from .state import ServerState
+from .token_bound import TokenBound, publish_token_bound
 
 TOOL_CALL_PARSERS = ("kimi_k3",)
 REASONING_PARSERS = ("kimi_k3",)
@@ -116,4 +117,19 @@ def build_app(engine, *, served_model_name: str | list[str], api_key: str | list
         app.include_router(router)
     if getattr(getattr(engine, "engine", None), "lora", None) is not None:   # as vLLM: LoRA routes only with LoRA on
         app.include_router(lora.v1)
+    _bound_token_ids(app, state)
     return app
+
+
+def _bound_token_ids(app: FastAPI, state: ServerState) -> None:
+    """Token-id fields are validated against, and /openapi.json publishes, one bound: the
+    served model's (`ServerState.token_id_limit`, `k3.serve.token_bound`)."""
+    app.add_middleware(TokenBound, limit=lambda: state.token_id_limit)
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = publish_token_bound(generate(), state.token_id_limit)
+        return app.openapi_schema
+
+    app.openapi = openapi

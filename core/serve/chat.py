@@ -162,7 +162,7 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     params = build_params(req, max_tokens=max_tokens, logprobs=top if req.logprobs else None,
                           skip_special_tokens=False if k3 else req.skip_special_tokens,
-                          defaults=state.sampling_defaults, vocab_size=state.vocab_size,
+                          defaults=state.sampling_defaults,
                           renamed={"max_tokens": max_param, "logprobs": "top_logprobs"},
                           structured_outputs=spec)
     # the context check counts the placeholders each image expands to (one is in ids already)

@@ -29,7 +29,8 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
 def _prompts(state: ServerState, prompt) -> list[list[int]]:
-    """Token ids of every prompt in the request (the schema has refused empty ones)."""
+    """Token ids of every prompt in the request (validation has refused empty ones and ids outside
+    the vocabulary)."""
     if isinstance(prompt, str) or isinstance(prompt[0], int):
         prompt = [prompt]
     out = []
@@ -38,10 +39,6 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
         ids = state.tokenizer.encode(p, allow_special=False) if isinstance(p, str) else list(p)
         if not ids:
             raise bad_request(f"{where} is empty", param="prompt")
-        bad = [t for t in ids if not 0 <= t < state.vocab_size]
-        if bad:
-            raise bad_request(f"{where} has token ids outside the vocabulary (0 to {state.vocab_size - 1}): "
-                              f"{bad[:5]}", param="prompt")
         out.append(ids)
     return out
 
@@ -166,7 +163,7 @@ async def create_completion(req: CompletionRequest, request: Request):
         prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
     params = build_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
                           skip_special_tokens=req.skip_special_tokens, defaults=state.sampling_defaults,
-                          prompt_logprobs=prompt_logprobs, vocab_size=state.vocab_size,
+                          prompt_logprobs=prompt_logprobs,
                           structured_outputs=spec)
     params = state.with_adapter(params, req.model)
     for ids in prompts:

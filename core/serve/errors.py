@@ -72,6 +72,10 @@ def sse_error(err: APIError) -> str:
     return f"data: {json.dumps(err.body())}\n\n"
 
 
+# custom pydantic errors raised on a whole object that are about one of its fields
+_FIELD_OF = {"unknown_role": "role"}
+
+
 def _param(loc) -> str | None:
     """pydantic location ("body", "messages", 0, "role") -> "messages[0].role"."""
     out = ""
@@ -108,6 +112,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
             reason = (e.get("ctx") or {}).get("error", "")
             detail = f" ({reason})" if reason else ""
             return bad_request(f"The request body is not valid JSON{detail}.", code="invalid_json")
+    errors = [{**e, "loc": (*e.get("loc", ()), _FIELD_OF[e["type"]])} if e.get("type") in _FIELD_OF else e
+              for e in errors]
     errors = _relevant(errors) or [{"loc": (), "msg": "invalid request"}]
     param = _param(errors[0].get("loc", ()))
     parts = []

@@ -3,8 +3,11 @@
 
 Types are strict: a string where a number belongs, a number where a boolean belongs, NaN or
 Infinity are refused (HTTP 400), never coerced. The ranges mirror k3.engine.SamplingParams,
-which checks them again; what a schema cannot say (a tool result must answer a call, a prompt
-must fit the context) is checked by the handlers. Unknown top-level fields are ignored.
+which checks them again. The schema is the validation: chat messages are one model per role
+(a tool message needs content), and token-id fields are bounded by the served vocabulary in
+validation and in each server's /openapi.json alike (k3.serve.token_bound). What a schema cannot
+say (a tool result must answer a call, a prompt must fit the context) is checked by the
+handlers. Unknown top-level fields are ignored.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, RootModel, Tag,
+                      field_validator)
+
+from .token_bound import KEY_MARK, KEY_PATTERN, MARK, check_token_id, check_token_key
 
 INT64 = 2 ** 63
 MAX_PROMPTS = 64  # prompts in one /v1/completions request
@@ -28,7 +34,11 @@ def integer(**limits):
     return Annotated[int, Field(**limits), BeforeValidator(_integral)]
 
 
-TokenId = integer(ge=0)
+# A token id: >= 0 and below the serving model's vocabulary (k3.serve.token_bound: the same
+# bound for validation and for the published schema's `maximum`).
+TokenId = Annotated[int, Field(ge=0, json_schema_extra={MARK: True}), BeforeValidator(_integral),
+                    AfterValidator(check_token_id)]
+TokenKey = Annotated[str, Field(pattern=KEY_PATTERN), AfterValidator(check_token_key)]
 NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
@@ -53,6 +63,13 @@ def lone_surrogate_path(value, path: str = "") -> str | None:
             if not isinstance(v, (int, float)) and (found := lone_surrogate_path(v, f"{path}[{i}]")):
                 return found
     return None
+
+
+def _token_keys(schema: dict) -> None:
+    """logit_bias's schema: every key a token id (`propertyNames`; pydantic's own
+    `patternProperties` would let other keys through)."""
+    (_, value), = schema.pop("patternProperties").items()
+    schema.update({"propertyNames": {"pattern": KEY_PATTERN}, "additionalProperties": value, KEY_MARK: True})
 
 
 class _Strict(BaseModel):
@@ -134,20 +151,69 @@ def _part_kind(part: Any) -> str:
 
 ContentPart = Annotated[Annotated[TextPart, Tag("TextPart")] | Annotated[ImageURLPart, Tag("ImageURLPart")],
                         Discriminator(_part_kind)]
+Content = str | list[TextPart]
+UserContent = str | list[ContentPart]        # user messages may also carry images (a model with a tower)
 
 
-class ChatMessage(_Strict):
-    """One input message. `content`: a string, null, or a list of text parts (user messages: also
-    image_url parts, for a model with a vision tower)."""
+class _Message(_Strict):
+    """Fields every input message may carry; unknown fields are kept (a custom chat template
+    may read them)."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
     name: str | None = None
+
+
+class SystemMessage(_Message):
+    """A system or developer message."""
+
+    role: Literal["system", "developer"]
+    content: Content | None = None
+    tools: list[Tool] | None = Field(None, description="K3 format: more tools, declared at this point of the "
+                                                       "conversation (the K2 format ignores them)")
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: UserContent | None = Field(None, description="text, or text and image_url parts")
+
+
+class AssistantInputMessage(_Message):
+    """An earlier assistant turn: its text, its reasoning, and the tool calls it made (the answer's
+    message is `k3.serve.responses.AssistantMessage`)."""
+
+    role: Literal["assistant"]
+    content: Content | None = Field(None, description="null when the turn only made tool calls")
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
     reasoning_content: str | None = Field(None, description="earlier reasoning of an assistant turn")
     reasoning: str | None = Field(None, description="the same as reasoning_content (vLLM's newer name)")
+
+
+class ToolMessage(_Message):
+    """The result of a tool call of the preceding assistant message, matched by `tool_call_id`,
+    else by `name`, else by position (an unmatched result is a 400: no schema can say that)."""
+
+    role: Literal["tool"]
+    content: Content = Field(description="the tool's result (required, as in OpenAI's API)")
+    tool_call_id: str | None = None
+
+
+ROLES = {"system": "SystemMessage", "developer": "SystemMessage", "user": "UserMessage",
+         "assistant": "AssistantInputMessage", "tool": "ToolMessage"}
+
+
+def _role(message) -> str | None:
+    # tags are the class names, which error locations leave out (k3.serve.errors)
+    return ROLES.get(message.get("role")) if isinstance(message, dict) else None
+
+
+ChatMessage = Annotated[
+    Annotated[SystemMessage, Tag("SystemMessage")] | Annotated[UserMessage, Tag("UserMessage")]
+    | Annotated[AssistantInputMessage, Tag("AssistantInputMessage")] | Annotated[ToolMessage, Tag("ToolMessage")],
+    Discriminator(_role, custom_error_type="unknown_role",
+                  custom_error_message="a message needs a role: system, developer, user, assistant or tool")]
+"""One input message, by its `role`. `content`: a string, null, or a list of text parts (user
+messages: also image_url parts, for a model with a vision tower; a tool message's content is
+required)."""
 
 
 class ResponseFormat(_Strict):
@@ -205,7 +271,8 @@ class _Sampling(_Strict):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,12}$")], Annotated[float, Field(ge=-100, le=100)]] | None \
+    logit_bias: Annotated[dict[TokenKey, Annotated[float, Field(ge=-100, le=100)]],
+                          Field(json_schema_extra=_token_keys)] | None \
         = Field(None, description="token id (a decimal string) -> bias in [-100, 100], added to that token's logit "
                                   "before sampling (ids outside the vocabulary: 400)")
     user: str | None = None

@@ -20,17 +20,12 @@ LOGPROB_FLOOR = -9999.0   # -inf is not JSON; vLLM clamps the same way
 
 def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None, skip_special_tokens: bool,
                  defaults: dict[str, Any], renamed: dict[str, str] | None = None,
-                 prompt_logprobs: int | None = None, vocab_size: int | None = None,
-                 structured_outputs=None) -> SamplingParams:
+                 prompt_logprobs: int | None = None, structured_outputs=None) -> SamplingParams:
     """SamplingParams for `req`; an out-of-range value is a 400 naming the request field
-    (`renamed` maps engine field names to the names this request used; `vocab_size` bounds
-    stop_token_ids and logit_bias; `structured_outputs`: the compiled constraint, `k3.serve.structured`)."""
-    bias = logit_bias(req.logit_bias, vocab_size)
-    if vocab_size is not None and req.stop_token_ids:
-        bad = [t for t in req.stop_token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise bad_request(f"stop_token_ids has ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}",
-                              param="stop_token_ids")
+    (`renamed` maps engine field names to the names this request used; `structured_outputs`: the
+    compiled constraint, `k3.serve.structured`). Token ids (stop_token_ids, logit_bias keys) were
+    bounded by the vocabulary when the request was validated (`k3.serve.token_bound`)."""
+    bias = logit_bias(req.logit_bias)
 
     def pick(name: str, fallback):
         value = getattr(req, name)
@@ -52,18 +47,12 @@ def build_params(req: _Sampling, *, max_tokens: int | None, logprobs: int | None
         raise bad_request(f"{name}: {str(e).split(': ', 1)[1]}", param=name) from None
 
 
-def logit_bias(field: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:
-    """The request's logit_bias ({"token id": bias}, the schema checked the spelling and the
-    range) as the engine's {id: bias}; a 400 for ids outside the vocabulary. None when empty."""
+def logit_bias(field: dict[str, float] | None) -> dict[int, float] | None:
+    """The request's logit_bias ({"token id": bias}, validation checked the spelling, the range
+    and the vocabulary) as the engine's {id: bias}. None when empty."""
     if not field:
         return None
-    bias = {int(t): float(b) for t, b in field.items()}
-    if vocab_size is not None:
-        bad = sorted(t for t in bias if t >= vocab_size)
-        if bad:
-            raise bad_request(f"logit_bias has token ids outside the vocabulary (0 to {vocab_size - 1}): {bad[:5]}",
-                              param="logit_bias")
-    return bias
+    return {int(t): float(b) for t, b in field.items()}
 
 
 def prompt_logprobs_json(entries: list | None) -> list | None:

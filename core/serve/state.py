@@ -68,6 +68,12 @@ class ServerState:
         return self.engine.engine.model_config.vocab_size
 
     @property
+    def token_id_limit(self) -> int:
+        """Token ids a request may carry are below this: the model's vocabulary and the
+        tokenizer's, whichever is smaller (validated and published by `k3.serve.token_bound`)."""
+        return min(self.vocab_size, self.tokenizer.vocab_size)
+
+    @property
     def model_path(self) -> str:
         return str(self.engine.engine.config.model)
 

@@ -49,3 +49,12 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.sock.close()
+
+
+def request_validator(openapi: dict, path: str):
+    """A jsonschema validator of `path`'s POST body, against the published /openapi.json
+    (OpenAPI 3.1 schemas are JSON Schema 2020-12; refs point into the document's components)."""
+    from jsonschema import Draft202012Validator
+
+    body = openapi["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return Draft202012Validator({**body, "components": openapi["components"]})

@@ -50,7 +50,7 @@ def test_tokenize_and_detokenize(http, engine):
 
     size = tok.vocab_size
     bad = http.post("/detokenize", json={"tokens": [1, size]})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens" and str(size) in bad.text
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[1]" and str(size - 1) in bad.text
     assert http.post("/detokenize", json={"tokens": [-1]}).status_code == 400
     assert http.post("/tokenize", json={"model": "nope", "prompt": "x"}).status_code == 404
     refused = http.post("/tokenize", json={"messages": [{"role": "wizard", "content": "x"}]})

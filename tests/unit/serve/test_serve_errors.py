@@ -95,7 +95,8 @@ CASES = [
     ("completion-empty-prompt", COMPLETIONS, {"model": MODEL, "prompt": ""}, "prompt"),
     ("completion-empty-ids", COMPLETIONS, {"model": MODEL, "prompt": [[1], []]}, "prompt[1]"),
     ("completion-too-many-prompts", COMPLETIONS, {"model": MODEL, "prompt": ["a"] * 65}, "prompt"),
-    ("completion-bad-token-id", COMPLETIONS, {"model": MODEL, "prompt": [1, 10 ** 9]}, "prompt"),
+    ("completion-bad-token-id", COMPLETIONS, {"model": MODEL, "prompt": [1, 10 ** 9]}, "prompt[1]"),
+    ("tool-without-content", CHAT, _chat(messages=MSG + [{"role": "tool", "tool_call_id": "c1"}]), "messages[1].content"),
     ("completion-negative-token-id", COMPLETIONS, {"model": MODEL, "prompt": [-1]}, "prompt[0]"),
     ("completion-echo-logprobs-stream", COMPLETIONS,
      {"model": MODEL, "prompt": "a", "echo": True, "logprobs": 1, "stream": True}, "echo"),
@@ -149,9 +150,10 @@ def test_unknown_route_and_method(http, engine):
 
 
 def test_stop_token_ids_outside_the_vocabulary(http, engine):
-    for path, body in ((CHAT, _chat(stop_token_ids=[3, 10**6])), (COMPLETIONS, {"model": MODEL, "prompt": "a",
-                                                                                "stop_token_ids": [512, 2]})):
-        _error(http.post(path, json=body), 400, param="stop_token_ids")
+    for path, body, at in ((CHAT, _chat(stop_token_ids=[3, 10**6]), "[1]"),
+                           (COMPLETIONS, {"model": MODEL, "prompt": "a", "stop_token_ids": [512, 2]}, "[0]")):
+        error = _error(http.post(path, json=body), 400, param="stop_token_ids" + at)   # the id at fault
+        assert "outside the vocabulary (0 to 511)" in error["message"], error
 
 
 def test_openai_client_sees_bad_request(client, engine):
