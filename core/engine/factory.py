@@ -174,8 +174,8 @@ def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
         vcfg = MoonViTConfig.from_dict(vision)
         tower = MoonViTTower(vcfg, init_vision_params(vcfg, seed=config.seed, dtype=model.dtype))
     elif not has_vision_tensors(config.model):
-        print(f"k3: {config.model}: the config declares a vision tower but the checkpoint holds none of its "
-              "tensors; serving text only", file=sys.stderr)
+        logger.warning(f"{config.model}: the config declares a vision tower but the checkpoint holds none of its "
+                       "tensors; serving text only")
         return None
     else:
         tower = load_vision_tower(config.model, dtype=model.dtype)
