@@ -76,6 +76,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 
+class _Request(_Strict):
+    """A top-level request body (chat, completions, /tokenize, /v1/responses)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value, info):
+        """One rule for every text field of a request: a lone surrogate is refused (400 naming the
+        top-level field). It walks each field's raw value once, nested messages and tools included,
+        so the nested models need no check of their own."""
+        found = lone_surrogate_path(value, info.field_name)
+        if found:
+            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
+                             "(surrogates come in escaped pairs)")
+        return value
+
+
 class StreamOptions(_Strict):
     include_usage: bool = Field(False, description="send a last chunk with `usage` (and `choices: []`)")
 
@@ -237,21 +253,9 @@ class ThinkingConfig(_Strict):
     type: Literal["enabled", "disabled"]
 
 
-class _Sampling(_Strict):
+class _Sampling(_Request):
     """Fields shared by chat and text completions. Defaults of temperature, top_p, top_k,
     min_p and repetition_penalty: the checkpoint's generation_config.json, else vLLM's."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value, info):
-        """One rule for every text field of a request: a lone surrogate is refused (400 naming the
-        top-level field). It walks each field's raw value once, nested messages and tools included,
-        so the nested models need no check of their own."""
-        found = lone_surrogate_path(value, info.field_name)
-        if found:
-            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode "
-                             "(surrogates come in escaped pairs)")
-        return value
 
     model: str
     n: integer(ge=1, le=16) = Field(1, description="choices per request")
@@ -327,16 +331,8 @@ class CompletionRequest(_Sampling):
     skip_special_tokens: bool = True
 
 
-class _Tokenize(_Strict):
+class _Tokenize(_Request):
     """Fields shared by both shapes of POST /tokenize (vLLM's)."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value, info):
-        found = lone_surrogate_path(value, info.field_name)
-        if found:
-            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode")
-        return value
 
     model: str | None = Field(None, description="a served model name (optional)")
     return_token_strs: bool = Field(False, description="also return each token as text (`token_strs`)")
@@ -485,17 +481,9 @@ class ResponsesReasoningConfig(_Strict):
     summary: str | None = Field(None, description="accepted; the reasoning item carries the whole think channel")
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Request):
     """POST /v1/responses: text and function tools (no stored state: `previous_response_id`,
     `store: true` beyond the answer itself, and built-in tools are refused)."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _valid_unicode(cls, value, info):
-        found = lone_surrogate_path(value, info.field_name)
-        if found:
-            raise ValueError(f"{found} holds a lone UTF-16 surrogate; text must be valid Unicode")
-        return value
 
     model: str
     input: NonEmpty | Annotated[list[ResponsesItem], Field(min_length=1)]
