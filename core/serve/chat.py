@@ -97,10 +97,11 @@ def template_kwargs(req) -> dict:
 
 
 def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
-                  ) -> tuple[list[int], bool, bool, list | None]:
-    """(prompt ids, K3 format, thinking mode, the images loaded from image_url parts or None) of a
-    chat request's messages and tools, rendered with the model's chat format or --chat-template
-    (one placeholder per image in the ids); every problem is a 400. Also /tokenize's."""
+                  ) -> tuple[list[int], bool, bool, list[str]]:
+    """(prompt ids, K3 format, thinking mode, the image_url parts' URLs, checked but not loaded) of
+    a chat request's messages and tools, rendered with the model's chat format or --chat-template
+    (one placeholder per image in the ids); every problem is a 400. Also /tokenize's, which
+    needs no image loaded."""
     tok = state.tokenizer
     try:
         k3 = chat_format(tok) == "k3"
@@ -121,7 +122,6 @@ def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
     if urls and (not k3 or state.chat_template is not None):
         raise bad_request("images need the K3 chat format (a --chat-template renders text only)",
                           param="messages", code="images_not_supported")
-    images = load_chat_images(urls, state.media) if urls else None
     kwargs = template_kwargs(req)
     tool_choice = getattr(req, "tool_choice", None)
     response_format = getattr(req, "response_format", None)
@@ -135,13 +135,14 @@ def render_prompt(state: ServerState, req, *, add_generation_prompt: bool = True
             add_generation_prompt=add_generation_prompt, **kwargs)
     except ChatTemplateError as e:
         raise bad_request(str(e), param=_template_param(str(e))) from None
-    return ids, k3, thinking, images
+    return ids, k3, thinking, urls
 
 
 def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
     """Render the prompt and build the sampling parameters; every problem is a 400."""
     tok = state.tokenizer
-    ids, k3, thinking, images = render_prompt(state, req)
+    ids, k3, thinking, urls = render_prompt(state, req)
+    images = load_chat_images(urls, state.media) if urls else None
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", param="top_logprobs")
