@@ -3,7 +3,7 @@ short conv, MoE experts and router, AttnRes, MLA decode and prefill, RMSNorm, GL
 the reference ops,
 under the Triton interpreter: the conformance suite's model cases (greedy tokens and logits
 against the reference model, chunked prefill mixed with decode, on the packed cache) pass in
-float32 and bf16. This is the CPU half of what `k3 conformance --platform nvidia` checks on
+bf16. This is the CPU half of what `k3 conformance --platform nvidia` checks on
 the GPU."""
 
 import dataclasses
@@ -18,9 +18,11 @@ moe_mxfp4 = pytest.importorskip("k3.platforms.triton_kernels.moe_mxfp4")
 from k3.platforms.torch_kernels import mla_prefill_sdpa  # noqa: E402
 from k3.platforms.triton_kernels import attn_res, glu, kda_decode, mla_decode, rms_norm, router, short_conv  # noqa: E402
 
-CASES = [i for i in items("full", ("model",)) if i.case.name == "model.greedy"
-         and (("k3.1-pro-tiny" in i.sample.shape and i.dtype in ("float32", "bfloat16"))
-              or ("kimi-linear-tiny" in i.sample.shape and i.dtype == "bfloat16"))]
+# bf16, the dtype the GPU serves: the fp32 k3.1-pro-tiny case took 95 s under the interpreter
+# and checks the same kernels as the bf16 one; each kernel's fp32 path has its own test here,
+# and `k3 conformance --platform nvidia` runs every model case in both dtypes on the GPU.
+CASES = [i for i in items("full", ("model",)) if i.case.name == "model.greedy" and i.dtype == "bfloat16"
+         and ("k3.1-pro-tiny" in i.sample.shape or "kimi-linear-tiny" in i.sample.shape)]
 
 
 def with_kernels(platform):
@@ -37,6 +39,6 @@ def with_kernels(platform):
 
 @pytest.mark.parametrize("item", CASES, ids=lambda i: i.id)
 def test_tiny_models_with_every_kernel(item):
-    assert len(CASES) == 3
+    assert len(CASES) == 2
     outcome = run_item(RunContext(with_kernels(select_platform("reference"))), item)
     assert outcome.passed, outcome.summary()

@@ -46,11 +46,18 @@ def _check(got, want, dtype):
     assert err < TOL[dtype], err
 
 
-@pytest.mark.parametrize("mode", ["decode", "gemv"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("act", [("situ", 4.0, None), ("situ", 4.0, 8.0), ("silu", None, None)],
-                         ids=["situ", "situ_linear_beta", "silu"])
+ACTIVATIONS = {"situ": ("situ", 4.0, None), "situ_linear_beta": ("situ", 4.0, 8.0), "silu": ("silu", None, None)}
+# Every activation in every mode and dtype, except the gemv mode's bf16 (fp16-pair) form under
+# the interpreter (23-35 s a case): it runs with the linear beta only, since the epilogue it
+# shares with the fp32 gemv form is checked there for all three activations.
+MATCH_CASES = [(mode, dtype, act) for mode in ("decode", "gemv") for dtype in ("fp32", "bf16") for act in ACTIVATIONS
+               if not (mode == "gemv" and dtype == "bf16" and act != "situ_linear_beta")]
+
+
+@pytest.mark.parametrize("mode,dtype,act", MATCH_CASES, ids=["-".join(c[::-1]) for c in MATCH_CASES])
 def test_matches_the_reference(dtype, act, mode):
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    act = ACTIVATIONS[act]
     activation, beta, linear_beta = act
     g = torch.Generator().manual_seed(0)
     t, k, e, inter, l = 5, 3, 6, 64, 96
@@ -64,7 +71,8 @@ def test_matches_the_reference(dtype, act, mode):
     _check(got, want, dtype)
 
 
-@pytest.mark.parametrize("split,prefetch", [(2, False), (4, False), (4, True), (8, True)])
+# the smallest and the largest split, with and without prefetch (13-19 s a case under the interpreter)
+@pytest.mark.parametrize("split,prefetch", [(2, False), (8, True)])
 def test_gemv_row_splits_match_the_reference(split, prefetch):
     """The gemv mode with several weight rows per thread (row_split) and weights loaded a step
     ahead (prefetch): rows of a program come as split blocks, a wrong block offset swaps output
