@@ -15,6 +15,7 @@ import torch
 
 from k3.model.metadata import ForwardMetadata
 from k3.model.token_steps import forward_token_steps
+from k3.structured.backend import fill_bitmasks
 from k3.structured.bitmask import bitmask_width
 
 from .batch import build_metadata, build_sampling
@@ -149,9 +150,17 @@ class ModelRunner:
             return None
         pin = self.pinned_uploads and self.device.type != "cpu"
         host = torch.full((len(grammars), bitmask_width(self.vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
+        in_grammar = []                                   # (row, grammar): rows the backend fills in one call
         for row, g in enumerate(grammars):
             if g is not None and g.active:
-                g.fill(host, row)
+                if g.grammar_matcher is None:
+                    g.fill_outside_grammar(host, row)
+                else:
+                    in_grammar.append((row, g))
+        if in_grammar:
+            fill_bitmasks([g.grammar_matcher for _, g in in_grammar], host, [row for row, _ in in_grammar])
+            for row, g in in_grammar:
+                g.finish_grammar_fill(host, row)
         return host.to(self.device, non_blocking=pin)
 
     def _not_yet(self, s) -> set[int]:

@@ -59,6 +59,25 @@ class GrammarMatcher(Protocol):
         """Whether a stop token was accepted: nothing more may follow."""
 
 
+def fill_bitmasks(matchers: list[GrammarMatcher], bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Row rows[i] of the int32 CPU bitmask [B, W] from matchers[i], for a whole step at once.
+    A matcher type may define `fill_many(matchers, bitmask, rows)` (a classmethod filling many
+    rows in one call, e.g. on the backend's own threads); matchers of types without it fill
+    their rows one by one."""
+    groups: dict[type, tuple[list, list]] = {}
+    for matcher, row in zip(matchers, rows, strict=True):
+        members, member_rows = groups.setdefault(type(matcher), ([], []))
+        members.append(matcher)
+        member_rows.append(row)
+    for kind, (members, member_rows) in groups.items():
+        fill_many = getattr(kind, "fill_many", None)
+        if fill_many is not None:
+            fill_many(members, bitmask, member_rows)
+        else:
+            for matcher, row in zip(members, member_rows):
+                matcher.fill_bitmask(bitmask, row)
+
+
 class GrammarBackend(Protocol):
     """Compiles specs for one vocabulary and makes matchers."""
 

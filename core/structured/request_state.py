@@ -96,20 +96,42 @@ class RequestGrammar:
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """The allowed next tokens into row `row` of the int32 CPU bitmask."""
+        matcher = self.grammar_matcher
+        if matcher is None:
+            self.fill_outside_grammar(bitmask, row)
+        else:
+            matcher.fill_bitmask(bitmask, row)
+            self.finish_grammar_fill(bitmask, row)
+
+    @property
+    def grammar_matcher(self):
+        """The backend matcher that fills this request's next row, or None when the next token
+        is not the grammar's (before the trigger, in a forced segment, after the end). A step
+        fills all such rows at once (`k3.structured.backend.fill_bitmasks`), then calls
+        `finish_grammar_fill` for each; the other rows take `fill_outside_grammar`."""
+        if self.phase == "trigger" or not isinstance(self.current, Constrained):
+            return None
+        return self._matcher
+
+    def fill_outside_grammar(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` when `grammar_matcher` is None: everything before the trigger, the stop ids
+        after the last segment, the next forced id inside a forced segment."""
         seg = self.current
         if self.phase == "trigger":
             bitmask[row].fill_(-1)
         elif seg is None:
             set_only(bitmask, row, self.stop_ids)
-        elif isinstance(seg, Forced):
-            set_only(bitmask, row, seg.ids[self._pos:self._pos + 1])
         else:
-            self._matcher.fill_bitmask(bitmask, row)
-            if has_any(bitmask, row, self.stop_ids):
-                exit_token = self._exit_token()
-                if exit_token is not None:
-                    clear_ids(bitmask, row, self.stop_ids)
-                    add_ids(bitmask, row, [exit_token])
+            set_only(bitmask, row, seg.ids[self._pos:self._pos + 1])
+
+    def finish_grammar_fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """After the matcher filled row `row`: where the grammar may end and a forced segment
+        follows, its first id replaces the stop ids."""
+        if has_any(bitmask, row, self.stop_ids):
+            exit_token = self._exit_token()
+            if exit_token is not None:
+                clear_ids(bitmask, row, self.stop_ids)
+                add_ids(bitmask, row, [exit_token])
 
     def accept(self, token: int) -> None:
         """Follow one sampled token."""

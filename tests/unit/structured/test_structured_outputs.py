@@ -194,3 +194,52 @@ def test_free_requests_keep_their_greedy_tokens_beside_constrained_ones(llm):
     assert [mixed[i].outputs[0].token_ids for i in (0, 2, 4)] == alone
     for i in (1, 3):
         jsonschema.validate(json.loads(mixed[i].outputs[0].text), SCHEMAS[1])
+
+
+def test_a_steps_rows_filled_in_one_batch_equal_rows_filled_one_by_one(llm):
+    """The runner fills every in-grammar row of a step in one backend call (xgrammar's batch
+    filler, then the JSON keep mask and the exit-token swap per row): the step's bitmask equals
+    each request's own fill, for grammars walked to random points (rows before the trigger, in
+    forced prefixes and suffixes, mid-JSON, at a grammar's end) and rows without a grammar."""
+    so: StructuredOutputs = llm.engine.structured
+    V, stop = so.vocab_size, so.stop_token_ids
+    rng = torch.Generator().manual_seed(5)
+    specs = ([StructuredOutputsParams(json=s) for s in SCHEMAS[:8]]
+             + [StructuredOutputsParams(regex="[a-c]{2,5}x", prefix=(1, 2), suffix=(3,)),
+                StructuredOutputsParams(choice=["ab", "abc"], trigger=(7, 8)),
+                StructuredOutputsParams(json=SCHEMAS[0], prefix=(5,), suffix=(6, 4))])
+    grammars = []
+    one = torch.zeros(1, (V + 31) // 32, dtype=torch.int32)
+    for i, spec in enumerate(specs * 2):
+        g = so.request_grammar(spec)
+        for free in (7, 8) if spec.trigger and i % 2 else ():
+            g.accept(free)
+        for _ in range(int(torch.randint(0, 9, (1,), generator=rng))):
+            if not g.active:
+                break
+            g.fill(one, 0)
+            allowed = _allowed(one[0], V)
+            token = allowed[int(torch.randint(len(allowed), (1,), generator=rng))]
+            if token in stop:
+                break
+            g.accept(token)
+        grammars.append(g)
+    tok = llm.get_tokenizer()
+    for spec, text in ((StructuredOutputsParams(json={"type": "string", "maxLength": 20}), '"a'),   # in a string:
+                       (StructuredOutputsParams(choice=["ab"], suffix=(3, 4)), "ab")):      # control bytes cleared;
+        g = so.request_grammar(spec)                                                        # at the end: exit swap
+        for token in tok.encode(text):
+            g.accept(token)
+        assert g.rejected == 0 and g.grammar_matcher is not None
+        grammars += [g, g]
+    grammars[3:3] = [None, None]                               # unconstrained rows keep everything
+    states = {type(g.grammar_matcher).__name__ if g and g.grammar_matcher else "outside" for g in grammars}
+    assert states == {"XGrammarMatcher", "outside"}, states
+    batched = llm.engine.runner._grammar_bitmask(grammars)
+    for row, g in enumerate(grammars):
+        if g is None or not g.active:
+            assert (batched[row] == -1).all()
+            continue
+        one.fill_(0)
+        g.fill(one, 0)
+        assert torch.equal(batched[row], one[0]), row
