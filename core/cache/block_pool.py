@@ -25,6 +25,10 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_rows - len(self._free)
 
+    def refcount(self, row: int) -> int:
+        """How many holders row `row` has (0: free)."""
+        return self._refs[row]
+
     def allocate(self, n: int) -> list[int] | None:
         """n fresh rows (reference count 1), or None when fewer than n are free."""
         if n > len(self._free):

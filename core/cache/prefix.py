@@ -218,3 +218,11 @@ class PrefixCache:
     @property
     def num_cached_rows(self) -> int:
         return len(self._row_users)
+
+    @property
+    def num_evictable_rows(self) -> int:
+        """Rows only this cache holds (no running request shares them): what evicting every
+        unit and checkpoint would give back to the pool. vLLM counts such idle cached blocks as
+        free in its KV-cache usage."""
+        rows = [*self._row_users, *self.checkpoints.values()]
+        return sum(self.pool.refcount(r) == 1 for r in rows)

@@ -184,13 +184,13 @@ class LLMEngine:
         if cache is None:
             return {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0,
                     "prefix_cache_queried_tokens_total": 0, "prefix_cache_reused_tokens_total": 0, "prefix_cache_checkpoint_rows": 0,
-                    "prefix_cache_checkpoint_bytes": 0, "prefix_cache_rows": 0}
+                    "prefix_cache_checkpoint_bytes": 0, "prefix_cache_rows": 0, "prefix_cache_evictable_rows": 0}
         return {"prefix_cache_queries_total": cache.stats.queries, "prefix_cache_hits_total": cache.stats.hits,
                 "prefix_cache_queried_tokens_total": cache.stats.queried_tokens,
                 "prefix_cache_reused_tokens_total": cache.stats.reused_tokens,
                 "prefix_cache_checkpoint_rows": cache.num_checkpoint_rows,
                 "prefix_cache_checkpoint_bytes": cache.num_checkpoint_rows * self.plan.layout.row_bytes,
-                "prefix_cache_rows": cache.num_cached_rows}
+                "prefix_cache_rows": cache.num_cached_rows, "prefix_cache_evictable_rows": cache.num_evictable_rows}
 
     def spec_stats(self) -> dict:
         """Speculative decoding's counters ({} without speculation)."""

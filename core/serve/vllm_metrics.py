@@ -42,6 +42,15 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exponent += 1
 
 
+def vllm_cache_usage(stats: dict) -> float:
+    """vLLM's KV-cache usage from an engine's stats: rows neither free nor held by the prefix
+    cache alone (its idle rows are free in vLLM's count), over all rows."""
+    rows = stats["cache_rows"]
+    if not rows:
+        return 0.0
+    return (rows - stats["cache_rows_free"] - stats.get("prefix_cache_evictable_rows", 0)) / rows
+
+
 class VllmMetrics:
     """The `vllm:` instruments of one server, in `registry`, labelled model_name / engine "0".
 
@@ -119,7 +128,7 @@ class _EngineCollector:
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s["waiting"])
         rows = s["cache_rows"]
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                          (rows - s["cache_rows_free"]) / rows if rows else 0.0)
+                          vllm_cache_usage(s))
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s["prompt_tokens_total"])
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
                             s["generation_tokens_total"])

@@ -140,3 +140,21 @@ def test_a_shallower_checkpoint_survives_eviction_and_is_reused(ckpt):
     assert _generate(engine, [follow_up]) == expected[1:]
     reused = engine.prefix_cache.stats.reused_tokens - before
     assert 0 < reused < deepest and reused % 32 == 0
+
+
+def test_evictable_rows_are_the_rows_only_the_cache_holds(ckpt):
+    """`prefix_cache_evictable_rows` (what vLLM's KV-cache usage counts as free): every cached
+    row while idle; while a request runs on a hit, the rows it shares are not evictable, and
+    evicting everything frees exactly the evictable count."""
+    engine = _engine(ckpt, True, kda_checkpoint_interval=UNIT)
+    _generate(engine, [BASE[:140]])
+    idle = engine.prefix_cache_stats()
+    assert idle["prefix_cache_evictable_rows"] == idle["prefix_cache_rows"] + idle["prefix_cache_checkpoint_rows"] > 0
+    engine.add_request("hit", BASE[:140] + _tokens(6, 5), GREEDY)
+    engine.step()                                           # prefilled on the hit: shares the cached rows
+    busy = engine.prefix_cache_stats()
+    assert engine.prefix_cache_stats()["prefix_cache_hits_total"] == 1
+    assert busy["prefix_cache_evictable_rows"] < idle["prefix_cache_evictable_rows"]
+    free_before = engine.pool.num_free
+    freed = engine.prefix_cache.evict(engine.pool.num_rows)
+    assert freed == engine.pool.num_free - free_before == busy["prefix_cache_evictable_rows"]
