@@ -126,7 +126,6 @@ class _EngineCollector:
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                           s["running"])
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s["waiting"])
-        rows = s["cache_rows"]
         yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                           vllm_cache_usage(s))
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s["prompt_tokens_total"])
