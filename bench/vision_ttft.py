@@ -1,6 +1,7 @@
-"""TTFT of a chat request with one image against the same prompt without it (k3-tiny, CPU).
+"""TTFT of a chat request with one image against the same prompt without it (k3-tiny).
 
     python bench/vision_ttft.py [--side 448 --repeats 5] [--out result.json]
+    python bench/vision_ttft.py --platform nvidia --dtype bfloat16       # on a GPU
     python bench/vision_ttft.py --smoke --out /tmp/v.json    # CI smoke (112 px, no chat turn, 1 repeat)
 
 k3-tiny carries the tiny MoonViT tower. Three prompts, each a K3 chat turn rendered by
@@ -74,12 +75,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--side", type=int, default=448, help="image side in pixels (default 448: 256 image tokens)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--platform", default="reference", help="k3 platform to run on (default: the CPU reference)")
     ap.add_argument("--smoke", action="store_true", help="a 112 px image after the bare question, 1 repeat")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     side, repeats = (112, 1) if args.smoke else (args.side, args.repeats)
     ckpt = init_checkpoint("k3-tiny", tempfile.mkdtemp(prefix="k3-bench-vision-"), progress=False)
-    engine = LLMEngine(EngineConfig(model=str(ckpt), platform="reference", dtype=args.dtype, load_progress=False,
+    engine = LLMEngine(EngineConfig(model=str(ckpt), platform=args.platform, dtype=args.dtype, load_progress=False,
                                     kv_cache_memory_gib=0.05, max_model_len=4096, max_num_batched_tokens=4096,
                                     enable_prefix_caching=False))
     if engine.media is None:
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
     cpu50 = {name: statistics.median(t) * 1e3 for name, t in cpu.items()}
     image_tokens = engine.media.num_tokens(image)
     result = {
-        "model": f"k3-tiny with its tiny vision tower ({args.dtype}, random weights, reference platform, CPU)",
+        "model": f"k3-tiny with its tiny vision tower ({args.dtype}, random weights, {engine.platform.name} platform, "
+                 f"{engine.device})",
         "image_side_px": side, "image_tokens": image_tokens,
         "prompt_tokens": {"image": len(cases["same_length"][0]), "text": len(cases["text"][0]),
                           "same_length": len(cases["same_length"][0])},

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='speculative decoding, vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'')
     parser.add_argument("--kv-cache-memory", type=float, default=0.25, metavar="GIB",
                         help="cache memory on the CPU (default 0.25)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                        help="accelerators: the fraction of device memory for weights, workspace and cache "
+                             "(default 0.9, as k3 serve)")
     parser.add_argument("--platform", default=None, metavar="NAME",
                         help="platform to run on (default: $K3_PLATFORM, else detection, as k3 serve)")
 
@@ -68,6 +71,7 @@ def _engine(args: argparse.Namespace):
     try:
         return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=1, platform=args.platform,
                                       kv_cache_memory_gib=args.kv_cache_memory,
+                                      gpu_memory_utilization=args.gpu_memory_utilization,
                                       speculative_config=args.speculative_config))
     except (CheckpointError, ConfigError, FileNotFoundError, PlatformError, ValueError) as e:
         raise CliError(str(e)) from None

@@ -96,7 +96,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                       max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                       kda_rollback=spec.kda_rollback if spec else "states", graph_scratch=graph_runner is not None)
-    cache = CachePool.on_platform(platform, cfg, fmt, plan.num_rows)
+    cache = _allocate_cache(platform, cfg, fmt, plan, config)
     if plan.record_slots:
         cache.allocate_records(slots=plan.record_slots, tokens=plan.record_tokens)
     pool = BlockPool(plan.token_rows)
@@ -238,6 +238,24 @@ def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):
     platform.process_weights(model)
     model.model.fold_weights()
     return model
+
+
+def _allocate_cache(platform, cfg: K3Config, fmt: CacheFormat, plan, config: EngineConfig) -> CachePool:
+    """The cache pool, or a ValueError that says why the device could not hold it (typically
+    another process on the same device: the plan counts the whole device's memory)."""
+    try:
+        return CachePool.on_platform(platform, cfg, fmt, plan.num_rows)
+    except torch.OutOfMemoryError:
+        device = torch.device(platform.info.device)
+        wanted = plan.num_rows * fmt.layout(cfg).row_bytes / GIB
+        free = ""
+        module = torch.get_device_module(device) if device.type != "cpu" else None
+        if module is not None and hasattr(module, "mem_get_info"):
+            free_bytes, total_bytes = module.mem_get_info(device)
+            free = f" ({free_bytes / GIB:.1f} of {total_bytes / GIB:.1f} GiB free)"
+        raise ValueError(f"the KV cache ({plan.num_rows} rows, {wanted:.2f} GiB) does not fit on {device}{free}: "
+                         f"another process may hold memory there; lower --gpu-memory-utilization (now "
+                         f"{config.gpu_memory_utilization:g}) or free the device") from None
 
 
 def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform) -> int:

@@ -210,3 +210,22 @@ def test_generate_runs_where_serve_would(tiny_dir, capsys, monkeypatch):
     _generate(capsys, "--model", str(tiny_dir), "--prompt", "a", "--max-tokens", "2", "--platform", "reference")
     assert seen == [None, "reference"]
     assert generate.__doc__ and "detection" in generate.__doc__
+
+
+def test_a_cache_the_device_cannot_hold_is_a_one_line_error(tiny_dir, capsys, monkeypatch):
+    """Another process holding device memory made the cache allocation raise torch's OOM with
+    a traceback; now one line names the cache's size and the flag to lower."""
+    import torch
+
+    from k3.cache.pool import CachePool
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 119.82 GiB.")
+
+    monkeypatch.setattr(CachePool, "on_platform", out_of_memory)
+    assert main(["generate", "--model", str(tiny_dir), "--prompt", "x", "--gpu-memory-utilization", "0.5"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "loading shards" not in line]
+    assert len(err) == 1, err
+    err = err[0]
+    assert err.startswith("k3: error: the KV cache (") and "GiB) does not fit on cpu" in err and "GiB) does not fit on cpu" in err
+    assert "lower --gpu-memory-utilization (now 0.5)" in err and "Traceback" not in err
