@@ -25,8 +25,8 @@ def test_every_kernel_compiles_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
-                                            "router", "attn_res", "mla_decode", "indexer_decode", "indexer_decode_mxfp4",
-                                            "indexer_prefill", "rms_norm", "glu", "moe_dequant",
+                                            "router", "attn_res", "mla_decode", "indexer_decode",
+                                            "indexer_decode_mxfp4", "indexer_prefill", "rms_norm", "glu", "moe_dequant",
                                             "kda_chunked_recurrence", "kda_intra_chunk", "moe_sum_choices",
                                             "mla_merge", "moe_half_planes"}
     for r in rows:
