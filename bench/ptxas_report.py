@@ -78,9 +78,9 @@ def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointe
 
 def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
-    from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_prefill, kda_decode, kda_recurrent,
-                                             glu, mla_decode, moe_mxfp4, moe_mxfp4_dequant, moe_mxfp4_gemv, rms_norm,
-                                             router, short_conv)
+    from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_decode_mxfp4, indexer_prefill,
+                                             kda_decode, kda_recurrent, glu, mla_decode, moe_mxfp4, moe_mxfp4_dequant,
+                                             moe_mxfp4_gemv, rms_norm, router, short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -176,6 +176,12 @@ def variants():
     types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*fp8e4nv", "scales_ptr": "*fp32",
                         "table_ptr": "*i32", "lens_ptr": "*i64", "out_ptr": "*fp32"}, ())
     yield ("indexer_decode", "k3.1_Hi32_D128_page64", fn, types, dict(HI=32, D=128, PAGE=64, BLOCK_L=64, IEEE=False), 4)
+
+    fn = indexer_decode_mxfp4._mxfp4_scores_kernel
+    types = _types(fn, {"qe_ptr": "*fp32", "qo_ptr": "*fp32", "w_ptr": "*fp32", "values_ptr": "*u8",
+                        "scales_ptr": "*u8", "table_ptr": "*i32", "lens_ptr": "*i64", "out_ptr": "*fp32"}, ())
+    yield ("indexer_decode_mxfp4", "k3.1_Hi32_D128_page64", fn, types,
+           dict(HI=32, HALF_D=64, PAGE=64, BLOCK_L=64, IEEE=False), 4)
 
     fn = indexer_prefill._prefill_scores_kernel
     types = _types(fn, {"q_ptr": "*fp32", "w_ptr": "*fp32", "keys_ptr": "*fp32", "key_start_ptr": "*i32",

@@ -14,7 +14,7 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32", "float64")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 # Cache record formats keep their CLI spellings (`--kv-cache-dtype`, `--index-cache-dtype`).
-# nvfp4 latents are sized, not yet stored.
+# nvfp4 latents: `k3.quant.nvfp4_latent` records; mxfp4 index keys: `k3.quant.mxfp4` per token.
 KV_CACHE_DTYPES = ("auto", "bf16", "fp8", "nvfp4")
 INDEX_CACHE_DTYPES = ("fp8", "mxfp4")
 # vLLM's --kv-cache-dtype spellings of the same formats (k3's fp8 latents are e4m3)

@@ -51,7 +51,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 # Cache record formats keep their CLI spellings (`--kv-cache-dtype`, `--index-cache-dtype`).
 # "auto" latents follow the activation dtype; "fp32" / "fp64" are what it means for float32 /
-# float64 test models (never typed by users). nvfp4 latents are sized, not yet stored.
+# float64 test models (never typed by users). nvfp4 latents are uint8 records
+# (`k3.quant.nvfp4_latent`), so they have no element dtype here.
 LATENT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
                                          "fp32": torch.float32, "fp64": torch.float64}
 _AUTO_LATENTS = {torch.bfloat16: "bf16", torch.float16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}

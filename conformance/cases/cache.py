@@ -3,6 +3,9 @@ drives them.
 
 - MLA decode over fp8 latent pages (the platform's fp8 flavour) with a per-tensor scale, a
   shuffled block table and NaN-poisoned pages outside the valid range.
+- MLA decode over NVFP4 latent records (`k3.quant.nvfp4_latent`): rows stored with the
+  platform's NVFP4 / FP8 codecs into 0xFF-poisoned record pages, read back dequantised
+  (`k3.model.latent_store`) by the platform's mla.decode.
 - DSA index keys in fp8 and MXFP4 pages (`IndexKeyCacheView`), through the model's
   `DSAIndexer`: prefill, chunked continuation and decode over poisoned, shuffled pages.
 - KDA state rows addressed by `state_indices` (`KDAStateView`), through the model's
@@ -26,10 +29,12 @@ from k3.model.indexer import DSAIndexer
 from k3.model.kda import KDAMixer
 from k3.model.paging import token_page_slots
 from k3.model.parallel import ParallelContext
-from k3.model.metadata import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView
+from k3.model.latent_store import readable_latents, store_latents
+from k3.model.metadata import CacheViews, ForwardMetadata, IndexKeyCacheView, KDAStateView, LatentCacheView
+from k3.quant.nvfp4_latent import nvfp4_latent_record_bytes
 
 from .. import compare as cmp
-from ..inputs import TORCH_DTYPES, poison_freed_memory, poisoned, randn, shuffled_pages, state_dtype
+from ..inputs import TORCH_DTYPES, poison_freed_memory, poisoned, randn, shuffled_pages, state_dtype, synchronize
 from ..layers import Capture, twin_layers
 from ..registry import Case, Sample, register, tolerances
 from ..runner import run_kernel_item
@@ -58,6 +63,54 @@ register(Case(
                params=dict(seq_lens=(70, 130), page_size=64, h=2, r=512, dn=128, dr=64, dv=128)),
     ),
     doc="Absorbed MLA decode over fp8 latent pages with a per-tensor scale."))
+
+
+def _mla_nvfp4_pages(ctx, item):
+    """Store every valid row of a poisoned, shuffled decode input as NVFP4 records with the
+    platform's codecs, read them back with its kernels, and compare: the decoded records with
+    the reference codec's decoding of the same rows, the untouched slots (still 0xFF), and the
+    platform's mla.decode over them with the float64 oracle over the reference's records."""
+    p, dtype, dev = item.sample.params, TORCH_DTYPES[item.dtype], ctx.device
+    tol, kernels, r, gs = item.case.tolerance(item.dtype), ctx.platform.kernels, p["r"], p["global_scale"]
+    spec = {k: v for k, v in p.items() if k != "global_scale"}
+    inputs = decode_inputs(torch.Generator().manual_seed(item.seed), dtype, **spec)
+    q_nope, q_pe, rows, table, seq_lens, w_uk, w_uv = inputs.args
+    written = torch.isfinite(rows.float()).all(-1)                           # [P, page]: the valid slots
+    at = written.nonzero(as_tuple=True)
+    records = poisoned((*rows.shape[:2], nvfp4_latent_record_bytes(r, rows.shape[2] - r)), torch.uint8)
+    view = LatentCacheView(records.to(dev), torch.tensor(gs, device=dev), fmt="nvfp4", kv_lora_rank=r)
+    poison_freed_memory(dev)
+    store_latents(kernels, view, tuple(a.to(dev) for a in at), rows[at].to(dev))
+    pages, _, dense_table = readable_latents(kernels, view, table.to(dev), dtype)
+    o = kernels.mla.decode(q_nope.to(dev), q_pe.to(dev), pages, dense_table, seq_lens.to(dev), w_uk.to(dev),
+                           w_uv.to(dev), **{k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                                            for k, v in inputs.kwargs.items()})
+    synchronize(dev)
+    stored = view.pages.cpu()
+    want_rows = ref.nvfp4_latent_dequantize(ref.nvfp4_latent_quantize(rows[at].double(), kv_lora_rank=r,
+                                                                      global_scale=gs),
+                                            kv_lora_rank=r, global_scale=gs, dtype=torch.float64)
+    ref_pages = poisoned(rows.shape, torch.float64)
+    ref_pages[at] = want_rows
+    want = ref.mla_decode(q_nope.double(), q_pe.double(), ref_pages, table, seq_lens, w_uk.double(), w_uv.double(),
+                          **{k: v for k, v in inputs.kwargs.items()})
+    outcome = cmp.Outcome()
+    got_rows = ref.nvfp4_latent_dequantize(stored[at], kv_lora_rank=r, global_scale=gs, dtype=torch.float64)
+    outcome.outputs.append(cmp.close("stored_rows", got_rows, want_rows, tol))
+    outcome.outputs.append(cmp.exact("untouched_slots", stored[~written], torch.full_like(stored[~written], 255)))
+    outcome.outputs.append(cmp.close("o", o.cpu(), want, tol))
+    return outcome
+
+
+register(Case(
+    "cache.mla_decode_nvfp4_pages", "cache", "mla.decode", run=_mla_nvfp4_pages, dtypes=("float32", "bfloat16"),
+    samples=(
+        Sample("N3_ps16_lens7-40-16_gs1_shuffled_poisoned",
+               params=dict(seq_lens=(7, 40, 16), page_size=16, global_scale=1.0, **SMALL)),
+        Sample("dsa_topk8_N2_ps16_lens30-12_gs0.25", params=dict(seq_lens=(30, 12), page_size=16, topk=8,
+                                                                  global_scale=0.25, **SMALL)),
+    ),
+    doc="Absorbed MLA decode over NVFP4 latent records: quantise on store, dequantise on read."))
 
 
 def _steps(seq_slots, steps):

@@ -12,6 +12,9 @@ import torch
 
 from k3.config import K3Config
 from k3.dtypes import LATENT_DTYPES
+from k3.quant.mxfp4 import MXFP4_BLOCK
+from k3.quant.nvfp4 import NVFP4_BLOCK
+from k3.quant.nvfp4_latent import nvfp4_latent_record_bytes
 from k3.model.metadata import CacheViews, IndexKeyCacheView, KDARecordView, KDAStateView, LatentCacheView
 
 from .format import CacheFormat
@@ -28,12 +31,13 @@ class CachePool:
 
     def __init__(self, cfg: K3Config, format: CacheFormat, num_rows: int, *, device=None,
                  backing: torch.Tensor | None = None):
-        if format.kv_cache_dtype not in LATENT_DTYPES:
-            raise ValueError(f"kv cache dtype {format.kv_cache_dtype!r} cannot be served by the reference kernels yet "
-                             f"(supported: {', '.join(LATENT_DTYPES)})")
-        if format.index_cache_dtype != "fp8" and cfg.uses_dsa:
-            raise ValueError(f"index cache dtype {format.index_cache_dtype!r} cannot be served by the reference "
-                             "kernels yet")
+        if format.kv_cache_dtype not in LATENT_DTYPES and format.kv_cache_dtype != "nvfp4":
+            raise ValueError(f"kv cache dtype {format.kv_cache_dtype!r} cannot be served by the reference kernels "
+                             f"(supported: {', '.join([*LATENT_DTYPES, 'nvfp4'])})")
+        if format.kv_cache_dtype == "nvfp4" and (cfg.kv_lora_rank or 0) % NVFP4_BLOCK:
+            raise ValueError(f"nvfp4 latents need kv_lora_rank % {NVFP4_BLOCK} == 0, got {cfg.kv_lora_rank}")
+        if cfg.uses_dsa and format.index_cache_dtype == "mxfp4" and cfg.index_head_dim % MXFP4_BLOCK:
+            raise ValueError(f"mxfp4 index keys need index_head_dim % {MXFP4_BLOCK} == 0, got {cfg.index_head_dim}")
         self.cfg, self.format, self.num_rows = cfg, format, num_rows
         self.layout = layout = format.layout(cfg)
         if backing is None:
@@ -83,21 +87,15 @@ class CachePool:
 
     def _build_views(self) -> CacheViews:
         cfg, layout, b, fmt = self.cfg, self.layout, self.backing, self.format
-        latent_dtype, tp = LATENT_DTYPES[fmt.kv_cache_dtype], fmt.tensor_parallel_size
+        tp = fmt.tensor_parallel_size
         regions = {r.name: r for r in layout.attention_regions + layout.state_regions}
-        block = layout.block_size
         latent, index_keys = [], [] if cfg.uses_dsa else None
         for layer in cfg.mla_layer_ids:
             r = regions[f"layer{layer}.latent"]
-            scale = torch.ones((), device=b.device) if latent_dtype == torch.float8_e4m3fn else None
-            latent.append(LatentCacheView(pages=_view(b, r.offset, r.nbytes, latent_dtype,
-                                                      (block, cfg.mla_latent_size)), scale=scale))
-            if cfg.uses_dsa:    # fp8 page: every token's D values, then every token's fp32 scale
+            latent.append(self._latent_view(r.offset, r.nbytes))
+            if cfg.uses_dsa:
                 r = regions[f"layer{layer}.index_key"]
-                d = cfg.index_head_dim
-                values = _view(b, r.offset, block * d, torch.float8_e4m3fn, (block, d))
-                scales = _view(b, r.offset + block * d, block * 4, torch.float32, (block,))
-                index_keys.append(IndexKeyCacheView(values=values, scales=scales, fmt="fp8"))
+                index_keys.append(self._index_key_view(r.offset))
         kda = []
         la = cfg.linear_attn
         for layer in cfg.kda_layer_ids:
@@ -110,6 +108,33 @@ class CachePool:
                            (3 * heads * la.head_dim, la.short_conv_kernel_size - 1)),
                 layout=fmt.kda_state_layout))
         return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
+
+    def _latent_view(self, offset: int, nbytes: int) -> LatentCacheView:
+        """One layer's latent region: [rows, block, R + Dr] elements of the latent dtype, or
+        for nvfp4 [rows, block, R/2 + R/16 + Dr] bytes of `k3.quant.nvfp4_latent` records
+        (token-major) with a global scale of 1 (the fp8 latents' per-tensor scale too)."""
+        cfg, b, block, kv = self.cfg, self.backing, self.layout.block_size, self.format.kv_cache_dtype
+        if kv == "nvfp4":
+            rec = nvfp4_latent_record_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim or 0)
+            return LatentCacheView(pages=_view(b, offset, nbytes, torch.uint8, (block, rec)),
+                                   scale=torch.ones((), device=b.device), fmt="nvfp4", kv_lora_rank=cfg.kv_lora_rank)
+        dtype = LATENT_DTYPES[kv]
+        scale = torch.ones((), device=b.device) if dtype == torch.float8_e4m3fn else None
+        return LatentCacheView(pages=_view(b, offset, nbytes, dtype, (block, cfg.mla_latent_size)), scale=scale)
+
+    def _index_key_view(self, offset: int) -> IndexKeyCacheView:
+        """One layer's index-key region, values of every token of the block first, then their
+        scales (`k3.reference.pack_index_key_page`): fp8 [block, D] e4m3fn + [block] fp32;
+        mxfp4 [block, D/2] uint8 (two E2M1 codes a byte) + [block, D/32] uint8 E8M0."""
+        b, block, d = self.backing, self.layout.block_size, self.cfg.index_head_dim
+        if self.format.index_cache_dtype == "mxfp4":
+            values = _view(b, offset, block * d // 2, torch.uint8, (block, d // 2))
+            scales = _view(b, offset + block * d // 2, block * d // MXFP4_BLOCK, torch.uint8,
+                           (block, d // MXFP4_BLOCK))
+            return IndexKeyCacheView(values=values, scales=scales, fmt="mxfp4")
+        values = _view(b, offset, block * d, torch.float8_e4m3fn, (block, d))
+        scales = _view(b, offset + block * d, block * 4, torch.float32, (block,))
+        return IndexKeyCacheView(values=values, scales=scales, fmt="fp8")
 
     def copy_row(self, src: int, dst: int) -> None:
         """Move one block (all layers) in one copy."""

@@ -24,9 +24,10 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """Cache flags shared by `k3 plan` and `k3 serve`."""
     parser.add_argument("--kv-cache-dtype", type=values.kv_cache_dtype, default="auto",
                         metavar="{" + ",".join([*KV_CACHE_DTYPES, *KV_CACHE_DTYPE_ALIASES]) + "}",
-                        help="latent cache dtype (auto: the model dtype; vLLM's bfloat16 / fp8_e4m3 are bf16 / fp8)")
+                        help="latent cache dtype (auto: the model dtype; vLLM's bfloat16 / fp8_e4m3 are bf16 / fp8; "
+                             "nvfp4: E2M1 latents, E4M3 scales per 16, rope dims in E4M3, as vLLM's nvfp4)")
     parser.add_argument("--index-cache-dtype", choices=list(INDEX_CACHE_DTYPES), default="fp8",
-                        help="DSA index-key cache format (default fp8)")
+                        help="DSA index-key cache format (default fp8: D + 4 bytes a token; mxfp4: D/2 + D/32)")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N")
     parser.add_argument("--decode-context-parallel-size", "-dcp", type=int, default=1, metavar="N")
     parser.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",

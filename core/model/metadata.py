@@ -256,13 +256,25 @@ class ForwardMetadata:
 
 @dataclass
 class LatentCacheView:
-    """One MLA layer's latent pages: [P, page_size, R + Dr] rows `[c | k_pe]`.
+    """One MLA layer's latent pages.
 
-    dtype bf16 / fp32 / fp64, or float8 with `scale` (per-tensor fp32) to dequantise.
+    fmt "plain": pages [P, page_size, R + Dr] rows `[c | k_pe]` of dtype bf16 / fp32 / fp64, or
+    float8 with `scale` (per-tensor fp32) to dequantise.
+    fmt "nvfp4": pages uint8 [P, page_size, R/2 + R/16 + Dr], one `k3.quant.nvfp4_latent`
+    record per token, `scale` the global fp32 scale and `kv_lora_rank` R; kernels read them
+    dequantised (`k3.model.latent_store.readable_latents`).
     """
 
     pages: torch.Tensor
     scale: torch.Tensor | None = None
+    fmt: str = "plain"
+    kv_lora_rank: int = 0
+
+    def __post_init__(self):
+        if self.fmt not in ("plain", "nvfp4"):
+            raise ValueError(f"unknown latent cache format {self.fmt!r}; known: plain, nvfp4")
+        if self.fmt == "nvfp4" and (self.pages.dtype != torch.uint8 or self.scale is None or self.kv_lora_rank < 16):
+            raise ValueError("an nvfp4 latent view needs uint8 record pages, a global scale and kv_lora_rank")
 
     @property
     def page_size(self) -> int:

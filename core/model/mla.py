@@ -12,6 +12,8 @@ parallelism each rank stores only its tokens' records and every query runs on
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +25,7 @@ from k3.plugin.tables import KernelSet
 
 from .dcp_attention import dcp_mla_attention, dcp_token_slots
 from .indexer import DSAIndexer
+from .latent_store import decode_latent_rows, readable_latents, store_latents
 from .lora import apply_lora, has_lora, merged_weight
 from .module import K3Module
 from .paging import gather_sequences, token_page_slots
@@ -126,10 +129,7 @@ class MLAMixer(K3Module):
         at, rows = (pages, offsets), row
         if exchange is not None:    # the whole prompt's rows, [T_all, R + Dr], at their slots
             at, rows = exchange.slots(view.page_size), exchange.gather(row)
-        if view.scale is None:
-            view.pages[at] = rows.to(view.pages.dtype)
-        else:                       # fp8 pages with a per-tensor scale
-            view.pages[at] = k.quant.fp8_quantize(rows, scale=view.scale, dtype=view.pages.dtype)[0]
+        store_latents(k, view, at, rows)   # as the view stores them: plain, fp8 (per-tensor scale), nvfp4
         if self.indexer is not None and exchange is not None:
             self.indexer.write_keys(x, cache.index_keys[self.mla_index], pages, offsets, exchange=exchange)
         if t == 0:                  # a token-sharded rank without tokens only writes the gathered rows
@@ -163,18 +163,17 @@ class MLAMixer(K3Module):
         view = cache.latent[self.mla_index]
         owned, pages, offsets = dcp_token_slots(meta, view.page_size, dcp)
         mine = row[owned]
-        if view.scale is None:
-            view.pages[pages[owned], offsets[owned]] = mine.to(view.pages.dtype)
-        else:                       # fp8 pages with a per-tensor scale
-            view.pages[pages[owned], offsets[owned]] = k.quant.fp8_quantize(mine, scale=view.scale,
-                                                                            dtype=view.pages.dtype)[0]
+        store_latents(k, view, (pages[owned], offsets[owned]), mine)
         dcp.stats.stored_rows += mine.shape[0]
         selected = None
         if self.indexer is not None:
             selected = self.indexer.forward_dcp(x, c_q, meta, cache.index_keys[self.mla_index], owned, pages,
                                                 offsets, dcp)
         w_uk, w_uv = self.absorbed_weights()
-        return dcp_mla_attention(q[..., :dn], q[..., dn:], w_uk, w_uv, view.pages, view.scale, meta, dcp,
+        kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)
+        if table is not meta.block_table:       # nvfp4: a dense copy of the named pages
+            meta = dataclasses.replace(meta, block_table=table)
+        return dcp_mla_attention(q[..., :dn], q[..., dn:], w_uk, w_uv, kv_pages, kv_scale, meta, dcp,
                                  scale=cfg.mla_softmax_scale, selected=selected)
 
     def _attend_adapted(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, meta: ForwardMetadata,
@@ -226,13 +225,14 @@ class MLAMixer(K3Module):
             # DeepSeek V3.2's sparse attention does for prefill too
             w_uk, w_uv = self.absorbed_weights() if kv_b is None else ref.mla_absorb_weights(
                 kv_b, num_heads=self.num_heads, qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim)
-            return k.mla.decode(q[..., :dn], q[..., dn:], view.pages, meta.block_table, meta.seq_lens,
+            kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)
+            return k.mla.decode(q[..., :dn], q[..., dn:], kv_pages, table, meta.seq_lens,
                                 w_uk, w_uv, scale=scale, cu_seqlens_q=None if decode else meta.cu_seqlens,
-                                kv_cache_scale=view.scale, topk_indices=topk)
+                                kv_cache_scale=kv_scale, topk_indices=topk)
         # dense prefill and verify: expanded MHA over each sequence's whole context
         rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
-        if view.scale is not None:
-            rows = k.quant.fp8_dequantize(rows, view.scale, dtype=x.dtype)
+        if view.scale is not None:             # fp8 or nvfp4 rows
+            rows = decode_latent_rows(k, view, rows, x.dtype)
         return k.mla.prefill(q, rows[:, :r].to(x.dtype), rows[:, r:].to(x.dtype),
                              self.kv_b_proj if kv_b is None else kv_b,
                              cu_seqlens_q=meta.cu_seqlens, cu_seqlens_kv=cu_kv, scale=scale,

@@ -28,6 +28,7 @@ import torch
 
 from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
 
+from .latent_store import readable_latents
 from .mla import MLAMixer
 
 
@@ -72,9 +73,10 @@ class HeadsTokensAttention:
                                      offsets[mine], keys_written=True)
             eye = torch.eye(r, dtype=q.dtype, device=x.device).expand(world * hl, r, r)
             decode = meta.mode is ForwardMode.DECODE
-            o_lat = k.mla.decode(q_all[..., :r].contiguous(), q_all[..., r:].contiguous(), view.pages,
-                                 meta.block_table, meta.seq_lens, eye, eye, scale=cfg.mla_softmax_scale,
-                                 cu_seqlens_q=None if decode else meta.cu_seqlens, kv_cache_scale=view.scale,
+            kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)
+            o_lat = k.mla.decode(q_all[..., :r].contiguous(), q_all[..., r:].contiguous(), kv_pages,
+                                 table, meta.seq_lens, eye, eye, scale=cfg.mla_softmax_scale,
+                                 cu_seqlens_q=None if decode else meta.cu_seqlens, kv_cache_scale=kv_scale,
                                  topk_indices=topk)                             # [T_mine, H, R]
         else:
             o_lat = q_all[..., :r]

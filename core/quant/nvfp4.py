@@ -36,7 +36,8 @@ def nvfp4_quantize(
 
     Returns NVFP4Packed(packed uint8 [..., N/2], block_scales float8_e4m3fn [..., N/16],
     global_scale fp32 0-d). global_scale defaults to amax(|x|) / (6 * 448) over the whole
-    tensor (1.0 for an all-zero tensor). Per block: s = block_amax / (6 * global_scale),
+    tensor (1.0 for an all-zero tensor); a given tensor scale must be positive (not checked:
+    no host synchronisation). Per block: s = block_amax / (6 * global_scale),
     clamped to 448 and rounded to E4M3; codes = round-half-to-even(x / (s * global_scale))
     onto the E2M1 grid, saturating at +-6. A block whose E4M3 scale is 0 (all zeros, or
     below E4M3's smallest subnormal relative to the global scale) gets zero codes.
@@ -53,8 +54,12 @@ def nvfp4_quantize(
         amax = x.abs().amax().to(torch.float32)
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
+        # a number is checked here; a tensor only for its size (its value would need a host
+        # synchronisation: the cache's stores run inside captured decode graphs)
+        if not isinstance(global_scale, torch.Tensor) and not global_scale > 0:
+            raise ValueError(f"nvfp4_quantize: global_scale must be one positive value, got {global_scale}")
         gs = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
-        if gs.numel() != 1 or not bool(gs.reshape(()) > 0):
+        if gs.numel() != 1:
             raise ValueError(f"nvfp4_quantize: global_scale must be one positive value, got {global_scale}")
         gs = gs.reshape(())
     block_amax = xb.abs().amax(dim=-1)  # [..., N/16]

@@ -12,6 +12,7 @@ these ops. Helpers kernels share with the reference are `k3.ops_helpers`.
 from ..quant.fp8 import fp8_dequantize, fp8_quantize
 from ..quant.mxfp4 import MXFP4Tensor, mxfp4_dequantize, mxfp4_quantize
 from ..quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
+from ..quant.nvfp4_latent import nvfp4_latent_dequantize, nvfp4_latent_quantize
 from .activations import glu_activation, silu_glu, situ, situ_glu
 from .attn_res import attn_res, attn_res_mix, fold_attn_res_query
 from .conv import short_conv
@@ -46,6 +47,7 @@ __all__ = [
     "latent_moe_finish",
     "latent_moe_routed_partial", "layer_norm", "mla_absorb_weights", "mla_decode", "mla_expand_kv",
     "mla_prefill", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize",
+    "nvfp4_latent_dequantize", "nvfp4_latent_quantize",
     "pack_index_key_page", "rms_norm", "router_logits", "sample", "sampling_probs", "select_experts",
     "short_conv", "silu_glu", "situ", "situ_glu", "unpack_index_key_page",
 ]

@@ -49,7 +49,8 @@ PROMOTED = {
     "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
                             "token-serial KDA for speculative verify: per-position states and corrections"),
     "indexer_decode_scores": Kernel("indexer.paged_decode_scores", "triton_kernels.indexer_decode:paged_decode_scores",
-                                    "DSA indexer decode scores read from the fp8 key pages through the block table"),
+                                    "DSA indexer decode scores read from the fp8 or MXFP4 key pages through the "
+                                    "block table"),
     "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
                                      "DSA indexer prefill scores over the packed batch in one launch"),
     "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm",

@@ -15,7 +15,8 @@ block of BLOCK_L positions):
 The query is rounded to fp8 per (token, head) in torch first (as the reference does) and its
 scale folded into the head weight, so the kernel multiplies fp8 codes only. Each key's fp32
 scale multiplies its dot after the sum instead of every element before it: the same products,
-rounded once more or less (fp32 tolerance). MXFP4 pages and float64 go to the reference.
+rounded once more or less (fp32 tolerance). MXFP4 pages go to `indexer_decode_mxfp4` (its own
+kernel); float64 goes to the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import triton.language as tl
 from k3.dtypes import compute_dtype
 from k3.ops_helpers import index_query
 from k3.platforms.torch_kernels import indexer_paged_decode as torch_paged
+
+from . import indexer_decode_mxfp4
 
 
 @triton.jit
@@ -72,8 +75,13 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
                         block_l=64):
     """`k3.reference.indexer_paged_decode_scores` in Triton (same signature and contract).
 
-    block_l: positions per program (a launch option for benchmarks).
+    block_l: positions per program (a launch option for benchmarks). MXFP4 pages:
+    `indexer_decode_mxfp4.paged_decode_scores`.
     """
+    if fmt == "mxfp4":
+        return indexer_decode_mxfp4.paged_decode_scores(q, head_weights, key_values, key_scales, block_table,
+                                                        seq_lens, fmt=fmt, quantize_query=quantize_query,
+                                                        block_l=block_l)
     if not covers(q, head_weights, key_values, key_scales, fmt) or block_table.dim() != 2 \
             or block_table.shape[0] != q.shape[0]:
         return torch_paged.indexer_paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens,

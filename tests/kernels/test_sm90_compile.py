@@ -26,7 +26,7 @@ def test_every_kernel_compiles_for_sm90():
     rows = json.loads(done.stdout)
     assert {r["kernel"] for r in rows} == {"kda_decode", "kda_recurrent", "short_conv", "moe_gate_up", "moe_down",
                                             "router", "attn_res", "mla_decode", "indexer_decode",
-                                            "indexer_prefill", "rms_norm", "glu", "moe_dequant",
+                                            "indexer_decode_mxfp4", "indexer_prefill", "rms_norm", "glu", "moe_dequant",
                                             "kda_chunked_recurrence", "kda_intra_chunk", "moe_sum_choices",
                                             "mla_merge", "moe_half_planes"}
     for r in rows:
@@ -46,6 +46,7 @@ def test_every_kernel_compiles_for_sm90():
     assert compiled[("kda_chunked_recurrence", "C64_K128_bv32_w8")] == 0        # the launched tile: no spills
     assert compiled[("kda_intra_chunk", "C64_K128_w4_s16_d16")] <= 64             # the launched tile: 24 B
     assert compiled[("indexer_prefill", "k3.1_Hi32_D128_fp32_keys")] == 0
+    assert compiled[("indexer_decode_mxfp4", "k3.1_Hi32_D128_page64")] == 0      # the MXFP4 key pages' tile
     assert all(compiled[("rms_norm", f"bf16_D{d}")] == 0 for d in (7168, 3584, 1536, 512))
     assert compiled[("glu", "bf16_situ_I1536")] == 0
     assert compiled[("attn_res", "boundary_nvis8_d4096_w8")] == 0                  # the decode launch

@@ -8,6 +8,8 @@ from k3.cache.format import CacheFormat
 from k3.cache.pool import CachePool
 from k3.config import K3Config
 from k3.dtypes import torch_dtype
+from k3.quant.mxfp4 import mxfp4_dequantize, mxfp4_quantize
+from k3.quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
 
 
 def test_block_pool_refcounts():
@@ -70,11 +72,33 @@ def test_copy_row_moves_every_layer():
         assert torch.equal(v[2].view(torch.uint8), v[1].view(torch.uint8))
 
 
-def test_unsupported_cache_dtype_is_refused():
-    cfg = K3Config.preset("k3-tiny")
-    with pytest.raises(ValueError, match="nvfp4"):
-        CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.bfloat16, kv_cache_dtype="nvfp4",
-                                         block_size=64), 2)
+def test_fp4_records_round_trip_through_the_pool_views():
+    """nvfp4 latents and mxfp4 index keys: a token's record written through the views decodes
+    as the codecs of its values do (`k3.quant`), and no other token's bytes change."""
+    from k3.model import reference_kernels
+    from k3.model.latent_store import decode_latent_rows, store_latents
+
+    cfg = K3Config.preset("k3.1-pro-tiny")
+    pool = CachePool(cfg, CacheFormat.build(cfg, activation_dtype=torch.float32, kv_cache_dtype="nvfp4",
+                                            index_cache_dtype="mxfp4", block_size=16), 3)
+    before = pool.backing.clone()
+    lat, keys = pool.views.latent[0], pool.views.index_keys[0]
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(2, cfg.mla_latent_size, generator=g)
+    at = (torch.tensor([2, 0]), torch.tensor([5, 15]))
+    store_latents(reference_kernels(), lat, at, rows)
+    r = cfg.kv_lora_rank
+    c = nvfp4_dequantize(*nvfp4_quantize(rows[:, :r], global_scale=1.0))
+    pe = rows[:, r:].to(torch.float8_e4m3fn).float()
+    decoded = decode_latent_rows(reference_kernels(), lat, lat.pages[at], torch.float32)
+    assert torch.equal(decoded, torch.cat([c, pe], -1))
+    k = torch.randn(2, cfg.index_head_dim, generator=g)
+    packed, scales = mxfp4_quantize(k)
+    keys.values[at], keys.scales[at] = packed, scales
+    assert torch.equal(mxfp4_dequantize(keys.values[at], keys.scales[at]), mxfp4_dequantize(packed, scales))
+    changed = (pool.backing != before).nonzero()[:, 0].unique().tolist()
+    assert changed == [0, 2]                                  # only the two rows written
+    assert torch.isnan(decode_latent_rows(reference_kernels(), lat, lat.pages[1, :1], torch.float32)).all()
 
 
 def test_kernel_page_addresses_reach_the_same_tokens():

@@ -83,7 +83,8 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
         scale_index_keys(model, job["index_scale"])
         calls: list[tuple[int, int]] = []           # per forward call: (tokens per sequence at most, resends so far)
         model.register_forward_hook(lambda m, args, out: calls.append((args[0].max_q_len, dcp.stats.resent_rows)))
-        logits = teacher_forced(model, job["prompts"], chunk=job["chunk"], first=job.get("first"))
+        logits = teacher_forced(model, job["prompts"], chunk=job["chunk"], first=job.get("first"),
+                                **job.get("cache", {}))
         decode_resent = sum(b - a for (_, a), (q, b) in zip([(0, 0)] + calls, calls) if q == 1)
         results[index] = {"logits": logits, "resent": dcp.stats.resent_rows, "decode_resent": decode_resent,
                           "stored": dcp.stats.stored_rows}

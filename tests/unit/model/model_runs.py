@@ -15,15 +15,16 @@ PAGE_SIZE = 16
 
 def teacher_forced(model: K3ForCausalLM, prompts: list[list[int]], *, chunk: int | None = None,
                    slots: list[int] | None = None, first: int | None = None,
-                   adapters: list[int] | None = None) -> list[torch.Tensor]:
+                   adapters: list[int] | None = None, **cache_options) -> list[torch.Tensor]:
     """Logits of every position of every prompt, fed `chunk` tokens per sequence per call
     (None: all at once; 1: pure decode steps after the first token), sequences batched.
     first: the first call's tokens per sequence (a prefill before `chunk`-token steps).
-    adapters: a LoRA slot per prompt (-1: the base model)."""
+    adapters: a LoRA slot per prompt (-1: the base model). cache_options: the pool's formats
+    (`CacheFormat.build`'s kv_cache_dtype, index_cache_dtype)."""
     n = len(prompts)
     slots = slots or list(range(n))
     pages, states = -(-max(map(len, prompts)) // PAGE_SIZE), max(slots) + 1
-    cache = CachePool.for_model(model, states * (1 + pages), block_size=PAGE_SIZE)
+    cache = CachePool.for_model(model, states * (1 + pages), block_size=PAGE_SIZE, **cache_options)
     runner = ModelRunner(model, cache, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device="cpu")
     table = contiguous_block_table(states, pages) + states
     done = [0] * n

@@ -28,7 +28,9 @@ PLAN = (("decode", "k3-tiny", 2, PROMPTS, 18, 1, None), ("decode", "k3-tiny", 4,
         ("decode", "kimi-linear-tiny", 4, PROMPTS, 18, 1, None),
         ("chunked", "k3.1-pro-tiny", 4, PROMPTS, None, 7, None), ("skewed", "k3.1-pro-tiny", 4, SKEWED, 14, 1, None),
         ("tp2", "k3.1-pro-tiny", 2, PROMPTS, 18, 1, 2), ("tp4", "k3-tiny", 2, PROMPTS, 18, 1, 4),
-        ("tp4", "k3.1-pro-tiny", 4, PROMPTS, 18, 1, 4))
+        ("tp4", "k3.1-pro-tiny", 4, PROMPTS, 18, 1, 4), ("fp4", "k3.1-pro-tiny", 2, [PROMPTS[0][:21]], 18, 1, None))
+# the cache formats of a PLAN name (default: the model's dtype, fp8 index keys)
+CACHE = {"fp4": {"kv_cache_dtype": "nvfp4", "index_cache_dtype": "mxfp4"}}
 
 
 
@@ -36,7 +38,8 @@ PLAN = (("decode", "k3-tiny", 2, PROMPTS, 18, 1, None), ("decode", "k3-tiny", 4,
 def dcp_runs(tiny_checkpoint, tmp_path_factory):
     """{(name, preset, world): (job, [rank results])} for PLAN."""
     jobs = [{"kind": "model", "name": n, "preset": p, "world": w, "checkpoint": str(tiny_checkpoint(p)),
-             "prompts": ps, "first": f, "chunk": c, "index_scale": 1, "tp": tp} for n, p, w, ps, f, c, tp in PLAN]
+             "prompts": ps, "first": f, "chunk": c, "index_scale": 1, "tp": tp, "cache": CACHE.get(n, {})}
+            for n, p, w, ps, f, c, tp in PLAN]
     ranks = launch(jobs, tmp_path_factory.mktemp("dcp_model"))
     return {(j["name"], j["preset"], j["world"]): (j, [r[i] for r in ranks]) for i, j in enumerate(jobs)}
 
@@ -44,7 +47,8 @@ def dcp_runs(tiny_checkpoint, tmp_path_factory):
 @functools.cache
 def _dcp1(path: str, name: str) -> list[torch.Tensor]:
     job = next(p for p in PLAN if p[0] == name)
-    return teacher_forced(load_model(path, dtype=torch.float64, progress=False), job[3], chunk=job[5], first=job[4])
+    return teacher_forced(load_model(path, dtype=torch.float64, progress=False), job[3], chunk=job[5], first=job[4],
+                          **CACHE.get(name, {}))
 
 
 def test_dcp_inside_tensor_parallel(dcp_runs):
@@ -80,6 +84,13 @@ def test_prefill_then_decode_equals_dcp1(dcp_runs, preset, world):
         assert all(r["resent"] == ranks[0]["resent"] for r in ranks[:world])
     else:
         assert ranks[0]["resent"] == 0                                       # no DSA: no top-k
+
+
+def test_fp4_caches_dcp2(dcp_runs):
+    """NVFP4 latents and MXFP4 index keys, each rank storing its own tokens' records: the same
+    logits as DCP 1 over the same formats (the kernels read a dense copy of each rank's pages);
+    21 tokens, so the top-16 selects sparsely in the decode steps."""
+    _check(dcp_runs, "fp4", "k3.1-pro-tiny", 2)
 
 
 def test_kimi_linear_dcp4(dcp_runs):

@@ -36,9 +36,10 @@ def _refused(capsys, argv, pattern):
     (["--platform", "nvidia"], "platform 'nvidia' is unavailable"),
     (["--platform", "nonesuch"], "unknown platform"),
     (["--port", "70000"], "--port"),
-    (["--kv-cache-dtype", "nvfp4", "--dtype", "float32", "--kv-cache-memory", "0.01"], "."),
+    # nvfp4 latents are served now (issue 25): the flag passes and the size check refuses
+    (["--kv-cache-dtype", "nvfp4", "--dtype", "float32", "--kv-cache-memory", "0.0000001"], "the cache has no rows"),
 ], ids=["prefix-options-alone", "speculative", "auto-tools-without-parser", "dcp", "platform-unavailable",
-        "platform-unknown", "port", "cache-dtype"])
+        "platform-unknown", "port", "nvfp4-cache-too-small"])
 def test_startup_refusals(capsys, checkpoint, extra, pattern):
     _refused(capsys, ["serve", "--model", str(checkpoint), "--port", "0", *extra], pattern)
 
