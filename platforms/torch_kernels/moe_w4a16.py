@@ -13,9 +13,12 @@ group's experts, then the GLU, the second grouped GEMM, and the routing-weighted
 
 - dense_dispatch=False reads the per-group row counts on the host once and skips the groups
   no token reaches (prefill, eager decode).
-- dense_dispatch=True never synchronises: every group is dequantised, and its rows are found
-  by rotating the sorted pairs by the group's start row on the device (a gather), with the rows
-  past the group's last expert masked out of the sum (graph capture).
+- dense_dispatch=True never synchronises (decode, graph capture). With fewer pairs than local
+  experts (a few decode tokens) each pair's own expert is dequantised, found on the device, and
+  applied as a batched matrix-vector product: only the experts the routing names are read.
+  Otherwise every group is dequantised, and its rows are found by rotating the sorted pairs by
+  the group's start row on the device (a gather), with the rows past the group's last expert
+  masked out of the sum.
 
 `build_experts(device)` decides once, at set-up, what the device supports (grouped GEMM, a
 compiled GLU) and returns the entry; nothing is probed per call. Dense (unquantised) weights
@@ -79,21 +82,25 @@ class Workspace:
         return self.tables[key]
 
 
-def dequantize_into(out: torch.Tensor, w: ExpertWeight, e0: int, e1: int, ws: Workspace) -> torch.Tensor:
-    """Experts e0..e1 of `w` written densely into out[: e1 - e0] (returned). MXFP4 bytes are
-    decoded through a 256-entry pair table straight into the workspace, then scaled in place;
-    exact (what `mxfp4_dequantize` gives) in bf16 / fp32 / fp64. fp16 goes through fp32."""
-    n = e1 - e0
+def dequantize_into(out: torch.Tensor, w: ExpertWeight, e0: int, e1: int, ws: Workspace,
+                    index: torch.Tensor | None = None) -> torch.Tensor:
+    """Experts e0..e1 of `w` (or, with `index`, the experts it lists, a device tensor: no host
+    read) written densely into out[:n] (returned). MXFP4 bytes are decoded through a 256-entry
+    pair table straight into the workspace, then scaled in place; exact (what
+    `mxfp4_dequantize` gives) in bf16 / fp32 / fp64. fp16 goes through fp32."""
+    sel = slice(e0, e1) if index is None else index
+    n = e1 - e0 if index is None else index.shape[0]
     dst = out[:n]
     if not isinstance(w, MXFP4Tensor):
-        return dst.copy_(w[e0:e1])
+        return dst.copy_(w[sel])
+    packed, scales = w.packed[sel], w.scales[sel]
     if dst.dtype not in (torch.bfloat16, torch.float32, torch.float64):
-        return dst.copy_(mxfp4_dequantize(w.packed[e0:e1], w.scales[e0:e1], dtype=torch.float32))
+        return dst.copy_(mxfp4_dequantize(packed, scales, dtype=torch.float32))
     pairs, scale = ws.table(dst.dtype, dst.device)
     for i in range(n):                       # one expert's int32 byte index at a time
-        torch.index_select(pairs, 0, w.packed[e0 + i].reshape(-1).int(), out=dst[i].view(-1, 2))
+        torch.index_select(pairs, 0, packed[i].reshape(-1).int(), out=dst[i].view(-1, 2))
         blocks = dst[i].view(dst.shape[1], -1, MXFP4_BLOCK)
-        blocks.mul_(scale[w.scales[e0 + i].long()].unsqueeze(-1))
+        blocks.mul_(scale[scales[i].long()].unsqueeze(-1))
     return dst
 
 
@@ -165,6 +172,9 @@ class W4A16Experts:
         groups = [(e0, min(e0 + g, e_local)) for e0 in range(0, e_local, g)]
         if not dense_dispatch:
             bounds = torch.cat([ends.new_zeros(1), ends]).tolist()               # one host read
+        if dense_dispatch and m < e_local:
+            return self._per_pair(xf, w13, w2, local, topk_weights.reshape(-1).to(cd), topk_ids.shape[1], out,
+                                  g, (ws13, ws2), activation, beta, linear_beta).to(x.dtype)
         rows = torch.arange(m, device=dev)
         for e0, e1 in groups:
             if dense_dispatch:
@@ -185,6 +195,27 @@ class W4A16Experts:
             live = torch.arange(pick.shape[0], device=dev) < offs[-1]
             out.index_add_(0, tok[pick], torch.where(live[:, None], o * weight[pick, None], 0))
         return out.to(x.dtype)
+
+
+    def _per_pair(self, xf, w13, w2, local, weight, k, out, g, ws, activation, beta, linear_beta):
+        """Device dispatch with fewer (token, slot) pairs than local experts (decode of a few
+        tokens): each pair's expert, found on the device, is dequantised (g at a time into the
+        workspace) and applied to its token as a batched matrix-vector product, so only the
+        experts the pairs name are read; pairs of other ranks' experts weigh 0."""
+        m, e_local = local.shape[0], w13.shape[0]
+        valid = (local >= 0) & (local < e_local)
+        expert = local.clamp(0, e_local - 1)
+        tok = torch.arange(m, device=xf.device) // k
+        for c0 in range(0, m, g):
+            c1 = min(m, c0 + g)
+            w13g = dequantize_into(ws[0], w13, 0, 0, self.workspace, index=expert[c0:c1])
+            w2g = dequantize_into(ws[1], w2, 0, 0, self.workspace, index=expert[c0:c1])
+            a = xf[tok[c0:c1]]                                                       # [n, L]
+            h = torch.bmm(w13g, a[:, :, None])[..., 0]                               # [n, 2I]
+            h = self._glu(h, activation=activation, beta=beta, linear_beta=linear_beta)
+            o = torch.bmm(w2g, h[:, :, None])[..., 0]                                # [n, L]
+            out.index_add_(0, tok[c0:c1], torch.where(valid[c0:c1, None], o * weight[c0:c1, None], 0))
+        return out
 
 
 def build_experts(device: str, *, workspace_bytes: int = WORKSPACE_BYTES) -> W4A16Experts:
