@@ -60,16 +60,16 @@ def _pair_table(dtype: torch.dtype, device) -> torch.Tensor:
 
 @dataclass
 class Workspace:
-    """One group's dequantised weights, reused across calls (keyed by dtype, device and shapes),
-    plus the decode tables of the dequantisation."""
+    """One group's dequantised weights, reused across calls (one pair of buffers per dtype,
+    device and shape: every MoE layer of a model shares one), plus the decode tables of the
+    dequantisation (built on first use, before any graph capture)."""
 
     buffers: dict = field(default_factory=dict)
     tables: dict = field(default_factory=dict)
 
     def get(self, g: int, inter: int, hidden: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (g, inter, hidden, dtype, str(device))
-        if key not in self.buffers:
-            self.buffers.clear()        # one shape at a time: the model's experts share theirs
+        if key not in self.buffers:     # kept for good: a captured graph may hold these addresses
             self.buffers[key] = (torch.empty(g, 2 * inter, hidden, dtype=dtype, device=device),
                                  torch.empty(g, hidden, inter, dtype=dtype, device=device))
         return self.buffers[key]
@@ -167,7 +167,7 @@ class W4A16Experts:
         weight = topk_weights.reshape(-1).to(cd)[order]                          # [M]
         counts = torch.zeros(e_local + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
         ends = counts.cumsum(0)[:e_local]                                        # [E] end row per expert
-        g = group_size(e_local, inter, hidden, torch.empty((), dtype=cd).element_size(), self.workspace_bytes)
+        g = group_size(e_local, inter, hidden, torch.finfo(cd).bits // 8, self.workspace_bytes)
         ws13, ws2 = self.workspace.get(g, inter, hidden, cd, dev)
         groups = [(e0, min(e0 + g, e_local)) for e0 in range(0, e_local, g)]
         if not dense_dispatch:
