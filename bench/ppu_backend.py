@@ -159,6 +159,7 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
             model=model_dir, platform=variant.platform, load_format="dummy", skip_tokenizer_init=True,
             dtype=args.dtype, max_num_seqs=max(args.concurrency), max_model_len=args.ttft + 256,
             max_num_batched_tokens=args.ttft, load_progress=False, async_scheduling=False,
+            kv_cache_memory_gib=args.kv_cache_gib, gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=variant.eager, graph_batch_sizes=tuple(args.concurrency)))
     out["providers"] = dict(collections.Counter(engine.platform.kernels.providers.values())) \
         if hasattr(engine, "platform") else None
@@ -261,14 +262,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--copy-bytes", type=int, default=1 << 30)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="the CPU's cache per engine")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.6,
+                        help="weights + cache share of the device (0.6 leaves room for the reference table's MLA "
+                             "prefill, which materialises 24 GiB at 8K)")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="K3_PPU_COMPILE_STEP=1: also compile each decode graph's whole step (minutes)")
     parser.add_argument("--no-compile", action="store_true",
                         help="K3_TORCH_COMPILE=0: the ppu entries and decode graphs without torch.compile")
     parser.add_argument("--budget-s", type=float, default=330.0, help="start no phase after this many seconds")
     args = parser.parse_args()
-    if args.no_compile:
-        import os
+    import os
 
+    if args.no_compile:
         os.environ["K3_TORCH_COMPILE"] = "0"
+    if args.compile_step:
+        os.environ["K3_PPU_COMPILE_STEP"] = "1"
     preset = "k3-slice"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.quick:
@@ -276,6 +285,7 @@ def main() -> None:
             "k3-tiny", "float32", [1, 2], 2, 2
         args.prompt_len, args.ttft, args.naive_ttft, args.moe_tokens, args.reps, args.copy_bytes = \
             8, 16, 8, [1, 16], 2, 1 << 22
+        args.kv_cache_gib = 0.05
         args.variants = [v for v in args.variants if v != "nvidia" or device == "cuda"]
     cfg = K3Config.preset(preset)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "torch": torch.__version__,
