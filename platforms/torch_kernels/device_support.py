@@ -28,7 +28,7 @@ def grouped_gemm_supported(device: str) -> bool:
         return False
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(32, 64, generator=gen).to(device, torch.bfloat16)
-    b = torch.randn(2, 64, 32, generator=gen).to(device, torch.bfloat16)
+    b = torch.randn(2, 32, 64, generator=gen).to(device, torch.bfloat16).transpose(-2, -1)   # moe_w4a16's layout
     offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
     try:
         got = torch._grouped_mm(a, b, offs=offs)

@@ -116,6 +116,16 @@ def _grouped_torch(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
     return out
 
 
+def _grouped_sliced(a: torch.Tensor, w: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """`_grouped_torch` with the group's row bounds known on the host: one exact product per
+    expert (host dispatch)."""
+    out = a.new_empty(a.shape[0], w.shape[1])
+    for i, (r0, r1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if r1 > r0:
+            torch.matmul(a[r0:r1], w[i].T, out=out[r0:r1])
+    return out
+
+
 def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """The same product as `_grouped_torch` on torch._grouped_mm (rows past offs[-1] zeroed)."""
     out = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs.int())
@@ -133,10 +143,12 @@ class W4A16Experts:
         self.workspace = Workspace()
         self._glu = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
 
-    def _gemm(self, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    def _gemm(self, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, bounds: list[int] | None) -> torch.Tensor:
+        """The group's product: grouped GEMM where set up and the shapes allow it, else exact
+        per-expert slices (host bounds known) or masked products (device dispatch)."""
         if self.grouped and a.dtype == torch.bfloat16 and a.shape[1] % 16 == 0 and w.shape[1] % 16 == 0:
             return _grouped_mm(a, w, offs)
-        return _grouped_torch(a, w, offs)
+        return _grouped_torch(a, w, offs) if bounds is None else _grouped_sliced(a, w, bounds)
 
     def __call__(self, x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None,
                  expert_start=0, dense_dispatch=False):
@@ -180,18 +192,20 @@ class W4A16Experts:
             if dense_dispatch:
                 start = ends[e0] - counts[e0]
                 pick = (rows + start) % m                                        # the group's rows first
-                offs = ends[e0:e1] - start
+                offs, local_bounds = ends[e0:e1] - start, None
             else:
                 r0, r1 = bounds[e0], bounds[e1]
                 if r1 == r0:
                     continue                                                     # no token reaches the group
                 pick = rows[r0:r1]
                 offs = ends[e0:e1] - r0
+                local_bounds = [b - r0 for b in bounds[e0:e1 + 1]]
             w13g = dequantize_into(ws13, w13, e0, e1, self.workspace)
             w2g = dequantize_into(ws2, w2, e0, e1, self.workspace)
             a = xf[tok[pick]]                                                    # [m_g, L]
-            h = self._glu(self._gemm(a, w13g, offs), activation=activation, beta=beta, linear_beta=linear_beta)
-            o = self._gemm(h, w2g, offs)                                         # [m_g, L]
+            h = self._glu(self._gemm(a, w13g, offs, local_bounds), activation=activation, beta=beta,
+                          linear_beta=linear_beta)
+            o = self._gemm(h, w2g, offs, local_bounds)                                         # [m_g, L]
             live = torch.arange(pick.shape[0], device=dev) < offs[-1]
             out.index_add_(0, tok[pick], torch.where(live[:, None], o * weight[pick, None], 0))
         return out.to(x.dtype)
