@@ -601,10 +601,14 @@ def run(args: argparse.Namespace) -> int:
 
 def vendor_main(vendor: str, argv: list[str] | None = None) -> int:
     """`k3-serve-<vendor>`: `k3 serve --platform <vendor>` with that vendor's defaults; exit 2
-    with the platform's one-sentence reason when it cannot run here."""
+    with the platform's one-sentence reason when it cannot run here. `--force` serves a
+    forceable platform that is not detected here (the PPU's torch-native path on the CPU or
+    another CUDA device) instead of refusing."""
     from k3.platform import PlatformError, select_platform
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    force = "--force" in argv
+    argv = [a for a in argv if a != "--force"]
     if any(a == "--platform" or a.startswith("--platform=") for a in argv):
         return fail(f"k3-serve-{vendor} always serves on the {vendor} platform; use `k3 serve --platform NAME` "
                     "for another")
@@ -613,11 +617,12 @@ def vendor_main(vendor: str, argv: list[str] | None = None) -> int:
             platform = select_platform(vendor)
         except PlatformError as e:
             return fail(str(e))
-        if platform.info.forced:     # forceable (the PPU's torch-native path) but not detected here
+        if platform.info.forced and not force:     # forceable (the PPU's torch-native path), not detected
             reason = next((r.detection.reason for r in platform.records.values()
                            if r.detection is not None and r.detection.name == vendor), "it was not detected")
             return fail(f"platform {vendor!r} is unavailable: {reason}. k3-serve-{vendor} serves only where "
-                        f"the platform is detected; `k3 serve --platform {vendor}` runs the forced path")
+                        f"the platform is detected; `k3-serve-{vendor} --force` or `k3 serve --platform {vendor}` "
+                        "runs the forced path")
     from .main import main
 
     return main(["serve", "--platform", vendor, *argv])

@@ -10,8 +10,8 @@ from k3.plugin.types import Capabilities
 def read(device: str) -> Capabilities:
     """Capabilities of the torch-native path on `device` ("cuda": the PPU through T-HEAD's
     CUDA-compatible torch; "cpu": a forced run without one). fp8 is e4m3fn because the path
-    uses the reference codecs (torch dtype casts); graph capture is not claimed until it has
-    been checked on a PPU."""
+    uses the reference codecs (torch dtype casts); graph capture on a CUDA-compatible device
+    (graphs.py records decode steps as CUDA graphs), none on the CPU."""
     import torch
     import torch.distributed as dist
 
@@ -25,5 +25,5 @@ def read(device: str) -> Capabilities:
         vendor="t-head", arch=f"cc_{props.major}{props.minor}", device_name=props.name,
         memory_bytes=props.total_memory, device_count=torch.cuda.device_count(),
         dist_backend="nccl" if dist.is_available() and dist.is_nccl_available() else "gloo",
-        dtypes=frozenset(dtypes), fp8_dtype="e4m3fn",
+        dtypes=frozenset(dtypes), fp8_dtype="e4m3fn", graph_capture=True,
     )

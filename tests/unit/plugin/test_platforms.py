@@ -17,7 +17,9 @@ VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
 KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels", "k3_graph_runner",
                            "k3_indexer_kernels", "k3_kda_kernels",
-                           "k3_mla_kernels", "k3_moe_kernels"]}
+                           "k3_mla_kernels", "k3_moe_kernels"],
+                "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
+                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -69,7 +71,10 @@ def test_ppu_is_forceable_on_the_cpu():
     platform = select_platform("ppu", env={})
     assert platform.info.forced and platform.info.device == "cpu" and platform.info.distribution == "k3"
     assert platform.capabilities.vendor == "t-head" and platform.capabilities.has("bf16")
-    assert set(platform.kernels.providers.values()) == {"reference"}
+    from k3.platforms.torch_kernels.native_tables import SERVED
+
+    served = {entry for entry, plugin in platform.kernels.providers.items() if plugin == "ppu"}
+    assert served == set(SERVED) and not platform.capabilities.graph_capture and platform.graph_runner is None
     assert platform.config_defaults() == {"gpu_memory_utilization": 0.9}
     assert [p.name for p in platform.conformance_expectations()] == ["conformance.toml"]
     assert platform.records["nvidia"].blocked and not platform.records["reference"].blocked

@@ -118,3 +118,15 @@ def test_the_conformance_case_calls_the_entry_by_its_protocol(table, entry):
     result = case.reference(*inputs.args, **inputs.kwargs)
     want = torch.Tensor if returns == "Tensor" else getattr(inspect.getmodule(protocol), returns)
     assert isinstance(result, want), f"{case.name} returns {type(result).__name__}, not {returns}"
+
+
+def test_every_torch_native_kernel_has_the_protocols_signature():
+    """The ppu platform's table (k3.platforms.torch_kernels.native_tables), as built for the CPU."""
+    from k3.platforms.torch_kernels.native_tables import SERVED, native_tables
+
+    tables, problems = native_tables("cpu"), {}
+    for name in SERVED:
+        family, entry = name.split(".")
+        kernel = getattr(tables[family], entry)
+        problems[name] = mismatches(kernel, entry_protocol(TABLES[family], entry), exact=False)
+    assert not any(problems.values()), problems
