@@ -124,3 +124,24 @@ def test_refused_layouts(ckpt):
                      token_sharded_prefill_min_tokens=64)._validate_token_sharded()
     with pytest.raises(ValueError, match="non-negative integer"):
         EngineConfig(model=str(ckpt), tensor_parallel_size=2, token_sharded_prefill_min_tokens=-1).validate()
+
+
+def test_serve_flag_reaches_the_engine_config(ckpt):
+    """`k3 serve --token-sharded-prefill-min-tokens N -tp 2` sets the engine's threshold and
+    turns prefix caching's default off (it does not run with it yet)."""
+    import shlex
+
+    from k3.cli.main import build_parser
+    from k3.cli.serve import engine_config, resolve_arguments
+
+    def config(line: str):
+        argv = shlex.split(f"serve {ckpt} --platform reference {line}")
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        resolve_arguments(args, parser._commands[("command", "serve")])
+        return engine_config(args)[0]
+
+    c = config("-tp 2 --token-sharded-prefill-min-tokens 4096")
+    assert c.token_sharded_prefill_min_tokens == 4096 and c.enable_prefix_caching is False
+    c = config("-tp 2")
+    assert c.token_sharded_prefill_min_tokens == 0 and c.enable_prefix_caching is True
