@@ -17,6 +17,17 @@ from k3.engine.scheduler import Scheduler, SchedulerConfig
 MIN_TOKENS = 32
 
 
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """One intra-op thread here and in rank 1's process (tiny float64 ops run many times faster
+    on one thread than on two on a shared 2-core box); restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def ckpt(tokenized_checkpoint):
     return tokenized_checkpoint("k3.1-pro-tiny")
@@ -73,11 +84,10 @@ def _run(llm) -> tuple[list, dict[str, torch.Tensor], list]:
     return first, caches, [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def test_tp2_token_sharded_prefill_equals_unsharded(ckpt, monkeypatch):
+def test_tp2_token_sharded_prefill_equals_unsharded(ckpt):
     """Against the unsharded engine in one process: the same greedy tokens, and rank 0's rows
     equal (latents replicated under TP, KDA states of its heads) to 1e-9, fp8 key bytes within
     one fp8 step (the TP all-reduce rounds the activations differently, ~1e-15)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")              # rank 1's process: one intra-op thread
     kw = dict(dtype="float64", kv_cache_memory_gib=0.02, load_progress=False, block_size=8)
     first, caches, tokens = _run(k3.LLM(str(ckpt), **kw))
     sharded = k3.LLM(str(ckpt), tensor_parallel_size=2, token_sharded_prefill_min_tokens=MIN_TOKENS, **kw)
