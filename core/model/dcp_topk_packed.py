@@ -192,9 +192,11 @@ def _finish(s: torch.Tensor, i: torch.Tensor, keys: torch.Tensor, cut: KeyCut, w
             ) -> torch.Tensor:
     """This rank's selection [T, topk] (global indices, exact order, -1 padded)."""
     sel = _own_selection(keys, cut)
-    if winners is not None:
+    if winners is not None:               # membership per row: (row, index) as one int64 key, one sorted search
         rows = cut.ties.nonzero().squeeze(-1)
-        won = (i[rows][:, :, None] == winners[:, None, :]).any(-1) & (i[rows] >= 0)
+        span = int(max(i.max(), winners.max())) + 2
+        at = torch.arange(rows.numel(), device=i.device)[:, None] * span
+        won = torch.isin(i[rows] + 1 + at, (winners + 1 + at)[winners >= 0]) & (i[rows] >= 0)
         sel[rows] |= won
     order = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True)       # selected first, exact order kept
     return torch.where(sel, i, -1).gather(-1, order)
