@@ -14,7 +14,14 @@ JSON). It records:
   figure behind `k3 plan`'s DCP capacity;
 - `resent_rows` and `topk_calls` of the distributed top-k;
 - `tokens`: rank 0's greedy tokens, and whether they equal DCP = 1's (bf16: the combine and the
-  unsharded path may round differently, so a mismatch is reported, not an error).
+  unsharded path may round differently, so a mismatch is reported, not an error);
+- `topk_wire_bytes_per_call`: the bytes rank 0 sent in the top-k's all-gathers per call (the
+  one-word format of `k3.model.dcp_topk_packed`) and `tie_rows` (rows that took its exact round).
+And, in one process over simulated ranks (`wire`: the DSA indexer's top-`--wire-topk` of one
+query over `--wire-context` tokens, fp32 scores from a normal distribution, `--wire-rows` rows),
+for W = 2, 4, 8, the bytes one rank sends per query: the lossless two-word format
+(`k3.model.dcp_topk`: 8 bytes a candidate) against the one-word format (4 bytes), round 1 alone
+and with the resend and exact rounds, and how many rows took each round.
 
 Run: python3 bench/dcp_decode.py --out bench/results/dcp-decode-cpu-DATE.json
 Smoke (CI): python3 bench/dcp_decode.py --smoke --out /tmp/dcp.json (W = 1, 2; 40 tokens).
@@ -82,6 +89,8 @@ def _rank_main(rank: int, world: int, init: str, args: dict, out: str) -> None:
     rows = stats.stored_rows if stats else done * n * len(model.cfg.mla_layer_ids)
     result = {"rank": rank, "step_ms": statistics.median(times) * 1e3, "tokens": tokens,
               "stored_bytes_per_token": rows * record / (done * n),
+              "topk_wire_bytes_per_call": stats.topk_wire_bytes / max(stats.topk_calls, 1) if stats else 0,
+              "tie_rows": stats.tie_rows if stats else 0,
               "resent_rows": stats.resent_rows if stats else 0, "topk_calls": stats.topk_calls if stats else 0}
     Path(f"{out}.{rank}.json").write_text(json.dumps(result))
     dist.barrier()
@@ -94,6 +103,26 @@ def run(world: int, args: dict, work: Path) -> list[dict]:
     return [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(world)]
 
 
+def wire_rows(topk: int, context: int, rows: int, worlds=(2, 4, 8)) -> list[dict]:
+    """The top-k's bytes per query per rank, lossless two-word against one-word candidates
+    (simulated ranks in one process; fp32 scores, seed 0)."""
+    from k3.model.dcp_topk import candidate_count, simulate_distributed_topk
+    from k3.model.dcp_topk_packed import gathered_selection, simulate_packed_topk
+
+    scores = torch.randn(rows, context, generator=torch.Generator().manual_seed(0))
+    out = []
+    for world in worlds:
+        lossless = simulate_distributed_topk(scores, topk=topk, world=world)
+        packed = simulate_packed_topk(scores, topk=topk, world=world)
+        assert torch.equal(gathered_selection(packed, scores, topk), lossless.indices)     # exact, same selection
+        c = candidate_count(topk, world)
+        out.append({"dcp": world, "candidates": c, "round1_lossless_bytes": c * 8, "round1_packed_bytes":
+                    packed[0].round1_bytes / rows, "total_lossless_bytes": lossless.wire_bytes / rows,
+                    "total_packed_bytes": packed[0].wire_bytes / rows, "resent_rows": packed[0].resent_rows,
+                    "tie_rows": packed[0].tie_rows, "rows": rows})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="k3.1-pro-tiny")
@@ -101,11 +130,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--worlds", default="1,2,4")
-    parser.add_argument("--smoke", action="store_true", help="W = 1, 2; a 40-token context, 3 steps")
+    parser.add_argument("--wire-topk", type=int, default=2048)
+    parser.add_argument("--wire-context", type=int, default=131072)
+    parser.add_argument("--wire-rows", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true", help="W = 1, 2; a 40-token context, 3 steps; wire: top-64 "
+                                                              "of 2,048")
     parser.add_argument("--out", required=True)
     ns = parser.parse_args()
     if ns.smoke:
         ns.context, ns.steps, ns.batch, ns.worlds = 40, 3, 1, "1,2"
+        ns.wire_topk, ns.wire_context, ns.wire_rows = 64, 2048, 2
     from k3.cache.records import attention_bytes_per_token
     from k3.checkpoint.random_init import random_checkpoint
     from k3.checkpoint.writer import write_checkpoint
@@ -124,17 +158,26 @@ def main() -> None:
                          "stored_bytes_per_token_per_rank": max(r["stored_bytes_per_token"] for r in ranks),
                          "planner_bytes_per_token_per_rank": planner / world,
                          "resent_rows": ranks[0]["resent_rows"], "topk_calls": ranks[0]["topk_calls"],
+                         "tie_rows": ranks[0]["tie_rows"],
+                         "topk_wire_bytes_per_call": ranks[0]["topk_wire_bytes_per_call"],
                          "tokens": ranks[0]["tokens"]})
     for r in runs:
         r["tokens_equal_dcp1"] = r["tokens"] == runs[0]["tokens"]
     result = {"bench": "dcp_decode", "date": datetime.date.today().isoformat(), "preset": ns.preset,
               "context": ns.context, "steps": ns.steps, "batch": ns.batch, "device": "cpu (gloo)",
-              "planner_bytes_per_token": planner, "runs": runs}
+              "planner_bytes_per_token": planner, "runs": runs,
+              "wire": {"topk": ns.wire_topk, "context": ns.wire_context,
+                       "rows": wire_rows(ns.wire_topk, ns.wire_context, ns.wire_rows)}}
     Path(ns.out).write_text(json.dumps(result, indent=1))
     for r in runs:
         print(f"DCP {r['dcp']}: decode step {r['decode_step_ms']:.2f} ms, stored "
               f"{r['stored_bytes_per_token_per_rank']:.1f} B/token/rank (planner {r['planner_bytes_per_token_per_rank']:.1f}), "
               f"resent rows {r['resent_rows']}, tokens equal DCP 1: {r['tokens_equal_dcp1']}", file=sys.stderr)
+    for r in result["wire"]["rows"]:
+        print(f"top-{ns.wire_topk} of {ns.wire_context} at DCP {r['dcp']}: round 1 {r['round1_lossless_bytes']} -> "
+              f"{r['round1_packed_bytes']:.0f} B/query/rank; all rounds {r['total_lossless_bytes']:.0f} -> "
+              f"{r['total_packed_bytes']:.0f} B (rows resent {r['resent_rows']}, exact-round rows {r['tie_rows']} "
+              f"of {r['rows']})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="node 0's address for the env:// rendezvous (default 127.0.0.1)")
     group.add_argument("--master-port", type=int, default=None, metavar="PORT",
                        help="rendezvous port on node 0 (default: a free one; several nodes need it)")
+    group.add_argument("--token-sharded-prefill-min-tokens", type=int, default=0, metavar="N",
+                       help="under --tensor-parallel-size 2, 4 or 8: a fresh prompt chunk of at least N tokens "
+                            "gets a step of its own and its MLA attention is split over the TP ranks by tokens "
+                            "(docs/token-sharded-prefill.md; default 0: off)")
     group.add_argument("--distributed-timeout", type=float, default=600.0, metavar="SECONDS",
                        help="timeout of every collective: a rank that died or hangs ends the deployment after at most "
                             "this long (default 600). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) "
@@ -401,7 +405,8 @@ def engine_config(args: argparse.Namespace):
         model=str(args.model), platform=platform.name, dtype=DTYPES[args.dtype],
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, expert_parallel_size=args.expert_parallel_size,
-        decode_context_parallel_size=args.decode_context_parallel_size, distributed_timeout=args.distributed_timeout, max_num_seqs=args.max_num_seqs,
+        decode_context_parallel_size=args.decode_context_parallel_size,
+        token_sharded_prefill_min_tokens=args.token_sharded_prefill_min_tokens, distributed_timeout=args.distributed_timeout, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,

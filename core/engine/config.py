@@ -22,6 +22,10 @@ class EngineConfig:
     enable_expert_parallel: bool = False      # split the routed experts over the ranks (docs/expert-parallel.md)
     expert_parallel_size: int | None = None   # None: the world size; a multiple of TP dividing it (implies EP)
     decode_context_parallel_size: int = 1     # DCP ranks inside each TP group (docs/context-parallel.md)
+    # token-sharded prefill (docs/token-sharded-prefill.md): under TP 2, 4 or 8, a fresh prompt chunk
+    # of at least this many tokens gets a step of its own and its MLA attention is split over the
+    # TP ranks by tokens (pieces r and 15 - r of 16); 0: off
+    token_sharded_prefill_min_tokens: int = 0
     distributed_timeout: float = 600.0        # seconds: every collective's timeout (a dead rank is an error after it)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -98,6 +102,8 @@ class EngineConfig:
         if dcp > 1 and (self.speculative_config or self.enable_prefix_caching):
             raise ValueError("decode context parallelism does not run with speculative decoding or prefix caching "
                              "yet (docs/context-parallel.md)")
+        if self.token_sharded_prefill_min_tokens:
+            self._validate_token_sharded()
         if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
             raise ValueError(f"mm_encoder_tp_mode must be data or weights, got {self.mm_encoder_tp_mode!r}")
         if self.mm_encoder_tp_mode == "weights" and self.tensor_parallel_size > 1:
@@ -142,6 +148,22 @@ class EngineConfig:
             raise ValueError(f"LoRA adapters run on one rank without speculation or disaggregation for now: "
                              f"enable_lora does not combine with {', '.join(clash)} (docs/lora.md)")
 
+
+    def _validate_token_sharded(self) -> None:
+        n = self.token_sharded_prefill_min_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"token_sharded_prefill_min_tokens must be a non-negative integer, got {n!r}")
+        if self.tensor_parallel_size not in (2, 4, 8):
+            raise ValueError("token_sharded_prefill_min_tokens splits a prompt over the TP ranks: it needs "
+                             f"tensor_parallel_size 2, 4 or 8, got {self.tensor_parallel_size}")
+        others = {"decode_context_parallel_size": self.decode_context_parallel_size > 1,
+                  "enable_expert_parallel": self.enable_expert_parallel or bool(self.expert_parallel_size),
+                  "speculative_config": bool(self.speculative_config), "enable_prefix_caching": self.enable_prefix_caching,
+                  "batch_invariant": bool(self.batch_invariant)}
+        clash = [name for name, on in others.items() if on]
+        if clash:
+            raise ValueError("token-sharded prefill does not combine with " + ", ".join(clash) + " yet "
+                             "(docs/token-sharded-prefill.md)")
 
     def _validate_batch_invariant(self) -> None:
         others = {"speculative_config": bool(self.speculative_config), "enable_prefix_caching": self.enable_prefix_caching,

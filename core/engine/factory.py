@@ -62,6 +62,15 @@ class EngineParts:
     lora: object = None                 # k3.lora.LoRARegistry (enable_lora)
 
 
+def _sharded_prefill(config: EngineConfig, model, page_size: int):
+    """The runner's token-sharded prefill (None without --token-sharded-prefill-min-tokens)."""
+    if not config.token_sharded_prefill_min_tokens:
+        return None
+    from .sharded_prefill import ShardedPrefillStep
+
+    return ShardedPrefillStep(model, min_tokens=config.token_sharded_prefill_min_tokens, page_size=page_size)
+
+
 def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcast=None) -> EngineParts:
     """Every part of an engine for `config` (broadcast: the tensor-parallel rank 0's sender)."""
     config.validate()
@@ -115,7 +124,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=plan.max_model_len, block_size=logical_block,
         adaptive_token_limit=prefill_token_limit(cfg, config.max_num_batched_tokens, accelerator=device.type != "cpu"),
-        checkpoint_interval=config.kda_checkpoint_interval, max_num_encoder_tokens=encoder_budget),
+        checkpoint_interval=config.kda_checkpoint_interval, max_num_encoder_tokens=encoder_budget,
+        token_sharded_min_tokens=config.token_sharded_prefill_min_tokens),
         pool, prefix_cache)
 
     proposer = None
@@ -131,7 +141,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
                          graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast,
-                         batch_invariant=config.batch_invariant, media=media)
+                         batch_invariant=config.batch_invariant, media=media,
+                         sharded_prefill=_sharded_prefill(config, model, logical_block))
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
                               release=proposer.release if proposer else None, media=media,

@@ -62,17 +62,21 @@ class ModelRunner:
         batch-invariant mode (docs/batch-invariance.md); image requests are refused in it.
     media: the MediaEncoder of a model with a vision tower (None: text only): before a step's
         forward it encodes the images the step's chunks reach, and the forward takes their rows.
+    sharded_prefill: a `ShardedPrefillStep` (tensor parallelism with
+        --token-sharded-prefill-min-tokens): a step it covers (one long fresh prompt chunk) runs
+        token-sharded over the TP group instead of the plain forward; None: never.
     """
 
     def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
                  tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
-                 broadcast: Callable | None = None, batch_invariant: bool = False, media=None):
+                 broadcast: Callable | None = None, batch_invariant: bool = False, media=None,
+                 sharded_prefill=None):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
         self.stop_token_ids = set(eos_token_ids)
         self.tap_layers, self.graphs = tuple(tap_layers), graphs
         self.pinned_uploads, self.broadcast, self.media = pinned_uploads, broadcast, media
-        self.batch_invariant = batch_invariant
+        self.batch_invariant, self.sharded_prefill = batch_invariant, sharded_prefill
         self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = (),
@@ -86,6 +90,8 @@ class ModelRunner:
         if media is not None:
             return self.model(meta, self.cache.views, media_embeds=media[0], media_positions=media[1],
                               tap_layers=self.tap_layers)
+        if self.sharded_prefill is not None and self.sharded_prefill.covers(meta):
+            return self.sharded_prefill.run(meta, self.cache.views)
         if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):
             return ReplayedStep(self.graphs.run(meta))
         if self.batch_invariant:

@@ -13,6 +13,9 @@ Images (k3.engine.media): the images a step's chunks reach that are not encoded 
 per-step encoder budget (`max_num_encoder_tokens`); a chunk stops before an image that does not
 fit (and the request waits a step if it starts at one). A request's encoder outputs are dropped
 when it finishes or is aborted, kept across a preemption.
+Token-sharded prefill (`token_sharded_min_tokens`, k3.engine.sharded_prefill): a waiting fresh
+prompt whose first chunk is that long is scheduled alone, in a step that alternates with the
+ordinary ones while others run; the runners then split its prefill over the TP ranks.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class SchedulerConfig:
     checkpoint_interval: int = 0         # prefix caching: extra KDA checkpoints every N tokens (0: none)
     # image placeholders whose images the vision encoder may encode in one step (0: no images)
     max_num_encoder_tokens: int = 0
+    # token-sharded prefill (k3.engine.sharded_prefill): a fresh prompt whose first chunk has at
+    # least this many tokens gets a step of its own (0: off)
+    token_sharded_min_tokens: int = 0
 
 
 @dataclass
@@ -116,6 +122,7 @@ class Scheduler:
         # it is queued (it queues it itself, or refuses and the request waits for local prefill)
         self.kv_producer = None
         self.kv_consumer = None
+        self._sharded_last = False         # the previous step was a token-sharded prefill
 
     # ----------------------------------------------------------------- bookkeeping
     def add(self, request: Request) -> None:
@@ -189,7 +196,36 @@ class Scheduler:
         encoder_budget[0] -= used
         return num_new
 
+    def _shards(self, request: Request, budget: int) -> bool:
+        """The request's next chunk is a token-sharded prefill: a fresh text prompt (no
+        prompt log-probs) whose chunk has at least `token_sharded_min_tokens` tokens."""
+        n = self.config.token_sharded_min_tokens
+        return (n > 0 and request.num_computed_tokens == 0 and request.media is None
+                and not request.params.prompt_logprobs and min(request.num_tokens, budget) >= n)
+
+    def _schedule_sharded(self) -> SchedulerOutput | None:
+        """A step of its own for the first waiting request when it `_shards` (every rank's
+        runner then prefills it token-sharded). Such steps alternate with ordinary ones while
+        other requests run, so their decodes wait at most one step."""
+        budget = self._budget()
+        if (not self.waiting or len(self.running) >= self.config.max_num_seqs
+                or not self._shards(self.waiting[0], budget) or (self._sharded_last and self.running)):
+            return None
+        request = self.waiting[0]
+        num_new = min(request.num_tokens, budget)
+        if not self._grow(request, num_new):
+            return None
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        request.first_scheduled_time = request.first_scheduled_time or time.monotonic()
+        self.running.append(request)
+        return SchedulerOutput(scheduled=[ScheduledRequest(request, num_new)])
+
     def schedule(self) -> SchedulerOutput:
+        sharded = self._schedule_sharded() if self.config.token_sharded_min_tokens else None
+        self._sharded_last = sharded is not None
+        if sharded is not None:
+            return sharded
         out = SchedulerOutput()
         budget = self._budget()
         encoder_budget = [self.config.max_num_encoder_tokens]
@@ -215,6 +251,8 @@ class Scheduler:
                 budget -= num_new
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not out.preempted:
             request = self.waiting[0]
+            if self._shards(request, self._budget()):
+                break                        # it waits for a step of its own (_schedule_sharded)
             if self.prefix_cache is not None and request.num_computed_tokens == 0 and request.state_row is None:
                 self._reuse_prefix(request, out)
             num_new = self._fit_encoder(request, min(request.num_tokens - request.num_computed_tokens, budget),

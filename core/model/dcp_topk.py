@@ -30,9 +30,10 @@ pool holds every member of the true top-k, and its top-k is the true top-k, ties
 Wire format ("packed as 32-bit words"): a candidate is its score followed by its global index as
 int32 words: 2 words (8 bytes) for fp32 / bf16 / fp16 scores (the score widened to fp32,
 lossless), 3 words (12 bytes) for fp64 scores. No rounding: two distinct scores never compare
-equal on the wire, so the result is exact for every dtype, including ties. A 16-bit score key
-(one 32-bit word with a 16-bit local ordinal) would halve the traffic again but needs an exact
-second round for the candidates sharing the k-th key; not done (docs/context-parallel.md).
+equal on the wire, so the result is exact for every dtype, including ties. The one-word format
+(a 16-bit score key with a 16-bit ordinal, plus an exact round for the candidates sharing the
+k-th key) is `k3.model.dcp_topk_packed`, which the model runs; its helpers (`ordered_topk`,
+`pack` for the exact round, `candidate_count`) live here.
 
 All functions are pure; `distributed_topk` runs the protocol over an `all_gather` callable and
 `simulate_distributed_topk` runs the same steps for W simulated ranks in one process.

@@ -6,7 +6,7 @@ a Hadamard rotation before FP8, per-token FP8 keys (amax / 448) in the cache, he
 scaled by Hi^-0.5 * D^-0.5, ReLU scores, causal top-k with k = min(index_topk, t + 1).
 Replicated on every tensor-parallel rank, like the keys it caches. Under decode context
 parallelism (`forward_dcp`) each rank caches its own tokens' keys and the top-k is merged exactly
-across the ranks (`k3.model.dcp_topk`).
+across the ranks in one 32-bit word a candidate (`k3.model.dcp_topk_packed`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from k3.model.metadata import ForwardMetadata, ForwardMode, IndexKeyCacheView
 from k3.plugin.tables import KernelSet
 
 from .dcp_attention import local_rows, local_selection, local_visible, token_sequences
-from .dcp_topk import distributed_topk
+from .dcp_topk_packed import packed_topk
 from .module import K3Module
 from .paging import gather_sequences
 from .parallel import DecodeContextParallel, RowExchange
@@ -96,7 +96,7 @@ class DSAIndexer(K3Module):
         """`forward` under decode context parallelism: write the index keys of the new tokens this
         rank owns (owned [T] bool at pages / offsets, `dcp_token_slots`), score every query
         against this rank's keys (causal in global positions), merge the exact global top-k with
-        the group (`distributed_topk`, the same on every rank). Returns this rank's share of the
+        the group (`packed_topk`: one 32-bit word a candidate, exact). Returns this rank's share of the
         selection: bool [T, Lmax] over its local positions (`local_rows` of the block table)."""
         cfg, k = self.cfg, self.kernels.indexer
         q, quantized, head_weights = self._project(x, c_q, view.fmt)
@@ -114,8 +114,10 @@ class DSAIndexer(K3Module):
             seq = token_sequences(meta)
             scores = k.decode_scores(q, head_weights, keys[seq], lens[seq])      # [T, Lmax]
             scores = scores.masked_fill(~local_visible(meta, dcp, lmax), float("-inf"))
-        result = distributed_topk(scores, topk=cfg.index_topk, rank=dcp.rank, world=dcp.size,
-                                  all_gather=dcp.stack_gather)
+        result = packed_topk(scores, topk=cfg.index_topk, rank=dcp.rank, world=dcp.size,
+                             all_gather=dcp.stack_gather)
         dcp.stats.topk_calls += 1
         dcp.stats.resent_rows += result.resent_rows
-        return local_selection(result.indices, dcp, scores.shape[1])
+        dcp.stats.tie_rows += result.tie_rows
+        dcp.stats.topk_wire_bytes += result.wire_bytes
+        return local_selection(result.mine, dcp, scores.shape[1])

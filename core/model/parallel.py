@@ -170,11 +170,15 @@ class ExpertParallel:
 @dataclass
 class DCPStats:
     """Counters of one DCP group (tests, benchmarks): rows that took the distributed top-k's
-    resend path, top-k calls, and the attention records (latent rows) this rank stored."""
+    resend path, top-k calls, the attention records (latent rows) this rank stored, rows that
+    took the top-k's exact round (tied 16-bit keys at the cut, `k3.model.dcp_topk_packed`)
+    and the bytes this rank sent in the top-k's all-gathers."""
 
     resent_rows: int = 0
     topk_calls: int = 0
     stored_rows: int = 0
+    tie_rows: int = 0
+    topk_wire_bytes: int = 0
 
 
 @dataclass(frozen=True)

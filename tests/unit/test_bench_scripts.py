@@ -109,6 +109,9 @@ def test_dcp_decode_smoke(tmp_path):
     per_record = result["planner_bytes_per_token"]
     assert two["stored_bytes_per_token_per_rank"] == per_record * ((tokens + 1) // 2) / tokens
     assert two["topk_calls"] > 0 and two["tokens_equal_dcp1"]
+    for row in result["wire"]["rows"]:        # one-word candidates: round 1 moves half the bytes
+        assert 2 * row["round1_packed_bytes"] == row["round1_lossless_bytes"] == row["candidates"] * 8
+        assert row["total_packed_bytes"] < row["total_lossless_bytes"]
 
 
 def test_vision_encoder_bench_smoke(tmp_path):

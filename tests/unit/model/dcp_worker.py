@@ -6,6 +6,8 @@ JOBS_JSON: a list of jobs, each {"kind": "topk" | "model", "world": 2 or 4, ...}
 world 2 runs on two groups at once ({0, 1} and {2, 3}); world 4 on all ranks.
   topk:  {"case": name}: the scores of `topk_case(name)` (the same on every rank), this rank's
          interleaved share through `distributed_topk`; result {"indices", "resent"}.
+  packed: as topk, through `packed_topk` (one-word candidates); result {"mine", "resent", "ties",
+         "wire", "round1"}.
   model: {"checkpoint", "chunk", "first", "prompts", "index_scale", "tp"}: the model with a DCP
          group of `world` inside a TP group of `tp` ranks (None: TP = 1), teacher-forced over the prompts (`chunk` tokens per call, then one);
          result {"logits": [per prompt], "resent": resend rows counted by the DCP record,
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_runs import teacher_forced  # noqa: E402
 
 from k3.model.dcp_topk import distributed_topk, interleave, stack_gather  # noqa: E402
+from k3.model.dcp_topk_packed import packed_topk  # noqa: E402
 from k3.model.parallel import ParallelContext, TorchDistributedCollectives  # noqa: E402
 
 WORLD = 4
@@ -43,6 +46,9 @@ def topk_case(name: str) -> tuple[torch.Tensor, int, int]:
         scores = scores.mul(2).round()
     elif kind == "skewed":                   # rank 1 holds most of the top-k: forces the resend path
         scores[:, 1::world] += 5
+    elif kind == "keyties":                  # near 1: many distinct scores share a bf16 key at the cut-off
+        scores = 1 + scores * 1e-3
+        scores[:, 5] = scores[:, 10] = scores.max() + 1e-4   # an exact tie across ranks: lower index first
     elif kind == "masked":                   # a causal-style mask: rows with fewer finite scores than topk
         scores[torch.arange(97)[None, :] > torch.tensor([3, 10, 20, 40, 60, 96])[:, None]] = float("-inf")
     return scores, 24, world
@@ -73,6 +79,14 @@ def main(rank: int, init: str, out: str, jobs: list[dict]) -> None:
             res = distributed_topk(interleave(scores, world)[dcp_rank], topk=topk, rank=dcp_rank, world=world,
                                    all_gather=gather)
             results[index] = {"indices": res.indices, "resent": res.resent_rows}
+            continue
+        if job["kind"] == "packed":
+            scores, topk, _ = topk_case(job["case"])
+            gather = stack_gather(TorchDistributedCollectives(group).all_gather)
+            res = packed_topk(interleave(scores, world)[dcp_rank], topk=topk, rank=dcp_rank, world=world,
+                              all_gather=gather)
+            results[index] = {"mine": res.mine, "resent": res.resent_rows, "ties": res.tie_rows,
+                              "wire": res.wire_bytes, "round1": res.round1_bytes}
             continue
         from k3.checkpoint.loader import load_model
 

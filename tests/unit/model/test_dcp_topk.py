@@ -11,13 +11,17 @@ from dcp_worker import launch, topk_case
 from k3 import reference as ref
 from k3.model.dcp_topk import (candidate_count, distributed_topk, interleave, ordered_topk, pack,
                                simulate_distributed_topk, unpack)
+from k3.model.dcp_topk_packed import (gathered_selection, pack_words, score_key, simulate_packed_topk,
+                                      unpack_words)
 
 CASES = [f"{kind}_{w}" for kind in ("random", "ties", "skewed", "masked") for w in (2, 4)]
+PACKED_CASES = ["ties_2", "skewed_4", "masked_4", "keyties_2", "keyties_4"]
 
 
 @pytest.fixture(scope="module")
 def gloo_runs(tmp_path_factory):
     jobs = [{"kind": "topk", "case": c, "world": topk_case(c)[2]} for c in CASES]
+    jobs += [{"kind": "packed", "case": c, "world": topk_case(c)[2]} for c in PACKED_CASES]
     return jobs, launch(jobs, tmp_path_factory.mktemp("dcp_topk"))
 
 
@@ -34,6 +38,79 @@ def test_gloo_equals_single_rank(gloo_runs, case):
     if case.startswith("skewed"):
         assert ranks[0][index]["resent"] > 0                               # the resend path ran
     assert torch.equal(simulate_distributed_topk(scores, topk=topk, world=world).indices, want)
+
+
+@pytest.mark.parametrize("case", PACKED_CASES)
+def test_gloo_packed_equals_single_rank(gloo_runs, case):
+    """One-word candidates over gloo: the ranks' shares together are the reference top-k (ties
+    to the lower index), each rank holds only its own tokens, and round 1 sends 4 bytes a
+    candidate (the lossless format: 12 for these fp64 scores)."""
+    jobs, ranks = gloo_runs
+    index = next(i for i, j in enumerate(jobs) if j["case"] == case and j["kind"] == "packed")
+    scores, topk, world = topk_case(case)
+    want = ref.indexer_topk(scores, topk=topk).long()
+    groups = [ranks[:2], ranks[2:]] if world == 2 else [ranks]
+    for group in groups:
+        res = [r[index] for r in group]
+        for rank, r in enumerate(res):
+            assert ((r["mine"] < 0) | (r["mine"] % world == rank)).all()
+            assert (r["resent"], r["ties"]) == (res[0]["resent"], res[0]["ties"])
+            assert r["round1"] == scores.shape[0] * candidate_count(topk, world) * 4
+        mine = torch.cat([r["mine"] for r in res], -1)
+        got = ordered_topk(torch.where(mine >= 0, scores.gather(-1, mine.clamp_min(0)), float("-inf")), mine, topk)[1]
+        assert torch.equal(got, want), (case, world)
+    if case.startswith("keyties"):
+        assert ranks[0][index]["ties"] == scores.shape[0]                  # every row took the exact round
+    if case.startswith("skewed"):
+        assert ranks[0][index]["resent"] > 0
+
+
+def _key_tie_case(g: torch.Generator, case: int) -> tuple[torch.Tensor, int, int]:
+    scores, topk, world = _random_case(g, case)
+    if case % 3 == 0:                                         # distinct scores sharing bf16 keys at the cut-off
+        scores = (1 + scores.double() * 1e-3).to(scores.dtype)
+    return scores, topk, world
+
+
+def test_simulated_packed_protocol_cases():
+    """200 random cases (as above, a third squeezed near 1 so that many distinct scores share
+    a 16-bit key): every rank's share together is the reference top-k, ties included; the
+    exact round and the resend path both run."""
+    g = torch.Generator().manual_seed(123)
+    ties = resent = 0
+    for case in range(200):
+        scores, topk, world = _key_tie_case(g, case)
+        got = simulate_packed_topk(scores, topk=topk, world=world)
+        want = ref.indexer_topk(scores, topk=topk).long()
+        assert torch.equal(gathered_selection(got, scores, topk), want), (case, world, topk, scores.dtype)
+        ties, resent = ties + got[0].tie_rows, resent + got[0].resent_rows
+    assert ties > 50 and resent > 50
+
+
+def test_packed_round1_is_half_the_lossless_bytes():
+    scores = torch.randn(3, 400, generator=torch.Generator().manual_seed(6))       # fp32
+    packed = simulate_packed_topk(scores, topk=32, world=4)[0]
+    lossless = simulate_distributed_topk(scores, topk=32, world=4)
+    c = candidate_count(32, 4)
+    assert packed.round1_bytes == 3 * c * 4 and 2 * packed.round1_bytes == 3 * c * 8
+    assert lossless.wire_bytes >= 3 * c * 8
+
+
+def test_score_key_orders_and_words_round_trip():
+    g = torch.Generator().manual_seed(7)
+    s = torch.cat([torch.randn(500, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-30, 30, (500,), generator=g).double(),
+                   torch.tensor([0.0, -0.0, 3.4e38, -3.4e38, 1e-40, -1e-40])]).double()
+    s = torch.cat([s, torch.tensor([1e300, -1e300], dtype=torch.float64)]).sort().values             # beyond bf16: keys saturate
+    keys = score_key(s)
+    assert (keys[1:] >= keys[:-1]).all() and (keys >= 1).all() and (keys <= 0xFFFF).all()
+    assert score_key(torch.tensor([0.0]))[0] == score_key(torch.tensor([-0.0]))[0]
+    assert score_key(torch.tensor([float("-inf"), float("nan"), float("inf")])).tolist() == [0, 0, 0]
+    words = pack_words(keys[None, :60])
+    assert words.dtype == torch.int32
+    back_k, back_o = unpack_words(words)
+    assert torch.equal(back_k[0], keys[:60]) and back_o[0].tolist() == list(range(60))
+    with pytest.raises(ValueError, match="ordinals below 65536"):
+        pack_words(torch.ones(1, 65537, dtype=torch.long))
 
 
 def _random_case(g: torch.Generator, case: int) -> tuple[torch.Tensor, int, int]:
