@@ -162,8 +162,11 @@ def test_amd_defaults_follow_the_recipe():
     assert plugin.k3_config_defaults() == {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
 
 
-@pytest.mark.parametrize("pjrt, words", [("CPU", "PJRT_DEVICE=CPU"), ("", "libtpu")])
-def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words):
+@pytest.mark.parametrize("pjrt, words, forceable", [("CPU", "PJRT_DEVICE=CPU", True), ("", "libtpu", False),
+                                                    ("CUDA", "PJRT_DEVICE=CUDA", False)])
+def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words, forceable):
+    """PJRT's CPU device makes `--platform tpu` forceable (the CI tier); a TPU is still only
+    detected with libtpu and chips."""
     import k3.platforms._probe as probe
     from k3.platforms.tpu.detect import detect
 
@@ -173,6 +176,7 @@ def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words):
     monkeypatch.setenv("PJRT_DEVICE", pjrt)
     found = detect()
     assert not found.available and words in found.reason and found.device == "xla"
+    assert found.forceable == forceable
 
 
 def test_detection_imports_no_vendor_sdk():
