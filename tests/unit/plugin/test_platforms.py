@@ -17,7 +17,10 @@ VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
 KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels", "k3_graph_runner",
                            "k3_indexer_kernels", "k3_kda_kernels",
-                           "k3_mla_kernels", "k3_moe_kernels"]}
+                           "k3_mla_kernels", "k3_moe_kernels"],
+                # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
+                "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
+                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -37,7 +40,8 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     assert module.K3_HOOKSPEC_VERSIONS == (1,)
     record = discover(allow=[vendor]).records[vendor]
     assert record.registered and record.distribution == "k3"
-    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce; every other entry falls back to the reference
+    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce, tpu's XLA-clean decode entries;
+    # every other entry falls back to the reference
     assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
     path = Path(module.k3_conformance_expectations())          # no platform argument: no name check
     assert tomllib.loads(path.read_text())["xfail"] == []
