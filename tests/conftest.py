@@ -15,6 +15,10 @@ from k3.checkpoint.random_init import random_checkpoint
 from k3.checkpoint.writer import write_checkpoint
 from k3.config import K3Config
 
+# the tpu tier runs in its own torch 2.9 + torch-xla venv (.ci/tpu.sh, with --confcutdir=tests/tpu,
+# so this file is not read there); the main suite never collects it
+collect_ignore = ["tpu"]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"      # inherited by the ranks multi-process tests spawn
     torch.set_num_threads(1)

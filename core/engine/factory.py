@@ -270,9 +270,10 @@ def _allocate_cache(platform, cfg: K3Config, fmt: CacheFormat, plan, config: Eng
 
 
 def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform) -> int:
-    """The cache's memory: on the CPU kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an
-    accelerator what the capacity plan leaves after the weights and the workspace."""
-    if torch.device(platform.info.device).type == "cpu":
+    """The cache's memory: on the CPU, or a device that reports no memory size (PJRT's CPU device
+    under XLA), kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an accelerator what the
+    capacity plan leaves after the weights and the workspace."""
+    if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
         return int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib else default_cpu_cache_bytes()
     report = plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
                            tensor_parallel_size=fmt.tensor_parallel_size,

@@ -94,6 +94,21 @@ class DecodeGraphs:
         with torch.no_grad():
             self._replay[b] = self.runner.capture(step)
 
+    _ROWS = ("input_ids", "positions", "context_lens", "slot_mapping", "state_indices")
+
+    @classmethod
+    def _fill_on_host(cls, static: ForwardMetadata, pad: ForwardMetadata, meta: ForwardMetadata, n: int) -> None:
+        """Pad the step's metadata to the bucket on the host, then one whole-bucket upload per
+        tensor: for a runner that traces (XLA), where copying n rows on the device would compile
+        one graph per batch size. Reads the step's metadata back to the host first (small)."""
+        for name in cls._ROWS:
+            full = getattr(pad, name).cpu()         # device data, no graph: a plain transfer
+            full[:n] = getattr(meta, name).cpu()
+            getattr(static, name).copy_(full.to(static.input_ids.device))
+        table = pad.block_table.cpu()
+        table[:n, : meta.block_table.shape[1]] = meta.block_table.cpu()
+        static.block_table.copy_(table.to(static.block_table.device))
+
     def run(self, meta: ForwardMetadata) -> torch.Tensor:
         """Logits [N, V] of a covered decode step (a fresh tensor: the next replay reuses the
         captured output)."""
@@ -101,12 +116,15 @@ class DecodeGraphs:
         b = next(size for size in self.buckets if size >= n)
         static = self._static[b]
         pad = self._padding[b]                          # the rows past n return to padding
-        for name in ("input_ids", "positions", "context_lens", "slot_mapping", "state_indices"):
-            dst = getattr(static, name)
-            dst.copy_(getattr(pad, name))
-            dst[:n].copy_(getattr(meta, name))
-        static.block_table.copy_(pad.block_table)
-        static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
+        if getattr(self.runner, "pads_on_host", False):
+            self._fill_on_host(static, pad, meta, n)
+        else:
+            for name in self._ROWS:
+                dst = getattr(static, name)
+                dst.copy_(getattr(pad, name))
+                dst[:n].copy_(getattr(meta, name))
+            static.block_table.copy_(pad.block_table)
+            static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
         replay, logits = self._replay[b]
         replay()
         return logits[:n].clone()

@@ -216,7 +216,9 @@ def indexer_paged_decode_scores(
     for i, length in enumerate(seq_lens.tolist()):                     # host reads (the oracle may)
         pos = torch.arange(int(length), device=block_table.device)
         slots = (block_table[i, pos // page].long(), pos % page)       # each position's page and offset
-        keys = indexer_dequantize_keys(key_values[slots], key_scales[slots], fmt=fmt, dtype=cd)   # [L_i, D]
+        # gathered as bytes: torch 2.9's CPU cannot index float8 tensors (the torch-xla venv)
+        values = key_values.view(torch.uint8)[slots].view(key_values.dtype)
+        keys = indexer_dequantize_keys(values, key_scales[slots], fmt=fmt, dtype=cd)   # [L_i, D]
         scores = indexer_decode_scores(q[i: i + 1], head_weights[i: i + 1], keys[None], seq_lens[i: i + 1],
                                        quantize_query=quantize_query)  # [1, L_i]
         out[i, : int(length)] = scores[0]

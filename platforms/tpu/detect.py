@@ -3,8 +3,8 @@ host. Nothing is imported: packages are looked up, and the chips are device node
 (/dev/accel* on TPU v2-v4, /dev/vfio/<n> on v5e and later). Initialising PJRT would be slow
 and would claim the chips, so it waits for `k3_capabilities` on the selected platform.
 
-A forced `--platform tpu` on PJRT's CPU device (for testing without a TPU) comes with the TPU
-issue; until then the platform is not forceable.
+With torch-xla installed and `PJRT_DEVICE=CPU`, the platform is not detected (no TPU) but is
+forceable: `--platform tpu` runs k3 through XLA on PJRT's CPU device (the CI tier, issue 24).
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ def detect() -> Detection:
         return unavailable(f"torch-xla {xla} needs torch {'.'.join(xla_mm)}, but torch {torch.__version__} is "
                            f"installed; {INSTALL}")
     pjrt = os.environ.get("PJRT_DEVICE", "")
+    if pjrt.upper() == "CPU":
+        return Detection(NAME, False, f"PJRT_DEVICE=CPU selects PJRT's CPU device, not a TPU; `--platform tpu` "
+                         f"runs through XLA on it (torch-xla {xla})", forceable=True, priority=PRIORITY,
+                         device="xla")
     if pjrt and pjrt.upper() != "TPU":
         return unavailable(f"PJRT_DEVICE={pjrt} selects PJRT's {pjrt} device, not a TPU (unset it, or set "
-                           "PJRT_DEVICE=TPU on a TPU host)")
+                           "PJRT_DEVICE=TPU on a TPU host; PJRT_DEVICE=CPU makes `--platform tpu` forceable)")
     if not has_module("libtpu"):
         return unavailable(f"torch-xla {xla} is installed without libtpu, which TPUs need; "
                            f"`pip install 'torch-xla[tpu]=={xla}'`")

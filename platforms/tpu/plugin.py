@@ -1,9 +1,10 @@
 """TPU platform plugin (entry point `tpu`): hook implementations only.
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
-serving defaults and conformance expectations. No kernel yet: every kernel entry falls back to
-the reference plugin's pure-torch kernels on the XLA device; docs/kernel-contract.md says which of them an XLA
-backend must replace (host reads, CPU fallbacks).
+serving defaults, conformance expectations, the XLA graph runner (`graphs.py`: decode steps
+compiled once per batch bucket) and the XLA-clean kernel entries of `kernels.py`; the entries
+it leaves out fall back to the reference plugin's pure-torch kernels on the XLA device
+(docs/kernel-contract.md says which of them an XLA backend must replace).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from k3.plugin import hookimpl
 
-from . import capabilities, detect
+from . import capabilities, detect, kernels
 
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME
@@ -37,3 +38,40 @@ def k3_config_defaults():
 @hookimpl
 def k3_conformance_expectations():
     return str(CONFORMANCE)
+
+
+@hookimpl
+def k3_graph_runner():
+    from .graphs import XlaGraphRunner
+
+    return XlaGraphRunner()
+
+
+@hookimpl
+def k3_kda_kernels():
+    return kernels.kda_table()
+
+
+@hookimpl
+def k3_mla_kernels():
+    return kernels.mla_table()
+
+
+@hookimpl
+def k3_indexer_kernels():
+    return kernels.indexer_table()
+
+
+@hookimpl
+def k3_moe_kernels():
+    return kernels.moe_table()
+
+
+@hookimpl
+def k3_attn_res_kernels():
+    return kernels.attn_res_table()
+
+
+@hookimpl
+def k3_elementwise_kernels():
+    return kernels.elementwise_table()

@@ -180,3 +180,29 @@ def test_sampler_inputs_are_on_the_device_before_the_forward_launches(ckpt, monk
         engine.step()
     assert events and all(a[0] == "sampling" and b == ("forward",) for a, b in zip(events[::2], events[1::2]))
     assert ("sampling", False, True) in events
+
+
+def test_host_padding_fills_the_bucket_as_the_device_copy_does():
+    """A tracing runner (`pads_on_host`, the tpu platform's XLA runner) gets the bucket's metadata
+    padded on the host: the same static tensors as the device-side row copies."""
+    graphs = DecodeGraphs.__new__(DecodeGraphs)
+    graphs.scratch_row, graphs.block_size, graphs.max_pages, graphs.device = 9, 4, 3, torch.device("cpu")
+    n, b = 3, 8
+    meta = graphs._padding_metadata(n)
+    for name in DecodeGraphs._ROWS:
+        getattr(meta, name).copy_(torch.arange(n) + 100 + len(name))
+    meta.block_table = torch.tensor([[1, 2], [3, 4], [5, 6]], dtype=torch.int32)
+    pad = graphs._padding_metadata(b)
+    host, device = graphs._padding_metadata(b), graphs._padding_metadata(b)
+    for name in DecodeGraphs._ROWS:          # stale rows from a bigger batch must return to padding
+        getattr(host, name).fill_(-7)
+        getattr(device, name).fill_(-7)
+    DecodeGraphs._fill_on_host(host, pad, meta, n)
+    for name in DecodeGraphs._ROWS:
+        want = getattr(pad, name).clone()
+        want[:n] = getattr(meta, name)
+        assert torch.equal(getattr(host, name), want), name
+    want = pad.block_table.clone()
+    want[:n, :2] = meta.block_table
+    assert torch.equal(host.block_table, want)
+    assert (host.slot_mapping[n:] == 9 * 4).all() and (host.state_indices[n:] == 9).all()

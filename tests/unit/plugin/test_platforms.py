@@ -19,6 +19,9 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                            "k3_indexer_kernels", "k3_kda_kernels",
                            "k3_mla_kernels", "k3_moe_kernels"],
                 "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
+                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
+                # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
+                "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
@@ -39,7 +42,8 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     assert module.K3_HOOKSPEC_VERSIONS == (1,)
     record = discover(allow=[vendor]).records[vendor]
     assert record.registered and record.distribution == "k3"
-    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce; every other entry falls back to the reference
+    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce, tpu's XLA-clean decode entries;
+    # every other entry falls back to the reference
     assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
     path = Path(module.k3_conformance_expectations())          # no platform argument: no name check
     assert tomllib.loads(path.read_text())["xfail"] == []
@@ -167,8 +171,11 @@ def test_amd_defaults_follow_the_recipe():
     assert plugin.k3_config_defaults() == {"max_num_seqs": 16, "gpu_memory_utilization": 0.85}
 
 
-@pytest.mark.parametrize("pjrt, words", [("CPU", "PJRT_DEVICE=CPU"), ("", "libtpu")])
-def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words):
+@pytest.mark.parametrize("pjrt, words, forceable", [("CPU", "PJRT_DEVICE=CPU", True), ("", "libtpu", False),
+                                                    ("CUDA", "PJRT_DEVICE=CUDA", False)])
+def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words, forceable):
+    """PJRT's CPU device makes `--platform tpu` forceable (the CI tier); a TPU is still only
+    detected with libtpu and chips."""
     import k3.platforms._probe as probe
     from k3.platforms.tpu.detect import detect
 
@@ -178,6 +185,7 @@ def test_tpu_detection_with_torch_xla_present(monkeypatch, pjrt, words):
     monkeypatch.setenv("PJRT_DEVICE", pjrt)
     found = detect()
     assert not found.available and words in found.reason and found.device == "xla"
+    assert found.forceable == forceable
 
 
 def test_detection_imports_no_vendor_sdk():
