@@ -47,11 +47,16 @@ def test_json_report(capsys):
     assert data["capabilities"]["vendor"] == "cpu"
 
 
-def test_forced_ppu_shows_reference_fallback(capsys):
+def test_forced_ppu_shows_its_entries_and_the_reference_fallback(capsys):
+    from k3.platforms.torch_kernels.native_tables import SERVED
+
     data = run_json(capsys, "--platform", "ppu")
     assert data["selected"]["platform"] == "ppu" and data["selected"]["forced"]
     assert data["capabilities"]["vendor"] == "t-head"
-    assert all(k == {"provider": "reference", "fallback": True} for k in data["kernels"].values())
+    served = {name for name, k in data["kernels"].items() if k == {"provider": "ppu", "fallback": False}}
+    assert served == set(SERVED)
+    assert all(k == {"provider": "reference", "fallback": True} for name, k in data["kernels"].items()
+               if name not in served)
     assert data["config_defaults"] == {"gpu_memory_utilization": 0.9}
     assert data["conformance_expectations"][0].endswith("ppu/conformance.toml")
     assert main(["plugins", "--platform", "ppu"]) == 0
