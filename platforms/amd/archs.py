@@ -45,15 +45,16 @@ class Arch:
     launch: dict[str, dict] = field(default_factory=dict)
 
 
-# Launch options. A wavefront of 64 lanes covers twice the columns of an NVIDIA warp, so the
-# bandwidth-bound kernels that NVIDIA runs on 8 warps take 4 here (the same 256 lanes as an
-# H200's 8 warps), and the ones on 4 keep 4 (256 lanes against 128); none is tuned on a device.
+# Launch options, none tuned on a device. Where the NVIDIA default compiles to spills or an
+# occupancy of one wave per SIMD for AMD (bench/amdgcn_report.py, docs/amd.md), the row gives a
+# smaller tile: the KDA decode step walks its state row 16 columns at a time (the whole row, the
+# default, takes 512 VGPRs + 256 AGPRs and spills 157; 16 columns: 148 VGPRs, no spill, 3 waves)
+# and the chunked recurrence 16 columns a program (32: 58-62 registers spilled). The other
+# kernels keep the defaults the NVIDIA path uses (their compiled reports show no spill).
 _COMMON = {
-    "kda_decode_step": {"num_warps": 4},
+    "kda_decode_step": {"block_v": 16},
     "kda_recurrent": {"block_v": 32},
-    "attn_res_step": {"num_warps": 4},
     "indexer_decode_scores": {"block_l": 64},
-    "indexer_prefill_scores": {"block_s": 64},
 }
 
 ARCHS = {
@@ -66,7 +67,7 @@ ARCHS = {
                            # no native MXFP4: Triton's dot_scaled would upcast to bf16 on CDNA3, so
                            # the in-kernel E2M1 decoding serves decode batches (dequant from 1,024)
                            "moe_experts": {"prefer": "decode", "tf32": True},
-                           "kda_chunked": {"precision": "ieee"}}),
+                           "kda_chunked": {"precision": "ieee", "block_v": 16}}),
     "gfx950": Arch("gfx950", "MI355X", wavefront=64, lds_bytes=160 << 10, compute_units=256, fp8="float8_e4m3fn",
                    fp8_triton="fp8e4nv", native_mxfp4=True, tf32=False,
                    launch={**_COMMON,
@@ -75,7 +76,7 @@ ARCHS = {
                            "mla_decode": {"operands": "native", "ieee": True},
                            # native MXFP4 matrix-core operands for bf16 batches (tl.dot_scaled)
                            "moe_experts": {"prefer": "dot_scaled", "tf32": False},
-                           "kda_chunked": {"precision": "ieee"}}),
+                           "kda_chunked": {"precision": "ieee", "block_v": 16}}),
 }
 DEFAULT_ARCH = "gfx950"
 
