@@ -53,7 +53,8 @@ LAUNCHED = {
                     "gfx942": {"decode_n64_k128_t16", "decode_n128_k64_t16"}},
 }
 LAUNCHED["moe_down"] = LAUNCHED["moe_gate_up"]
-# the MoE decode-mode tiles (gfx942's bf16 batches, fp32 / fp16 on both), as moe_mxfp4.launch_options gives them (one token; more)
+# the MoE decode-mode tiles (gfx942's bf16 batches, fp32 / fp16 on both), as
+# moe_mxfp4.launch_options gives them (one token; more)
 DECODE_TILES = ((64, 16, 128, 4), (128, 16, 64, 8))
 
 
