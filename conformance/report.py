@@ -16,6 +16,9 @@ report.json, "schema_version": 1:
     cases           [{id ("case/shape/dtype"), nodeid, case, family, entry, dtype, shape,
                       status (passed | failed | skipped | xfailed | xpassed), reason,
                       error_ratio, max_abs_error, tolerance {ratio, floor}, provider,
+                      implementation (the serving function, "module:function [bound launch
+                      options]"; inputs a kernel does not cover still go to its reference op),
+                      executed_on (torch device, "(Triton interpreter)" when interpreted),
                       duration_s, outputs [{name, kind, passed, error_ratio, max_abs_error,
                       tolerance, message}], notes}]
     error_ratio / max_abs_error / tolerance are those of the case's worst output (the first
@@ -125,11 +128,12 @@ def render_markdown(report: dict) -> str:
         lines += ["## Stale expectations (match no test)", ""]
         lines += [f"- `{e['case']}` dtype `{e['dtype']}` ({e['source']}): {e['reason']}"
                   for e in report["stale_expectations"]] + [""]
-    lines += ["## Cases", "", "| id | status | error ratio | max abs | tolerance (ratio, floor) | provider | reason |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["## Cases", "", "| id | status | error ratio | max abs | tolerance (ratio, floor) | provider "
+              "| implementation | executed on | reason |", "|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         tol = c.get("tolerance") or {}
         tol_text = f"{_fmt(tol.get('ratio'))}, {_fmt(tol.get('floor'))}" if tol else ""
         lines.append(f"| `{c['id']}` | {c['status']} | {_fmt(c.get('error_ratio'))} | {_fmt(c.get('max_abs_error'))} "
-                     f"| {tol_text} | {c.get('provider', '')} | {_cell(c.get('reason', ''))[:200]} |")
+                     f"| {tol_text} | {c.get('provider', '')} | {_cell(c.get('implementation', ''))} "
+                     f"| {c.get('executed_on', '')} | {_cell(c.get('reason', ''))[:200]} |")
     return "\n".join(lines) + "\n"

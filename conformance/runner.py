@@ -57,6 +57,35 @@ def provider(platform, entry: str) -> str:
     return platform.kernels.providers.get(entry, platform.info.plugin)
 
 
+def implementation(platform, entry: str) -> str:
+    """Which function serves a kernel entry: "module:function" under k3 (launch options bound by
+    the platform in brackets), or "engine (every served entry)" for the model cases."""
+    try:
+        fn = resolve_entry(platform.kernels, entry)
+    except AttributeError:
+        return "engine (every served entry)"
+    options = getattr(fn, "keywords", None)
+    inner = getattr(fn, "func", fn)
+    name = f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+    name = name.removeprefix("k3.platforms.").removeprefix("k3.")
+    return name + (f" [{', '.join(f'{k}={v!r}' for k, v in options.items())}]" if options else "")
+
+
+def executed_on(platform, entry: str) -> str:
+    """Where an entry's work runs: the platform's torch device, "(Triton interpreter)" added when
+    Triton kernels are interpreted there (TRITON_INTERPRET) and the entry (or, for model cases,
+    any entry) is served from k3.platforms.triton_kernels or a vendor's Triton wrapper."""
+    import os
+
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    impl = implementation(platform, entry)
+    triton = not impl.startswith(("reference", "torch_kernels")) and impl != "engine (every served entry)"
+    if impl == "engine (every served entry)":
+        triton = any(not implementation(platform, e).startswith(("reference", "torch_kernels"))
+                     for e, plugin in platform.kernels.providers.items() if plugin != "reference")
+    return platform.info.device + (" (Triton interpreter)" if interpreted and triton else "")
+
+
 def named_outputs(case, result, inputs: Inputs) -> dict[str, Any]:
     """The case's outputs: its `outputs` function, else the returned tensor as "out", a kernel's
     named outputs by field (a tuple field as name0, name1...; None fields left out), or a

@@ -14,7 +14,7 @@ import pytest
 from . import expectations as exp
 from . import report as rep
 from .registry import Item, items
-from .runner import provider
+from .runner import executed_on, implementation, provider
 
 
 class ConformanceSession:
@@ -77,7 +77,10 @@ class ConformanceSession:
                 "entry": item.case.entry, "dtype": item.dtype, "shape": item.sample.shape, "status": "failed",
                 "reason": "", "error_ratio": None, "max_abs_error": None,
                 "tolerance": item.case.tolerance(item.dtype).to_dict(),
-                "provider": provider(self.platform, item.case.entry), "duration_s": 0.0, "outputs": [], "notes": []}
+                "provider": provider(self.platform, item.case.entry),
+                "implementation": implementation(self.platform, item.case.entry),
+                "executed_on": executed_on(self.platform, item.case.entry), "duration_s": 0.0, "outputs": [],
+                "notes": []}
         return self.records[nodeid]
 
     def pytest_runtest_logreport(self, report):

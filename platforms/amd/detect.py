@@ -1,4 +1,5 @@
-"""AMD detection: a ROCm build of torch (`torch.version.hip`) that sees a GPU."""
+"""AMD detection: a ROCm build of torch (`torch.version.hip`) that sees a GPU. Without one, the
+platform is forceable on the CPU only when K3_AMD_SIMULATE names a gfx target (simulate.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ INSTALL = "`pip install 'k3[amd]'`"
 
 
 def unavailable(reason: str) -> Detection:
+    """Not available here; forceable on the CPU (a simulated target) when K3_AMD_SIMULATE is set."""
+    from .simulate import ENV, requested_arch
+
+    try:
+        arch = requested_arch()
+    except ValueError as e:
+        return Detection(NAME, False, f"{reason}; {ENV}: {e}", priority=PRIORITY, device="cuda")
+    if arch:
+        return Detection(NAME, False, f"{reason}; {ENV}={arch}: `--platform amd` simulates {arch} on the CPU "
+                         "(reference ops, and the Triton kernels under TRITON_INTERPRET=1; nothing runs on AMD "
+                         "hardware)", forceable=True, priority=PRIORITY, device="cpu")
     return Detection(NAME, False, reason, priority=PRIORITY, device="cuda")
 
 

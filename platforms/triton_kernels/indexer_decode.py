@@ -72,10 +72,12 @@ def covers(q, head_weights, key_values, key_scales, fmt) -> bool:
 
 
 def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens, *, fmt, quantize_query=True,
-                        block_l=64):
+                        block_l=64, ieee=None):
     """`k3.reference.indexer_paged_decode_scores` in Triton (same signature and contract).
 
-    block_l: positions per program (a launch option for benchmarks). MXFP4 pages:
+    block_l: positions per program (a launch option for benchmarks). ieee: IEEE fp32 dots (None:
+    for unquantised fp32 queries, tf32 otherwise, exact for fp8 codes; True where the target has
+    no tf32, AMD's gfx950): a launch option for platform tables. MXFP4 pages:
     `indexer_decode_mxfp4.paged_decode_scores`.
     """
     if fmt == "mxfp4":
@@ -97,6 +99,6 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
             qc.contiguous(), w.contiguous(), key_values, key_scales, block_table, seq_lens, out,
             key_values.stride(0), key_values.stride(1), key_scales.stride(0), key_scales.stride(1),
             block_table.stride(0), length,
-            HI=hi, D=d, PAGE=page, BLOCK_L=block_l, IEEE=not quantize_query and q.dtype == torch.float32,
+            HI=hi, D=d, PAGE=page, BLOCK_L=block_l, IEEE=(not quantize_query and q.dtype == torch.float32) if ieee is None else bool(ieee),
         )
     return out

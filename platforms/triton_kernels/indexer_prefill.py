@@ -68,10 +68,14 @@ def covers(q, head_weights, keys) -> bool:
             and hi >= 16 and d >= 16 and hi & (hi - 1) == 0 and d & (d - 1) == 0)
 
 
-def indexer_scores(q, head_weights, keys, *, cu_seqlens_q, cu_seqlens_kv, quantize_query=True, block_s=64):
+def indexer_scores(q, head_weights, keys, *, cu_seqlens_q, cu_seqlens_kv, quantize_query=True, block_s=64,
+                   precisions=("tf32", "tf32x3")):
     """`k3.reference.indexer_scores` in Triton (same signature and contract).
 
-    block_s: key positions per program (a launch option for benchmarks).
+    block_s: key positions per program (a launch option for benchmarks). precisions: the dots'
+    input precision (Triton's names) where tf32 is exact for the inputs and where it is not
+    (fp32 keys); a launch option for platform tables (AMD: "tf32" exists on gfx942 only,
+    "tf32x3" on NVIDIA only, so AMD passes "ieee" where this default cannot compile).
     """
     if not covers(q, head_weights, keys) or tuple(head_weights.shape) != tuple(q.shape[:2]):
         return ref.indexer_scores(q, head_weights, keys, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
@@ -97,7 +101,7 @@ def indexer_scores(q, head_weights, keys, *, cu_seqlens_q, cu_seqlens_kv, quanti
         _prefill_scores_kernel[(t, triton.cdiv(max_kv, block_s))](
             qc.contiguous(), w.contiguous(), keys, as_rows(key_start), as_rows(key_count), as_rows(position), out,
             keys.stride(0), max_kv,
-            HI=hi, D=d, BLOCK_S=block_s, PRECISION="tf32" if exact_in_tf32 else "tf32x3",
+            HI=hi, D=d, BLOCK_S=block_s, PRECISION=precisions[0] if exact_in_tf32 else precisions[1],
             num_warps=4 if exact_in_tf32 else 8,              # tf32x3 spills at 4 warps (bench/ptxas_report.py)
         )
     return out

@@ -45,17 +45,19 @@ def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                checkpoint_offsets=None, precision=None):
+                checkpoint_offsets=None, precision=None, block_v=None):
     """`k3.reference.kda_chunked` (same signature and contract): both phases in Triton where
     `uses_triton`, else the torch prefill as it is. precision: both phases' dots (default
-    INTRA_PRECISION and RECURRENCE_PRECISION)."""
+    INTRA_PRECISION and RECURRENCE_PRECISION). block_v: the recurrence's state columns per
+    program (None: its default; a launch option for platform tables)."""
     kw = dict(scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               checkpoint_offsets=checkpoint_offsets)
     if not uses_triton(q, k, v, g, beta, initial_state):
         return blocked.kda_chunked(q, k, v, g, beta, **kw)
     return blocked.kda_chunked(q, k, v, g, beta, **kw,
                                intra=functools.partial(intra_chunk, precision=precision or INTRA_PRECISION),
-                               recurrence=functools.partial(recurrence, precision=precision or RECURRENCE_PRECISION))
+                               recurrence=functools.partial(recurrence, precision=precision or RECURRENCE_PRECISION,
+                                                           block_v=block_v))
 
 
 def kda_chunked_tf32x3(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -166,7 +166,7 @@ def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: 
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
-               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton"):
+               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton", ieee=None):
     """`k3.reference.mla_decode` with the attention in Triton (same signature and contract).
 
     operands (a launch option for benchmarks): "fp32" (the default: rows widened to fp32, tf32
@@ -228,7 +228,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
             selection.stride(0) if selection is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
             h, positions, splits, float(scale), kv_scale,
             PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=block_n, SPLIT_LEN=split_len, SPARSE=selection is not None,
-            IEEE=q_nope.dtype == torch.float32, num_warps=8 if r >= 256 else 4,
+            IEEE=q_nope.dtype == torch.float32 if ieee is None else bool(ieee), num_warps=8 if r >= 256 else 4,
             NATIVE=operands == "native" and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
         )
     if merge == "triton" and t:

@@ -244,7 +244,7 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None, row_split=None, prefetch=None, half=None, chain=None):
+                    stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
@@ -253,8 +253,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     row_split (gemv: weight rows each thread holds, sharing its activation loads), prefetch
     (gemv: each step's weights loaded one step ahead), half (gemv: fp16x2 products on scaled
     fp16 activations; None: for bf16 activations), chain (gemv's fp16x2 form: code words summed in
-    fp16 before each fp32 add, 1 or 4):
-    launch options for benchmarks (None: `launch_options` for this batch).
+    fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
+    fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950):
+    launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
         return torch_experts.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
@@ -304,7 +305,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     weights = topk_weights.reshape(-1).to(torch.float32)
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
-    ieee = x.dtype == torch.float32
+    ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k,
                   num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     tiles = tile_expert.numel()

@@ -14,7 +14,8 @@ from k3.conformance.report import SCHEMA_VERSION, STATUSES
 REPORT_KEYS = {"schema_version", "date", "tier", "duration_s", "platform", "plugins", "device", "k3_version",
                "torch_version", "python_version", "expectation_files", "summary", "stale_expectations", "cases"}
 CASE_KEYS = {"id", "nodeid", "case", "family", "entry", "dtype", "shape", "status", "reason", "error_ratio",
-             "max_abs_error", "tolerance", "provider", "duration_s", "outputs", "notes"}
+             "max_abs_error", "tolerance", "provider", "implementation", "executed_on", "duration_s", "outputs",
+             "notes"}
 
 
 def test_exit_codes_never_pass_pytest_codes_through():

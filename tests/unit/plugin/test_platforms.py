@@ -22,7 +22,10 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
                 # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
                 "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
-                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"]}
+                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
+                # the portable Triton kernels with AMD launch configurations; no graph runner or collective yet
+                "amd": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_indexer_kernels", "k3_kda_kernels",
+                        "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -42,8 +45,8 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     assert module.K3_HOOKSPEC_VERSIONS == (1,)
     record = discover(allow=[vendor]).records[vendor]
     assert record.registered and record.distribution == "k3"
-    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce, tpu's XLA-clean decode entries;
-    # every other entry falls back to the reference
+    # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce, AMD's Triton kernels, tpu's
+    # XLA-clean decode entries, ppu's torch-native ones; every other entry falls back to the reference
     assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
     path = Path(module.k3_conformance_expectations())          # no platform argument: no name check
     assert tomllib.loads(path.read_text())["xfail"] == []
@@ -162,7 +165,28 @@ def test_amd_capabilities_from_gfx_arch(monkeypatch, arch, fp8, mxfp4):
     _fake_torch(monkeypatch, hip="6.4", names=["AMD Instinct"], props=props)
     caps = read()
     assert caps.arch == arch.split(":")[0] and caps.fp8_dtype == fp8 and caps.native_mxfp4 == mxfp4
-    assert caps.hip_ipc and caps.dist_backend == "rccl" and caps.vendor == "amd"
+    assert caps.dist_backend == "rccl" and caps.vendor == "amd"
+    # nothing implements HIP graphs or the HIP-IPC collective yet: neither is claimed
+    assert not caps.graph_capture and not caps.hip_ipc
+
+
+def test_amd_is_forceable_only_as_a_simulated_target(monkeypatch):
+    from k3.platforms.amd import plugin
+    from k3.platforms.amd.detect import detect
+
+    _fake_torch(monkeypatch, cuda="12.8", names=["NVIDIA H200"])
+    monkeypatch.delenv("K3_AMD_SIMULATE", raising=False)
+    assert not detect().forceable
+    monkeypatch.setenv("K3_AMD_SIMULATE", "gfx9000")
+    found = detect()
+    assert not found.forceable and "gfx9000" in found.reason and "gfx942, gfx950" in found.reason
+    monkeypatch.setenv("K3_AMD_SIMULATE", "gfx942")
+    found = detect()
+    assert found.forceable and not found.available and found.device == "cpu" and "simulates gfx942" in found.reason
+    info = SimpleNamespace(device="cpu")
+    caps = plugin.k3_capabilities(info)
+    assert (caps.arch, caps.fp8_dtype, caps.native_mxfp4, caps.graph_capture, caps.hip_ipc) == \
+        ("gfx942", "e4m3fnuz", False, False, False)
 
 
 def test_amd_defaults_follow_the_recipe():

@@ -1,0 +1,103 @@
+"""Which kernels the amd plugin serves: the portable Triton kernels of k3.platforms.triton_kernels
+(and the torch fast paths of k3.platforms.torch_kernels) that compile for gfx942 and gfx950
+(bench/amdgcn_report.py), each given its target's launch options from archs.py. K3_AMD_DISABLE
+(a comma-separated list of the names below, or "all") hands an entry back to the reference op.
+
+Not served on AMD: the MoE `gemv` mode (inline PTX: `fma.rn.f16x2`), 3xTF32 dots ("tf32x3",
+NVIDIA's; the chunked KDA prefill and the indexer prefill run IEEE fp32 dots instead) and
+fla-core's chunked prefill (experimental on NVIDIA too). Nothing here has executed on AMD
+hardware (docs/platforms.md, conformance/reports/amd-simulated-cpu/).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import warnings
+from dataclasses import dataclass
+
+from . import archs
+
+DISABLE_ENV = "K3_AMD_DISABLE"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel the plugin serves: the kernel-table entry it backs ("family.entry"), the
+    function ("module:function" under k3.platforms), what it is, and the modules it needs
+    installed (looked up, not imported, until the kernel is served)."""
+
+    entry: str
+    target: str
+    about: str
+    needs: tuple[str, ...] = ("triton",)
+
+
+SERVED = {
+    "kda_decode_step": Kernel("kda.decode_step", "triton_kernels.kda_decode:kda_decode_step",
+                              "fused KDA decode step (conv, gates, L2 norms, state update, gated RMSNorm)"),
+    "kda_short_conv": Kernel("kda.short_conv", "triton_kernels.short_conv:short_conv",
+                             "causal short conv of prefill chunks and verify steps"),
+    "kda_recurrent": Kernel("kda.recurrent", "triton_kernels.kda_recurrent:kda_recurrent",
+                            "token-serial KDA for speculative verify"),
+    "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked",
+                          "chunked KDA prefill, both phases in Triton with IEEE fp32 dots"),
+    "moe_experts": Kernel("moe.experts", "amd.moe:experts_forward",
+                          "MXFP4 routed experts: dot_scaled (native MXFP4 on gfx950) or in-kernel E2M1 decoding"),
+    "moe_router": Kernel("moe.select_experts", "triton_kernels.router:select_experts",
+                         "expert selection in one launch"),
+    "moe_router_logits": Kernel("moe.router_logits", "triton_kernels.router:router_logits",
+                                "fp32 router logits of decode batches"),
+    "attn_res_step": Kernel("attn_res.step", "triton_kernels.attn_res:attn_res", "fused Block AttnRes step"),
+    "mla_decode": Kernel("mla.decode", "triton_kernels.mla_decode:mla_decode",
+                         "absorbed MLA decode over paged latents (bf16 matrix-core operands from bf16 / OCP fp8 rows)"),
+    "mla_prefill": Kernel("mla.prefill", "torch_kernels.mla_prefill_sdpa:mla_prefill",
+                          "MLA prefill on torch's fused attention", needs=()),
+    "indexer_decode_scores": Kernel("indexer.paged_decode_scores",
+                                    "triton_kernels.indexer_decode:paged_decode_scores",
+                                    "DSA indexer decode scores from the fp8 key pages"),
+    "indexer_prefill_scores": Kernel("indexer.scores", "triton_kernels.indexer_prefill:indexer_scores",
+                                     "DSA indexer prefill scores in one launch"),
+    "indexer_topk": Kernel("indexer.topk", "torch_kernels.indexer_topk:indexer_topk",
+                           "DSA indexer top-k on torch.topk", needs=()),
+    "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm", "K3's RMSNorm in one launch"),
+    "glu_activation": Kernel("elementwise.glu_activation", "triton_kernels.glu:glu_activation",
+                             "SiTU-GLU / SiLU-GLU of the dense FFNs in one launch"),
+}
+
+
+def disabled() -> set[str]:
+    """The names K3_AMD_DISABLE lists ("all": every one); unknown names warn and are ignored."""
+    names = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+    unknown = names - set(SERVED) - {"all"}
+    if unknown:
+        warnings.warn(f"{DISABLE_ENV}: unknown kernel name(s) {sorted(unknown)} ignored; known: "
+                      f"{', '.join(sorted(SERVED))}, or all", stacklevel=3)
+    return set(SERVED) if "all" in names else names
+
+
+def implementation(name: str, target: archs.Arch):
+    """The callable served for kernel `name` on `target`: the kernel's function with the
+    target's launch options bound (archs.Arch.launch), or the function itself when it has none."""
+    kernel = SERVED[name]
+    module, function = kernel.target.split(":")
+    fn = getattr(importlib.import_module(f"k3.platforms.{module}"), function)
+    options = target.launch.get(name)
+    if not options:
+        return fn
+    bound = functools.partial(fn, **options)
+    functools.update_wrapper(bound, fn)          # keeps __name__, __module__, __doc__ for reports
+    return bound
+
+
+def table_entries(family: str, target: archs.Arch, has_module) -> dict:
+    """entry name -> callable of every served kernel of `family` that is not disabled and whose
+    modules are installed (`has_module(name)`)."""
+    off = disabled()
+    entries = {}
+    for name, kernel in SERVED.items():
+        kernel_family, entry = kernel.entry.split(".")
+        if kernel_family == family and name not in off and all(has_module(m) for m in kernel.needs):
+            entries[entry] = implementation(name, target)
+    return entries
