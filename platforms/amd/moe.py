@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from k3.platforms.triton_kernels import interpreted, moe_mxfp4
+from k3.platforms.triton_kernels import interpreted
+
+# moe_mxfp4 (Triton) is imported where a kernel runs, so this module, like every plugin module
+# outside k3.platforms.triton_kernels, imports where Triton is not installed.
 
 
 def choose_mode(x: torch.Tensor, prefer: str) -> str:
@@ -16,6 +19,7 @@ def choose_mode(x: torch.Tensor, prefer: str) -> str:
     activations and under the Triton interpreter (which has no dot_scaled)."""
     if x.dtype != torch.bfloat16 or not x.is_cuda or interpreted():
         return "decode"
+    from k3.platforms.triton_kernels import moe_mxfp4
     return "dequant" if x.shape[0] >= moe_mxfp4.DEQUANT_MIN_TOKENS else prefer
 
 
