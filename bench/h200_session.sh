@@ -28,6 +28,11 @@
 #     after a change to the served path, in one call: the served conformance report, k3-slice
 #     end to end (served kernels, synchronous and asynchronous scheduling), the decode profile
 #     and an 8K prompt's prefill profile;
+#   bash bench/h200_session.sh moe-grouped
+#     the grouped MXFP4 gemv (issue 27): the MoE decode-batch sweep at 1-64 tokens (gemv, grouped
+#     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
+#     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
+#     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -39,8 +44,8 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -111,6 +116,17 @@ check)
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --ttft 1024 8192 ${K3_SLICE_ARGS:-}
     step profile-k3-slice 75 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
     step profile-prefill 60 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"
+    ;;
+moe-grouped)
+    step bench-moe-grouped 300 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4_grouped.json" \
+        --batch 1 2 4 8 16 32 64 --variants gemv_n32_k512_w4_u4_h4 gg ds_n128
+    step conformance-moe-grouped 200 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_moe_grouped" -k "moe or model"
+    rm -f "$OUT/conf_moe_grouped/report.md"
+    step k3-slice-served 280 env K3_NVIDIA_EXPERIMENTAL= python3 bench/k3_slice.py --out "$OUT/k3_slice_served.json" \
+        --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
+        --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

@@ -155,7 +155,7 @@ MLA prefill materialises every head's keys: 24 GiB at 8K tokens)."""
         save(f"{platform} TTFT {n}")
     engine = None
     release()
-    if not full:
+    if not full or args.decode_only:
         return out
     # the same decode runs with asynchronous scheduling (the next step launched before this
     # one's tokens are read)
@@ -212,6 +212,8 @@ def main() -> None:
                         help="seed-notes' 8K-in / 1K-out workload, scaled: this many requests at once (0: skip)")
     parser.add_argument("--workload-in", type=int, default=8192)
     parser.add_argument("--workload-out", type=int, default=1024)
+    parser.add_argument("--decode-only", action="store_true",
+                        help="synchronous decode at --concurrency and TTFT at --ttft only (an A/B of a decode kernel)")
     parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform, tiny sizes")
     args = parser.parse_args()
     preset = "k3-slice"

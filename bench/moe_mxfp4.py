@@ -48,6 +48,12 @@ VARIANTS = {
     "gemv_n64_k256_w4_u4_h4": _gemv(64, 256, 4, 4, False, chain=4),
     "gemv_n64_k256_w4_u8_pf_h4": _gemv(64, 256, 4, 8, True, chain=4),
     "gemv_n64_k512_w8_u4_h4": _gemv(64, 512, 8, 4, False, chain=4),
+    # the fp16x2 gemv with each weight tile decoded once for up to g pairs of its expert (issue 27)
+    **{f"gg{g}_n{n}_k{k}_w{w}_u4_h4": dict(mode="gemv_grouped", group_tokens=g, block_n=n, block_k=k, num_warps=w,
+                                           row_split=4, chain=4)
+       for g, n, k, w in ((2, 32, 512, 4), (4, 32, 512, 4), (8, 32, 512, 4), (4, 32, 256, 4), (8, 32, 256, 4),
+                          (8, 32, 256, 2), (4, 64, 256, 4), (2, 32, 128, 4), (4, 32, 128, 4), (4, 32, 128, 8),
+                          (2, 32, 64, 4))},
 }
 # prefill batches (PREFILL_T tokens and up, ~T*k/E >= 64 per expert): larger token tiles and the
 # dequantise-then-cuBLAS mode, timed
@@ -128,6 +134,8 @@ def main() -> None:
     parser.add_argument("--out", default="moe_mxfp4.json")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 64])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, correctness only (CPU interpreter)")
+    parser.add_argument("--variants", nargs="+", default=[],
+                        help="decode-batch launches to sweep: names starting with these (default: all of VARIANTS)")
     args = parser.parse_args()
     from k3.platforms.triton_kernels.moe_mxfp4 import experts_forward as kernel
 
@@ -162,7 +170,9 @@ def main() -> None:
             for name, options in VARIANTS.items():
                 if t < 16 and options.get("block_t", 16) > 16:
                     continue                                  # a token block of 32+ for 1-4 tokens: waste
-                if options["mode"] == "gemv" and t > GEMV_MAX_T:
+                if options["mode"] == "gemv" and t > GEMV_MAX_T or options["mode"] == "gemv_grouped" and t == 1:
+                    continue
+                if args.variants and not name.startswith(tuple(args.variants)):
                     continue
                 entry[f"{name}_check"] = check(lambda *a, **k: kernel(*a, **options, **k), w13, w2, t, k, "cuda",
                                                seed=t)

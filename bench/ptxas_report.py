@@ -62,8 +62,11 @@ def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) 
         raise RuntimeError(f"ptxas failed for {fn.__name__}: {done.stderr[-2000:]}")
     text = done.stderr
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0  # noqa: E731
+    # layout conversions (TTGIR) and barriers (PTX): each is a shared-memory round trip; in a loop
+    # body they are paid every step (the grouped gemv's census: BENCHMARKS.md, 2026-12-04)
     return {"registers": number(r"Used (\d+) registers"), "spill_bytes": number(r"(\d+) bytes spill stores"),
-            "shared_bytes": kernel.metadata.shared}
+            "shared_bytes": kernel.metadata.shared, "convert_layouts": kernel.asm["ttgir"].count("ttg.convert_layout"),
+            "barriers": kernel.asm["ptx"].count("bar.sync")}
 
 
 def _types(fn, pointers: dict[str, str], floats: tuple[str, ...], default_pointer="*bf16") -> dict[str, str]:
@@ -80,7 +83,7 @@ def variants():
     """(kernel name, variant, fn, types, constexprs, num_warps) of every kernel k3 launches."""
     from k3.platforms.triton_kernels import (attn_res, indexer_decode, indexer_decode_mxfp4, indexer_prefill,
                                              kda_decode, kda_recurrent, glu, mla_decode, moe_mxfp4, moe_mxfp4_dequant,
-                                             moe_mxfp4_gemv, rms_norm, router, short_conv)
+                                             moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, rms_norm, router, short_conv)
 
     fn = kda_decode._kda_decode_step_kernel
     types = _types(fn, {"rec_ptr": "*fp32", "dt_bias_ptr": "*fp32", "a_log_ptr": "*fp32", "idx_ptr": "*i64",
@@ -162,6 +165,22 @@ def variants():
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
                             "y_ptr": "*fp32", "act_ptr": planes, "act_unscale_ptr": "*fp32"}, ())
         yield ("moe_down", name, fn, types, dict(L=3584, I=3072, **form), warps)
+
+    # the gemv's served fp16x2 tile with each weight tile decoded once for `tokens` pairs of its expert
+    form = dict(BLOCK_N=32, BLOCK_K=512, STAGES=1, SPLIT=4, CHAIN=4, ASM=True)
+    grouping = {"tile_expert_ptr": "*i32", "tile_start_ptr": "*i32", "order_ptr": "*i32", "start_ptr": "*i32",
+                "count_ptr": "*i32"}
+    for tokens in moe_mxfp4_gemv_grouped.TOKENS_SERVED[1:]:
+        name = f"gemv_grouped_t{tokens}_n32_k512_w4_u4_fp16x2_c4"
+        fn = moe_mxfp4_gemv_grouped.gate_up_kernel
+        types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "act_ptr": "*fp16", "x_ptr": "*i32",
+                            "x_unscale_ptr": "*fp32", "act_unscale_ptr": "*fp32", **grouping}, ("beta", "linear_beta"))
+        yield ("moe_gate_up", name, fn, types,
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, TOKENS=tokens, **form), 4)
+        fn = moe_mxfp4_gemv_grouped.down_kernel
+        types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "weight_ptr": "*fp32", "y_ptr": "*fp32",
+                            "act_ptr": "*i32", "act_unscale_ptr": "*fp32", **grouping}, ())
+        yield ("moe_down", name, fn, types, dict(L=3584, I=3072, TOKENS=tokens, **form), 4)
 
     fn = moe_mxfp4_gemv._half_planes_kernel
     yield ("moe_half_planes", "L3584_g16", fn, _types(fn, {"out_ptr": "*fp16", "unscale_ptr": "*fp32"}, ()),
@@ -250,10 +269,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'kernel':<14} {'variant':<26} {'warps':>5} {'regs':>5} {'spill B':>8} {'smem B':>8}")
+    print(f"{'kernel':<14} {'variant':<26} {'warps':>5} {'regs':>5} {'spill B':>8} {'smem B':>8} {'converts':>8} "
+          f"{'barriers':>8}")
     for r in rows:
         print(f"{r['kernel']:<14} {r['variant']:<26} {r['num_warps']:>5} {r['registers']:>5} {r['spill_bytes']:>8} "
-              f"{r['shared_bytes']:>8}")
+              f"{r['shared_bytes']:>8} {r['convert_layouts']:>8} {r['barriers']:>8}")
 
 
 if __name__ == "__main__":

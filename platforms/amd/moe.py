@@ -29,6 +29,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
 
     prefer, tf32: the target's launch options (archs.py): the bf16 decode-batch mode, and whether
     tf32 dots exist (False: IEEE fp32 products where the kernel would use tf32)."""
+    from k3.platforms.triton_kernels import moe_mxfp4
     return moe_mxfp4.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                      linear_beta=linear_beta, expert_start=expert_start,
                                      dense_dispatch=dense_dispatch, mode=choose_mode(x, prefer),

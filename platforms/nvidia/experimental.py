@@ -72,6 +72,10 @@ KERNELS = {
     "kda_chunked": Kernel("kda.chunked", "triton_kernels.kda_chunked:kda_chunked",
                           "chunked KDA prefill with checkpoints over fla-core's chunk_kda (needs fla-core)",
                           needs=("triton", "fla")),
+    # the MXFP4 experts with decode batches of 2-64 tokens on the grouped gemv (issue 27), when named
+    "moe_experts_grouped": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_grouped",
+                                  "MXFP4 routed experts with each weight tile decoded once for the 2-64 decode "
+                                  "tokens routed to its expert (gemv_grouped)"),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
 }

@@ -24,6 +24,9 @@ Four ways to multiply (the `mode` launch option):
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 32 weight rows (4 a
     thread) on the CUDA cores, for decode steps where an expert sees a token or two; bf16
     activations are scaled per 32 columns into fp16 and multiplied two at a time (fp16x2);
+  - "gemv_grouped" (bf16 activations): moe_mxfp4_gemv_grouped.py, the gemv's fp16x2 products with
+    each weight tile loaded and decoded once for up to `group_tokens` pairs of its expert (pairs
+    grouped by expert on the device, as below); equal bit for bit to "gemv";
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -49,12 +52,12 @@ import triton.language as tl
 from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv
-from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, gated_activation, pairs_by_local_expert,
-                               pairs_per_local_expert)
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped
+from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, expert_tiles, gated_activation,
+                               pairs_by_local_expert, pairs_per_local_expert)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode", "gemv", "dequant")
+MODES = ("dot_scaled", "decode", "gemv", "gemv_grouped", "dequant")
 
 
 @triton.jit
@@ -173,26 +176,6 @@ def merge_repeated_choices(topk_ids: torch.Tensor, topk_weights: torch.Tensor):
     return topk_ids.masked_fill(repeat, -1), merged.masked_fill(repeat, 0)
 
 
-def expert_tiles(counts: torch.Tensor, block_t: int, pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid's token tiles: for each tile, its expert and the offset of its first (token,
-    choice) pair among that expert's; counts [E] pairs per expert (on the device), `pairs` their
-    total bound (T * k). Each expert with pairs gets ceil(count / block_t) consecutive tiles, so a
-    weight tile is read by neighbouring programs; the grid is sized for the worst case
-    (ceil(pairs / block_t) + min(E, pairs) tiles: at most one part-filled tile per expert) and
-    the tiles past the last are given expert E (count 0: the program returns at once). Built on
-    the device without a host synchronisation (CUDA-graph capturable).
-    Returns (tile_expert, tile_start), int32 [num_tiles]."""
-    e = counts.numel()
-    num_tiles = triton.cdiv(pairs, block_t) + min(e, pairs)
-    blocks = (counts.long() + block_t - 1) // block_t                                   # [E]
-    ends = torch.cumsum(blocks, 0)                                                      # [E]
-    tile = torch.arange(num_tiles, device=counts.device)
-    tile_expert = torch.searchsorted(ends, tile, right=True)                            # E past the last tile
-    first = (ends - blocks).gather(0, tile_expert.clamp(max=e - 1))
-    tile_start = ((tile - first) * block_t).masked_fill(tile_expert == e, 0)
-    return tile_expert.to(torch.int32), tile_start.to(torch.int32)
-
-
 def covers(x, w13, w2, activation) -> bool:
     """The inputs this kernel computes; anything else goes to the reference op."""
     if not (isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)) or x.dtype not in _ACTIVATIONS:
@@ -222,6 +205,22 @@ def default_mode(x: torch.Tensor) -> str:
     return "gemv" if x.shape[0] <= GEMV_MAX_TOKENS else "dot_scaled"
 
 
+GROUPED_MAX_TOKENS = 64   # experts_forward_grouped's range (2..64 tokens): the decode batches of issue 27
+
+
+def experts_forward_grouped(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None,
+                            expert_start=0, dense_dispatch=False):
+    """`k3.reference.experts_forward` (same signature and contract) with the gemv_grouped mode for
+    bf16 decode batches of 2 to GROUPED_MAX_TOKENS tokens on a GPU (each expert's weight tile
+    decoded once for its pairs), `default_mode` elsewhere: the nvidia plugin's experimental
+    `moe_experts_grouped`, served in place of the promoted kernel when K3_NVIDIA_EXPERIMENTAL
+    names it."""
+    grouped = (x.dtype == torch.bfloat16 and x.is_cuda and not interpreted() and 2 <= x.shape[0] <= GROUPED_MAX_TOKENS)
+    return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+                           linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
+                           mode="gemv_grouped" if grouped else None)
+
+
 PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: larger token tiles
 
 
@@ -235,6 +234,9 @@ def launch_options(t: int, mode: str) -> dict:
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":      # fp16x2 products (bf16 activations): fastest at 1-32 tokens, prefetch slower
         return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False, chain=4)
+    if mode == "gemv_grouped":      # the gemv's served form, group_tokens pairs a tile (not yet swept)
+        return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, chain=4,
+                    group_tokens=2 if t <= 8 else 4 if t <= 32 else 8)
     if t == 1:
         return dict(block_t=16, block_n=64, block_k=128, num_warps=4)
     if t >= PREFILL_TOKENS and mode == "dot_scaled":        # (fp32 "decode" tiles keep their registers)
@@ -244,7 +246,7 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None):
+                    stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None, group_tokens=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
@@ -254,7 +256,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     (gemv: each step's weights loaded one step ahead), half (gemv: fp16x2 products on scaled
     fp16 activations; None: for bf16 activations), chain (gemv's fp16x2 form: code words summed in
     fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
-    fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950):
+    fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950),
+    group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -265,9 +268,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     mode = mode or default_mode(x)
     if dense_dispatch and mode == "dequant":
         mode = "dot_scaled"                 # the caller needs no host synchronisation (graph capture)
-    if mode not in MODES or (mode in ("dot_scaled", "dequant") and x.dtype != torch.bfloat16):
-        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled and dequant take bf16 "
-                         f"activations, got {x.dtype})")
+    if mode not in MODES or (mode in ("dot_scaled", "dequant", "gemv_grouped") and x.dtype != torch.bfloat16):
+        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled, gemv_grouped and "
+                         f"dequant take bf16 activations, got {x.dtype})")
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
@@ -282,8 +285,14 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     topk = topk_ids.shape[1]
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if mode == "gemv" and not moe_mxfp4_gemv.word_aligned(w13, w2):
+    if mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
         mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
+    if mode == "gemv_grouped":
+        return moe_mxfp4_gemv_grouped.experts_forward(
+            x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
+            expert_start=expert_start, tokens=group_tokens or chosen["group_tokens"], block_n=block_n,
+            block_k=block_k, num_warps=num_warps, stages=stages or 1, split=row_split or chosen["row_split"],
+            chain=chain or chosen["chain"])
     if mode == "gemv":
         return moe_mxfp4_gemv.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                               linear_beta=linear_beta, expert_start=expert_start, block_n=block_n,

@@ -26,6 +26,26 @@ def pairs_per_local_expert(local: torch.Tensor, e_local: int) -> torch.Tensor:
     return counts.scatter_add_(0, local, torch.ones_like(local, dtype=torch.int32))
 
 
+def expert_tiles(counts: torch.Tensor, block_t: int, pairs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid's token tiles: for each tile, its expert and the offset of its first (token,
+    choice) pair among that expert's; counts [E] pairs per expert (on the device), `pairs` their
+    total bound (T * k). Each expert with pairs gets ceil(count / block_t) consecutive tiles, so a
+    weight tile is read by neighbouring programs; the grid is sized for the worst case
+    (ceil(pairs / block_t) + min(E, pairs) tiles: at most one part-filled tile per expert) and
+    the tiles past the last are given expert E (count 0: the program returns at once). Built on
+    the device without a host synchronisation (CUDA-graph capturable).
+    Returns (tile_expert, tile_start), int32 [num_tiles]."""
+    e = counts.numel()
+    num_tiles = triton.cdiv(pairs, block_t) + min(e, pairs)
+    blocks = (counts.long() + block_t - 1) // block_t                                   # [E]
+    ends = torch.cumsum(blocks, 0)                                                      # [E]
+    tile = torch.arange(num_tiles, device=counts.device)
+    tile_expert = torch.searchsorted(ends, tile, right=True)                            # E past the last tile
+    first = (ends - blocks).gather(0, tile_expert.clamp(max=e - 1))
+    tile_start = ((tile - first) * block_t).masked_fill(tile_expert == e, 0)
+    return tile_expert.to(torch.int32), tile_start.to(torch.int32)
+
+
 @triton.jit
 def fp16_bits_to_f32(bits):
     """Low 16 bits of an integer tensor as an fp16, widened to fp32 (exact)."""

@@ -76,6 +76,27 @@ def _fp32_step_sums(w, sc, k0, src_ptr, L: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def first_step_pointers(packed_ptr, scales_ptr, e, row0, N, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
+                        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """The code words [RB, G, U, 4] (uint32) and E8M0 scales [RB, G, U] of expert e's rows
+    row0 + `_block_rows` for the first BLOCK_K columns (step k0 adds k0 // 8 and k0 // 32), with
+    their masks (rows past N)."""
+    G: tl.constexpr = BLOCK_K // 32
+    RB: tl.constexpr = BLOCK_N // SPLIT
+    rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
+    mask_r = rows < N
+    group_in_step = tl.arange(0, G)
+    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
+    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
+    # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
+    # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
+    # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
+    # on the H200: 137 against 122 us at T = 1 for the HALF form (BENCHMARKS.md, ninth session)
+    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
+    return step_words, step_scales, mask_r[:, None, :, None], mask_r[:, None, :]
+
+
+@triton.jit
 def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr, L: tl.constexpr,
                     BLOCK_K: tl.constexpr, s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
                     BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr,
@@ -101,18 +122,8 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr
     has loads in flight while it decodes (without it, a warp waits out DRAM latency each step)."""
     G: tl.constexpr = BLOCK_K // 32
     RB: tl.constexpr = BLOCK_N // SPLIT
-    rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
-    mask_r = rows < N
-    group_in_step = tl.arange(0, G)
-    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
-    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
-    # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
-    # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
-    # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
-    # on the H200: 137 against 122 us at T = 1 for the HALF form (BENCHMARKS.md, ninth session)
-    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
-    mask_w = mask_r[:, None, :, None]
-    mask_s = mask_r[:, None, :]
+    step_words, step_scales, mask_w, mask_s = first_step_pointers(packed_ptr, scales_ptr, e, row0, N, s_pe, s_pr,
+                                                                  s_se, s_sr, BLOCK_K, BLOCK_N, SPLIT)
     acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
     if PREFETCH:
         w_next = tl.load(step_words, mask=mask_w, other=0)
@@ -169,22 +180,32 @@ def gate_up_kernel(
                             STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
         u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
                             s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
-        out = gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA)
-        if ACT_BF16:                                      # as the reference rounds them in a bf16 model
-            out = out.to(tl.bfloat16).to(tl.float32)
-        col = _block_rows(BLOCK_N, SPLIT)                                                     # [RB, U]
-        if HALF:        # the down kernel's input: fp16 pair planes, a power-of-two scale per 32 columns
-            group = (col - col0) // 32
-            scale = tl.zeros(out.shape, dtype=tl.float32)
-            for gi in tl.static_range(BLOCK_N // 32):
-                in_group = group == gi
-                group_scale, unscale = half_group_scales(tl.max(tl.where(in_group, tl.abs(out), 0.0)))
-                scale = tl.where(in_group, group_scale, scale)
-                index = col0 // 32 + gi
-                tl.store(act_unscale_ptr + n * s_au + index, unscale, mask=index < I // 32)
-            tl.store(act_ptr + n * s_act + _pair_plane_index(col, I), (out * scale).to(tl.float16), mask=col < I)
-        else:
-            tl.store(act_ptr + n * s_act + (col % 8) * (I // 8) + col // 8, out, mask=col < I)  # planes, as x
+        store_activation_row(gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA), col0,
+                             act_ptr + n * s_act, act_unscale_ptr + n * s_au, n >= 0, I, BLOCK_N, SPLIT, HALF,
+                             ACT_BF16)
+
+
+@triton.jit
+def store_activation_row(out, col0, row_ptr, unscale_ptr, valid, I: tl.constexpr, BLOCK_N: tl.constexpr,
+                         SPLIT: tl.constexpr, HALF: tl.constexpr, ACT_BF16: tl.constexpr):
+    """A program's gate/up activations out [RB, U] (columns col0 + `_block_rows`) stored as the
+    down kernel reads them, at row_ptr (and, with HALF, the group unscales at unscale_ptr);
+    nothing is stored unless valid (a scalar)."""
+    if ACT_BF16:                                          # as the reference rounds them in a bf16 model
+        out = out.to(tl.bfloat16).to(tl.float32)
+    col = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
+    if HALF:            # the down kernel's input: fp16 pair planes, a power-of-two scale per 32 columns
+        group = (col - col0) // 32
+        scale = tl.zeros(out.shape, dtype=tl.float32)
+        for gi in tl.static_range(BLOCK_N // 32):
+            in_group = group == gi
+            group_scale, unscale = half_group_scales(tl.max(tl.where(in_group, tl.abs(out), 0.0)))
+            scale = tl.where(in_group, group_scale, scale)
+            index = col0 // 32 + gi
+            tl.store(unscale_ptr + index, unscale, mask=(index < I // 32) & valid)
+        tl.store(row_ptr + _pair_plane_index(col, I), (out * scale).to(tl.float16), mask=(col < I) & valid)
+    else:
+        tl.store(row_ptr + (col % 8) * (I // 8) + col // 8, out, mask=(col < I) & valid)     # planes, as x
 
 
 @triton.jit
@@ -220,6 +241,17 @@ def _sum_choices_kernel(y_ptr, out_ptr, s_y, s_out, TOPK: tl.constexpr, L: tl.co
     tl.store(out_ptr + t * s_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def half_planes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, L] as the fp16x2 form reads it: fp16 pair planes as int32 words [T, L / 2] (see
+    _pair_plane_index) and one fp32 unscale per 32 columns [T, L / 32]."""
+    t, l = x.shape
+    x_half = torch.empty(t, l, dtype=torch.float16, device=x.device)
+    x_unscale = torch.empty(t, l // 32, dtype=torch.float32, device=x.device)
+    _half_planes_kernel[(t, triton.cdiv(l // 32, 16))](x, x_half, x_unscale, x.stride(0), x_half.stride(0),
+                                                      x_unscale.stride(0), L=l, GROUPS=16, num_warps=4)
+    return x_half.view(torch.int32), x_unscale
+
+
 def word_aligned(w13, w2) -> bool:
     """Whether both experts' packed codes can be read as 32-bit words: base addresses and row
     and expert strides (bytes) multiples of 4."""
@@ -249,12 +281,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     ids = topk_ids.reshape(-1)
     weights = topk_weights.reshape(-1)
     if half:
-        # fp16 pair planes (int32 words, see _pair_plane_index) and one fp32 unscale per 32 columns
-        x_half = torch.empty(t, l, dtype=torch.float16, device=x.device)
-        x_unscale = torch.empty(t, l // 32, dtype=torch.float32, device=x.device)
-        _half_planes_kernel[(t, triton.cdiv(l // 32, 16))](x, x_half, x_unscale, x.stride(0), x_half.stride(0),
-                                                          x_unscale.stride(0), L=l, GROUPS=16, num_warps=4)
-        x_planes = x_half.view(torch.int32)                                               # [T, L / 2]
+        x_planes, x_unscale = half_planes(x)
         act = torch.empty(t * topk, inter, dtype=torch.float16, device=x.device)
         act_unscale = torch.empty(t * topk, inter // 32, dtype=torch.float32, device=x.device)
         act_words = act.view(torch.int32)

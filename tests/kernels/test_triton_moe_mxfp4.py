@@ -495,3 +495,50 @@ def test_hfma2_emulation_rounds_as_the_instruction():
     _hfma2_kernel[(1,)](as_words(a), as_words(b), as_words(c), out, N=n)
     want = (a.astype(np.float64) * b + c).astype(np.float16)              # exact product and sum, one rounding
     assert np.array_equal(out.numpy().view(np.float16).reshape(n, 2), want)
+
+
+def test_gemv_grouped_equals_the_gemv_bit_for_bit(monkeypatch):
+    """The gemv_grouped mode decodes each weight tile once for up to 8 pairs of its expert and must
+    give exactly the gemv mode's fp16x2 result (same steps, same order: issue 32's variants that
+    round at the same points). 10 tokens all name expert 1 (a tile of 8 and a part-filled one:
+    every slot of the unrolled kernel and the masked ones), one token names expert 2 twice, and
+    this rank holds experts 1-3 of 4 (expert 0's pairs belong to no tile: their rows stay zero).
+    NaN-poisoned buffers: every activation row a tile owns is written."""
+    from k3.platforms.triton_kernels import moe_mxfp4_gemv_grouped as grouped
+
+    g = torch.Generator().manual_seed(21)
+    t, k, e, inter, l = 10, 2, 4, 32, 64
+    w13, w2 = _experts(e, inter, l, g)
+    local13, local2 = (MXFP4Tensor(w.packed[1:], w.scales[1:]) for w in (w13, w2))
+    weights, ids = _routing(t, k, e, g)
+    ids[:, 0] = 1
+    ids[3] = torch.tensor([2, 2])
+    x = torch.randn(t, l, generator=g).bfloat16()
+    kw = {"activation": "situ", "beta": 4.0, "linear_beta": 8.0, "expert_start": 1, "block_n": 32, "block_k": 32,
+          "row_split": 4, "chain": 4}
+    want = kernel.experts_forward(x, local13, local2, weights, ids, mode="gemv", **kw)
+    _nan_poisoned_empty(monkeypatch, grouped)
+    got = kernel.experts_forward(x, local13, local2, weights, ids, mode="gemv_grouped", group_tokens=8, **kw)
+    monkeypatch.undo()
+    assert torch.equal(got, want)
+    reference = ref.experts_forward(x.double(), local13, local2, weights.double(), ids, activation="situ", beta=4.0,
+                                    linear_beta=8.0, expert_start=1)
+    _check(got.double(), reference, torch.bfloat16)
+
+
+def test_gemv_grouped_checks_its_options():
+    from k3.platforms.triton_kernels import moe_mxfp4_gemv_grouped as grouped
+
+    g = torch.Generator().manual_seed(22)
+    w13, w2 = _experts(2, 32, 64, g)
+    x, ids, weights = torch.randn(2, 64, generator=g).bfloat16(), torch.tensor([[0], [1]]), torch.ones(2, 1)
+    common = dict(activation="silu", beta=None, linear_beta=None, expert_start=0, block_n=32, block_k=32,
+                  num_warps=4)
+    with pytest.raises(ValueError, match="tokens 3 is not one of"):
+        grouped.experts_forward(x, w13, w2, weights, ids, tokens=3, **common)
+    with pytest.raises(ValueError, match="bf16 activations"):
+        grouped.experts_forward(x.float(), w13, w2, weights, ids, tokens=2, **common)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        grouped.experts_forward(x, w13, w2, weights, ids, tokens=2, **{**common, "block_n": 16}, split=1)
+    with pytest.raises(ValueError, match="take bf16 activations"):
+        kernel.experts_forward(x.float(), w13, w2, weights, ids, activation="silu", mode="gemv_grouped")

@@ -1,11 +1,7 @@
 """Every k3 module imports on its own (an import cycle shows only when its module comes first)."""
 
-import importlib
-import pkgutil
 import subprocess
 import sys
-
-import k3
 
 WALK = """
 def all_modules(prefix_skip=()):
