@@ -68,7 +68,11 @@ def test_workspace_is_one_group_reused_and_poison_never_leaks():
     got = fn(x, w13, w2, tw, ids, activation="silu", expert_start=START, dense_dispatch=True)
     want = ref.experts_forward(x, w13, w2, tw, ids, activation="silu", expert_start=START)
     assert (fn.workspace.buffers[next(iter(fn.workspace.buffers))][0].data_ptr() == ws13.data_ptr())
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.isfinite().all()                                         # no poisoned row read
+    # an error ratio, as above: the experts' unscaled gate/up rows reach |g| ~ 8, where an
+    # elementwise 1e-5 is under fp32's rounding of a 64-term sum (matmul blocking differs by CPU)
+    err = ((got.double() - want.double()).norm() / want.double().norm()).item()
+    assert err < 1e-5, err
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64, torch.float16])
