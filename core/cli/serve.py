@@ -67,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--platform", default=None, help="force a platform (default: $K3_PLATFORM, else detection)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto",
                         help="activation dtype (auto: the checkpoint's)")
-    parser.add_argument("--load-format", choices=["auto", "safetensors", "dummy"], default="auto",
-                        help="auto / safetensors: read the checkpoint; dummy: random weights drawn on the device "
-                             "(benchmarks; --model still gives config.json and the tokenizer)")
+    parser.add_argument("--load-format", choices=["auto", "safetensors", "fastsafetensors", "dummy"], default="auto",
+                        help="auto / safetensors: read the checkpoint; fastsafetensors (vLLM's): read as "
+                             "safetensors, with a warning; dummy: random weights drawn on the device "
+                             "(benchmarks; --model still gives config.json and the tokenizer); vLLM's other "
+                             "formats are refused")
     parser.add_argument("--seed", type=int, default=0, help="seeds the draws of requests without a seed")
     parser.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
@@ -247,9 +249,29 @@ def resolve_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser 
     if getattr(args, "batch_invariant", False) is None:
         args.batch_invariant = os.environ.get("K3_BATCH_INVARIANT", "0") not in ("", "0")
     resolve_prefix_caching(args)
+    if getattr(args, "load_format", None) == "fastsafetensors":
+        _warn_once(args, FASTSAFETENSORS_NOTE)
+        args.load_format = "safetensors"
+    if getattr(args, "trust_remote_code", False):
+        _warn_once(args, TRUST_REMOTE_CODE_NOTE)
     if args.api_key is None:
         keys = [os.environ[name] for name in API_KEY_ENV if os.environ.get(name)]
         args.api_key = keys or None
+
+
+FASTSAFETENSORS_NOTE = ("--load-format fastsafetensors: k3 reads the checkpoint with its own safetensors loader "
+                        "(the same tensors; no GPU-direct file reads)")
+
+
+TRUST_REMOTE_CODE_NOTE = "--trust-remote-code changes nothing: k3 never runs code from a checkpoint"
+
+
+def _warn_once(args: argparse.Namespace, message: str) -> None:
+    """Log `message` once for this command line (resolve_arguments may run more than once on it)."""
+    warned = vars(args).setdefault("_warned", set())
+    if message not in warned:
+        warned.add(message)
+        logger.warning(message)
 
 
 def _usage_error(parser, message: str):

@@ -44,11 +44,12 @@ async def get_model(model: str, request: Request) -> ModelCard:
             responses={200: {"description": "the engine is alive"},
                        503: {"model": ErrorResponse, "description": "the engine has failed"}})
 async def health(request: Request) -> Response:
-    """200 while the engine loop runs, 503 once it has failed."""
+    """200 with {"status": "ok"} while the engine loop runs (vLLM answers 200 with no body:
+    probes that read only the status work with both), 503 with an error body once it has failed."""
     dead = get_state(request).engine.dead
     if dead:
         raise APIError(503, f"the engine has failed: {dead}", code="engine_dead")
-    return Response(status_code=200)
+    return Response(content=b'{"status":"ok"}', status_code=200, media_type="application/json")
 
 
 _PROBE = {200: {"description": "the engine is alive"},

@@ -209,3 +209,36 @@ def test_bad_image_flags_are_usage_errors(model, capsys, line, pattern):
         parse(f"serve MODEL {line}", model)
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("usage: k3 serve") and pattern in err
+
+
+def test_issue_example_command_line_with_fastsafetensors(model, caplog):
+    """The K3 model card's vLLM line with only the binary changed: `--load-format fastsafetensors`
+    is read as safetensors (the same tensors) with one warning naming what k3 does instead."""
+    from k3.cli.serve import FASTSAFETENSORS_NOTE
+
+    with caplog.at_level("WARNING", logger="k3"):
+        c = config("serve MODEL -tp 8 --load-format fastsafetensors --enable-auto-tool-choice --tool-call-parser "
+                   "kimi_k3 --reasoning-parser kimi_k3 --max-model-len 256k --kv-cache-dtype fp8 "
+                   """--speculative-config '{"method":"ngram","num_speculative_tokens":3}'""", model)
+    assert (c.tensor_parallel_size, c.load_format, c.max_model_len, c.kv_cache_dtype) == (8, "safetensors", 256_000,
+                                                                                          "fp8")
+    assert [r.getMessage() for r in caplog.records].count(FASTSAFETENSORS_NOTE) == 1
+
+
+def test_accepted_but_ignored_flags_warn_once(model, caplog):
+    from k3.cli.serve import TRUST_REMOTE_CODE_NOTE
+
+    with caplog.at_level("WARNING", logger="k3"):
+        config("serve MODEL --trust-remote-code", model)
+    assert [r.getMessage() for r in caplog.records].count(TRUST_REMOTE_CODE_NOTE) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="k3"):
+        config("serve MODEL", model)
+    assert TRUST_REMOTE_CODE_NOTE not in [r.getMessage() for r in caplog.records]
+
+
+def test_other_vllm_load_formats_are_usage_errors(model, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse("serve MODEL --load-format gguf", model)
+    assert exit_info.value.code == 2
+    assert "--load-format: invalid choice: 'gguf'" in capsys.readouterr().err

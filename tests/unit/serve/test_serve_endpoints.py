@@ -61,7 +61,8 @@ def test_models(client, server):
 
 def test_health_version_openapi(server):
     with httpx.Client(base_url=server.url) as c:
-        assert c.get("/health").status_code == 200
+        health = c.get("/health")
+        assert health.status_code == 200 and health.json() == {"status": "ok"}     # a small JSON body
         assert c.get("/version").json()["version"]
         paths = c.get("/openapi.json").json()["paths"]
         assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(paths)
