@@ -72,10 +72,10 @@ def add_topology_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_prefix_caching(args: argparse.Namespace) -> bool:
     """--enable-prefix-caching as a bool (in place): on unless --no-enable-prefix-caching, or
-    left out with --decode-context-parallel-size > 1, --batch-invariant or
-    --token-sharded-prefill-min-tokens (which do not run with it yet)."""
+    left out with --decode-context-parallel-size > 1 or --token-sharded-prefill-min-tokens
+    (which do not run with it yet)."""
     if args.enable_prefix_caching is None:
-        args.enable_prefix_caching = (args.decode_context_parallel_size <= 1 and not getattr(args, "batch_invariant", False)
+        args.enable_prefix_caching = (args.decode_context_parallel_size <= 1
                                       and not getattr(args, "token_sharded_prefill_min_tokens", 0))
     return args.enable_prefix_caching
 

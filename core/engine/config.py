@@ -166,14 +166,14 @@ class EngineConfig:
                              "(docs/token-sharded-prefill.md)")
 
     def _validate_batch_invariant(self) -> None:
-        others = {"speculative_config": bool(self.speculative_config), "enable_prefix_caching": self.enable_prefix_caching,
+        others = {"speculative_config": bool(self.speculative_config),
                   "tensor_parallel_size": self.tensor_parallel_size > 1, "data_parallel_size": self.data_parallel_size > 1,
                   "decode_context_parallel_size": self.decode_context_parallel_size > 1,
                   "enable_expert_parallel": self.enable_expert_parallel or bool(self.expert_parallel_size),
                   "kv_transfer_config": self.kv_transfer_config is not None, "async_scheduling": bool(self.async_scheduling)}
         clash = [name for name, on in others.items() if on]
         if clash:
-            raise ValueError(f"batch_invariant runs on one rank without speculation, prefix caching, disaggregation "
+            raise ValueError(f"batch_invariant runs on one rank without speculation, disaggregation "
                              f"or lookahead for now: it does not combine with {', '.join(clash)} "
                              "(docs/batch-invariance.md)")
 

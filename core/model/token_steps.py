@@ -21,11 +21,14 @@ def token_steps(meta: ForwardMetadata, page_size: int) -> list[tuple[int, Forwar
     """[(packed token index, its one-token DECODE metadata)] in packed order (sequence by
     sequence, each in position order). A step's block table holds only the pages up to its
     position (`page_size`: tokens per block-table entry), so its attention width depends on
-    nothing but the position; its logits_indices is [0]. Reads the metadata on the host.
-    Refuses calls that verify drafts or save prefix-cache checkpoints (not in this mode)."""
-    if meta.spec is not None or meta.checkpoints is not None:
-        raise ValueError("the batch-invariant forward runs neither speculative verification nor prefix-cache "
-                         "checkpoints (docs/batch-invariance.md)")
+    nothing but the position; its logits_indices is [0]. Prefix-cache checkpoints travel with
+    their sequence's steps: the KDA layer saves a one-token step's state before it (a checkpoint
+    at its position) or after it (at its position + 1), so each checkpoint holds exactly the
+    state the token steps reached, and a later prefix hit resumes bit for bit. Reads the
+    metadata on the host. Refuses calls that verify drafts (not in this mode)."""
+    if meta.spec is not None:
+        raise ValueError("the batch-invariant forward does not run speculative verification "
+                         "(docs/batch-invariance.md)")
     device = meta.input_ids.device
     cu, context = meta.cu_seqlens.tolist(), meta.context_lens.tolist()
     one_seq = torch.tensor([0, 1], dtype=meta.cu_seqlens.dtype, device=device)
@@ -41,7 +44,8 @@ def token_steps(meta: ForwardMetadata, page_size: int) -> list[tuple[int, Forwar
                 input_ids=meta.input_ids[t: t + 1], positions=meta.positions[t: t + 1], cu_seqlens=one_seq,
                 context_lens=meta.context_lens.new_full((1,), position), slot_mapping=meta.slot_mapping[t: t + 1],
                 block_table=meta.block_table[s: s + 1, :pages], state_indices=meta.state_indices[s: s + 1],
-                logits_indices=first, max_q_len=1, num_decodes=1, lora=lora)))
+                logits_indices=first, max_q_len=1, num_decodes=1, lora=lora,
+                checkpoints=None if meta.checkpoints is None else meta.checkpoints.rows(slice(s, s + 1)))))
     return steps
 
 

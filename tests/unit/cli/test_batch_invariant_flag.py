@@ -29,7 +29,7 @@ def config(line: str, model):
 def test_flag_and_environment(model, monkeypatch):
     monkeypatch.delenv("K3_BATCH_INVARIANT", raising=False)
     c, platform = config("serve MODEL --batch-invariant", model)
-    assert c.batch_invariant and platform.batch_invariant and c.enable_prefix_caching is False
+    assert c.batch_invariant and platform.batch_invariant and c.enable_prefix_caching is True   # bit-exact hits
     c, platform = config("serve MODEL", model)
     assert not c.batch_invariant and not platform.batch_invariant and c.enable_prefix_caching is True
     monkeypatch.setenv("K3_BATCH_INVARIANT", "1")

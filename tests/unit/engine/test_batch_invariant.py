@@ -48,9 +48,10 @@ def test_the_mode_is_refused_naming_the_unmarked_entries(monkeypatch):
 
 
 def test_the_mode_refuses_what_it_does_not_run_yet(monkeypatch):
-    with pytest.raises(ValueError, match="speculative_config, enable_prefix_caching"):
-        EngineConfig(model="m", batch_invariant=True, enable_prefix_caching=True,
+    with pytest.raises(ValueError, match="it does not combine with speculative_config, tensor_parallel_size"):
+        EngineConfig(model="m", batch_invariant=True, enable_prefix_caching=True, tensor_parallel_size=2,
                      speculative_config={"method": "ngram", "num_speculative_tokens": 2}).validate()
+    EngineConfig(model="m", batch_invariant=True, enable_prefix_caching=True).validate()     # runs now
     monkeypatch.setenv("K3_BATCH_INVARIANT", "1")
     assert EngineConfig(model="m").batch_invariant and not EngineConfig(model="m", batch_invariant=False).batch_invariant
 
@@ -95,3 +96,32 @@ def test_served_logprobs_equal_a_prefill_recompute_bit_for_bit(llm):
         got = [again.prompt_logprobs[len(p) + j][t].logprob for j, t in enumerate(tokens)]
         want = [out.outputs[0].logprobs[j][t] for j, t in enumerate(tokens)]
         assert got == want
+
+
+def test_a_prefix_cache_hit_is_bit_identical_in_the_mode(tiny_checkpoint):
+    """Prefix caching in the mode: the token steps save KDA checkpoints at unit boundaries, so a
+    request that resumes from one (and from the cached latent pages) gets exactly the log-probs
+    it gets computed from scratch: second requests extending a first one's prompt, against the
+    same requests on an engine without caching, in another batch composition."""
+    common = dict(dtype="float32", batch_invariant=True, skip_tokenizer_init=True, kv_cache_memory_gib=0.02,
+                  max_num_batched_tokens=16, load_progress=False)
+    g = torch.Generator().manual_seed(7)
+    first = torch.randint(0, 384, (130,), generator=g).tolist()                     # one 128-token unit and 2
+    seconds = [first + torch.randint(0, 384, (n,), generator=g).tolist() for n in (3, 9)]
+    params = k3.SamplingParams(max_tokens=4, temperature=0, logprobs=0)
+    cached = k3.LLM(str(tiny_checkpoint("k3-tiny")), enable_prefix_caching=True, **common)
+    try:
+        cached.generate([{"prompt_token_ids": first}], params, use_tqdm=False)
+        hits = cached.generate([{"prompt_token_ids": p} for p in seconds], params, use_tqdm=False)
+        stats = cached.engine.prefix_cache_stats()
+    finally:
+        cached.shutdown()
+    assert stats["prefix_cache_hits_total"] == 2 and stats["prefix_cache_reused_tokens_total"] == 256, stats
+    plain = k3.LLM(str(tiny_checkpoint("k3-tiny")), enable_prefix_caching=False, **common)
+    try:
+        alone = [plain.generate([{"prompt_token_ids": p}], params, use_tqdm=False)[0] for p in reversed(seconds)][::-1]
+    finally:
+        plain.shutdown()
+    for hit, want in zip(hits, alone):
+        assert hit.outputs[0].token_ids == want.outputs[0].token_ids
+        assert hit.outputs[0].logprobs == want.outputs[0].logprobs
