@@ -34,7 +34,7 @@ from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import STREAMING_RESPONSES, ChatCompletionResponse
 from .sampling import build_params, chat_logprobs, check_context, new_tokens, usage
 from .structured import compile_spec, for_k3_chat, requested_spec
-from .tool_grammar import tool_call_spec
+from .tool_grammar import auto_call_spec, tool_call_spec
 from .state import ServerState, get_state, require_api_key
 from .streaming import DONE, EventStream, collect, merge, sse
 
@@ -157,6 +157,10 @@ def plan_chat(state: ServerState, req: ChatCompletionRequest) -> ChatPlan:
                               f"and {spec_field} cannot both constrain one answer", param="tool_choice")
         spec, spec_field = tool_call_spec(tok, [t.function.model_dump(exclude_none=True) for t in req.tools], choice,
                                           thinking=thinking), "tool_choice"
+    elif (k3 and spec is None and req.tools and req.tool_choice in (None, "auto")
+          and any(t.function.strict for t in req.tools)):
+        # strict tools under "auto": a call, if the model makes one, follows the declared schemas
+        spec, spec_field = auto_call_spec(tok, [t.function.model_dump(exclude_none=True) for t in req.tools]), "tools"
     if spec is not None:
         compile_spec(state, spec, spec_field)
     max_param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

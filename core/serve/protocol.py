@@ -100,7 +100,8 @@ class FunctionSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="1-64 characters from A-Z a-z 0-9 _ . : -")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
-    strict: bool | None = Field(None, description="accepted; tool-call grammars are not enforced yet (issue 29)")
+    strict: bool | None = Field(None, description="on K3 chat under tool_choice auto: a call the model makes follows "
+                                                "the declared tools' schemas (required / named calls always do)")
 
     @field_validator("parameters")
     @classmethod

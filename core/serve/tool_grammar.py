@@ -1,4 +1,6 @@
-"""tool_choice "required" / named function on K3 chat: the answer is one constrained tool call.
+"""tool_choice "required" / named function on K3 chat: the answer is one constrained tool call;
+tool_choice "auto" with `strict: true` tools: free text, but a tool call, once the model opens
+the tools channel, is one constrained call.
 
 The K3 tools channel is XTML (k3-architecture.md section 5): after an empty response channel,
 
@@ -13,6 +15,11 @@ property's schema: compact JSON for typed values, raw text for strings (its enum
 or up to maxLength characters (default 64) without "<" or control characters, so a value
 cannot spell a marker). This is a segment program (`k3.structured.program`), not an xgrammar
 structural tag.
+
+Under "auto" (`auto_call_spec`) the same call program starts only when the output ends with the
+tools channel's opening marker (the spec's trigger): the answer before it, thinking and response
+text alike, is free, and an answer that never opens the tools channel is unconstrained. After
+the marker the call is constrained as above (one call; the markers that close it are forced).
 """
 
 from __future__ import annotations
@@ -75,4 +82,20 @@ def tool_call_spec(tokenizer, tools: list[dict], tool_choice, *, thinking: bool)
     return StructuredOutputsParams(sequence=tuple(program), trigger=enc(THINK_CLOSE) if thinking else ())
 
 
-__all__ = ["tool_call_spec"]
+def auto_call_spec(tokenizer, tools: list[dict]) -> StructuredOutputsParams:
+    """The constraint of a K3 answer under tool_choice "auto" with strict tools: free until the
+    tools channel opens (the trigger), then one call of a declared tool with schema-constrained
+    arguments and forced closing markers."""
+    enc = _encoder(tokenizer)
+    by_name = {t["name"]: t for t in tools}
+    tail = Forced(enc(CALL_CLOSE + TOOLS_CLOSE + MESSAGE_CLOSE + END_OF_MSG))
+    call_head_end = '" index="1"' + SEP
+    names = list(by_name)
+    branches = tuple((escape_attr(n), (Forced(enc(call_head_end)), *_arguments(tokenizer, by_name[n]), tail))
+                     for n in names)
+    program = [Forced(enc(OPEN + 'call tool="')),
+               Constrained(StructuredOutputsParams(choice=[escape_attr(n) for n in names]), branches=branches)]
+    return StructuredOutputsParams(sequence=tuple(program), trigger=enc(TOOLS_OPEN))
+
+
+__all__ = ["auto_call_spec", "tool_call_spec"]

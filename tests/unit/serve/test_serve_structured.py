@@ -106,3 +106,19 @@ def test_tool_choice_always_yields_a_valid_call(client, choice):
     if isinstance(choice, dict):
         assert call.name == "add"
     jsonschema.validate(json.loads(call.arguments), SCHEMAS_BY_NAME[call.name])
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_auto_tool_choice_compiles_strict_tools_only(server, strict):
+    """Under tool_choice auto a strict tool's schema becomes the call grammar (compiled with the
+    request: one that cannot compile is a 400 naming `tools`); without strict the tools are only
+    rendered into the prompt, as before."""
+    tool = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "(("}}, "required": ["s"]}}}
+    r = httpx.post(server.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "auto",
+        "max_tokens": 4, **INSTRUCT}, timeout=60)
+    if strict:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    else:
+        assert r.status_code == 200, r.text
