@@ -11,9 +11,11 @@ pageable memory would first wait for the running step.
 
 A lookahead is a plain continuation or nothing: every request of the running step sampled a
 token (no prompt still prefilling), no request waits to be admitted (that needs the scheduler),
-and each request's next token needs nothing the host has not got: no penalties, token masks,
-structured-output grammars or min_tokens blocking (they read the outputs), no prefix-cache
-checkpoint at that position. A
+and each request's next token needs nothing the host has not got: no penalties, token masks or
+min_tokens blocking (they read the outputs), no prefix-cache checkpoint at that position.
+Structured-output requests do continue: their step's forward is launched at once and only its
+sampling waits (`ModelRunner.run(defer_grammar=True)`), until the running step's tokens are read
+and accepted by the grammars, which then fill the bitmask while the forward still runs. A
 request whose running token is its last (max_tokens, the model length) is left out; one that
 stops on that token (EOS, a stop string) is found only afterwards, and its lookahead token is
 dropped.
@@ -61,6 +63,7 @@ class LookaheadStep(PlainStep):
             self.num_lookahead_steps += 1
         outputs = self.collect(launched)
         if following is not None:
+            self.runner.finish_sampling(following)   # its grammars have seen `launched`'s tokens now
             self.scheduler.commit(SchedulerOutput(scheduled=[s for s in following.out.scheduled
                                                              if not s.request.finished]))
         self.pending = following
@@ -72,8 +75,7 @@ class LookaheadStep(PlainStep):
         collected)."""
         r, p = s.request, s.request.params
         after = len(r.output_token_ids) + 1              # outputs once the running token is appended
-        if (r.finished or s.spec_tokens or p.uses_penalties or p.allowed_tokens or r.grammar is not None
-                or p.min_tokens > after):
+        if (r.finished or s.spec_tokens or p.uses_penalties or p.allowed_tokens or p.min_tokens > after):
             return False
         if p.max_tokens is not None and after >= p.max_tokens:
             return False                                 # the running token is its last
@@ -99,4 +101,5 @@ class LookaheadStep(PlainStep):
             sources.append(j)
         if not chosen:
             return None
-        return self.launch(SchedulerOutput(scheduled=chosen), previous_tokens=(running.samples.tokens, sources))
+        return self.launch(SchedulerOutput(scheduled=chosen), previous_tokens=(running.samples.tokens, sources),
+                           defer_grammar=True)

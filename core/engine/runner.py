@@ -46,6 +46,9 @@ class Launched:
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)
     taps: torch.Tensor | None = None
     token_starts: list[int] = field(default_factory=list)
+    # (logits, SamplingBatch) of a step whose sampling waits for its grammars' bitmask
+    # (`ModelRunner.run(defer_grammar=True)`, then `finish_sampling`)
+    deferred: tuple | None = None
 
 
 class ModelRunner:
@@ -98,11 +101,15 @@ class ModelRunner:
             return forward_token_steps(self.model, meta, self.cache.views, page_size=self.block_size)
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
-    def run(self, out: SchedulerOutput, *, previous_tokens: tuple[torch.Tensor, list[int]] | None = None) -> Launched:
+    def run(self, out: SchedulerOutput, *, previous_tokens: tuple[torch.Tensor, list[int]] | None = None,
+            defer_grammar: bool = False) -> Launched:
         """Forward the step and sample, without waiting for the device.
 
         previous_tokens: (the previous step's sampled tokens [M] on the device, the row of them
             each scheduled request takes as its input token): a step of lookahead decodes.
+        defer_grammar: when a sampling row has a structured-output grammar, launch the forward
+            only; `finish_sampling` fills the bitmask and samples once the grammars have seen
+            the previous step's tokens (a lookahead step is launched before they are read).
         """
         sources = None if previous_tokens is None else previous_tokens[1]
         step = build_metadata(out, block_size=self.block_size, device=self.device, pinned=self.pinned_uploads,
@@ -143,11 +150,20 @@ class ModelRunner:
             raise RuntimeError(f"the model returned logits of width {logits.shape[1]}, expected the vocabulary "
                                f"size {self.vocab_size}")
         logits = logits[step.sample_index] if step.sample_index is not None else logits[: len(step.sample_logits)]
-        # The grammars fill their bitmask now, while the forward runs on the device; the
-        # upload is queued behind it without a host wait (pinned memory off the CPU).
-        sampling.bitmask = self._grammar_bitmask([out.scheduled[i].request.grammar for i in step.sample_rows])
-        launched.samples = sample_batch(logits, sampling)
+        launched.deferred = (logits, sampling)
+        if not (defer_grammar and any(out.scheduled[i].request.grammar is not None for i in step.sample_rows)):
+            self.finish_sampling(launched)
         return launched
+
+    def finish_sampling(self, launched: Launched) -> None:
+        """Sample a step launched with its sampling deferred (nothing to do otherwise). The
+        grammars fill their bitmask now, while the forward runs on the device; the upload is
+        queued behind it without a host wait (pinned memory off the CPU)."""
+        if launched.deferred is None:
+            return
+        (logits, sampling), launched.deferred = launched.deferred, None
+        sampling.bitmask = self._grammar_bitmask([launched.out.scheduled[i].request.grammar for i in launched.rows])
+        launched.samples = sample_batch(logits, sampling)
 
     def _grammar_bitmask(self, grammars: list) -> torch.Tensor | None:
         """The structured-output bitmask [B, W] int32 on the device of the sampling rows, or

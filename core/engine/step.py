@@ -38,9 +38,10 @@ class PlainStep:
         self.scheduler.commit(out)
         return self.collect(launched)
 
-    def launch(self, out: SchedulerOutput, previous_tokens=None) -> Launched:
-        """Run a scheduled step on the device without waiting for it."""
-        return self.runner.run(out, previous_tokens=previous_tokens)
+    def launch(self, out: SchedulerOutput, previous_tokens=None, defer_grammar: bool = False) -> Launched:
+        """Run a scheduled step on the device without waiting for it (defer_grammar:
+        `ModelRunner.run`'s, for a step launched before the grammars saw the previous tokens)."""
+        return self.runner.run(out, previous_tokens=previous_tokens, defer_grammar=defer_grammar)
 
     def collect(self, launched: Launched) -> list[RequestOutput]:
         """Read a launched step's scores and tokens (waiting for the device) and append them."""
