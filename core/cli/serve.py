@@ -249,11 +249,13 @@ def resolve_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser 
     if getattr(args, "batch_invariant", False) is None:
         args.batch_invariant = os.environ.get("K3_BATCH_INVARIANT", "0") not in ("", "0")
     resolve_prefix_caching(args)
+    # vLLM flags k3 reads differently: warned about, then resolved, so a second call is silent
     if getattr(args, "load_format", None) == "fastsafetensors":
-        _warn_once(args, FASTSAFETENSORS_NOTE)
+        logger.warning(FASTSAFETENSORS_NOTE)
         args.load_format = "safetensors"
     if getattr(args, "trust_remote_code", False):
-        _warn_once(args, TRUST_REMOTE_CODE_NOTE)
+        logger.warning(TRUST_REMOTE_CODE_NOTE)
+        args.trust_remote_code = False           # read nowhere: k3 never runs checkpoint code
     if args.api_key is None:
         keys = [os.environ[name] for name in API_KEY_ENV if os.environ.get(name)]
         args.api_key = keys or None
@@ -264,14 +266,6 @@ FASTSAFETENSORS_NOTE = ("--load-format fastsafetensors: k3 reads the checkpoint 
 
 
 TRUST_REMOTE_CODE_NOTE = "--trust-remote-code changes nothing: k3 never runs code from a checkpoint"
-
-
-def _warn_once(args: argparse.Namespace, message: str) -> None:
-    """Log `message` once for this command line (resolve_arguments may run more than once on it)."""
-    warned = vars(args).setdefault("_warned", set())
-    if message not in warned:
-        warned.add(message)
-        logger.warning(message)
 
 
 def _usage_error(parser, message: str):

@@ -53,8 +53,8 @@ from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped
-from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, expert_tiles, gated_activation,
-                               pairs_by_local_expert, pairs_per_local_expert)
+from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, expert_tile_grid, gated_activation
+from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_kernels.moe_mxfp4.expert_tiles)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "gemv", "gemv_grouped", "dequant")
@@ -234,7 +234,8 @@ def launch_options(t: int, mode: str) -> dict:
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
     if mode == "gemv":      # fp16x2 products (bf16 activations): fastest at 1-32 tokens, prefetch slower
         return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False, chain=4)
-    if mode == "gemv_grouped":      # the gemv's served form, group_tokens pairs a tile (not yet swept)
+    if mode == "gemv_grouped":      # the gemv's served form, group_tokens pairs a tile; slower than the served
+        #                             modes at every swept batch (BENCHMARKS.md, 2026-12-04), so experimental only
         return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, chain=4,
                     group_tokens=2 if t <= 8 else 4 if t <= 32 else 8)
     if t == 1:
@@ -302,14 +303,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                                               half=half, chain=chain or chosen.get("chain", 4))
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
-    # group the T*k (token, choice) pairs by local expert; ids outside this rank go to bucket e_local.
-    # No host round trip anywhere here, so a CUDA graph can capture it.
-    local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)
-    order = order.to(torch.int32)                                                       # [T*k]
-    counts = pairs_per_local_expert(local, e_local)                                     # [E_local + 1]
-    counts[e_local:].zero_()                              # other ranks' choices: no tile reads them (no H2D copy)
-    starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-    tile_expert, tile_start = expert_tiles(counts[:e_local], block_t, t * topk)
+    order, starts, counts, tile_expert, tile_start = expert_tile_grid(topk_ids, expert_start, e_local, block_t)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
     dot_scaled = mode == "dot_scaled"

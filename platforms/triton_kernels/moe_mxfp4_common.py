@@ -46,6 +46,20 @@ def expert_tiles(counts: torch.Tensor, block_t: int, pairs: int) -> tuple[torch.
     return tile_expert.to(torch.int32), tile_start.to(torch.int32)
 
 
+def expert_tile_grid(topk_ids: torch.Tensor, expert_start: int, e_local: int, block_t: int):
+    """The device-side grouping both tiled modes launch on: the T*k (token, choice) pairs sorted
+    by local expert (ids of other ranks in bucket e_local, which no tile reads), and the tiles of
+    up to block_t pairs of one expert (`expert_tiles`). No host round trip, so a CUDA graph can
+    capture it. Returns (order [T*k], starts [E_local + 1], counts [E_local + 1], tile_expert,
+    tile_start), int32."""
+    local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)
+    counts = pairs_per_local_expert(local, e_local)                                     # [E_local + 1]
+    counts[e_local:].zero_()                              # other ranks' choices: no tile reads them (no H2D copy)
+    starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    tile_expert, tile_start = expert_tiles(counts[:e_local], block_t, topk_ids.numel())
+    return order.to(torch.int32), starts, counts, tile_expert, tile_start
+
+
 @triton.jit
 def fp16_bits_to_f32(bits):
     """Low 16 bits of an integer tensor as an fp16, widened to fp32 (exact)."""

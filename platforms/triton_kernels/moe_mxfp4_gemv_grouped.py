@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import interpreted
-from .moe_mxfp4_common import expert_tiles, gated_activation, pairs_by_local_expert, pairs_per_local_expert
+from .moe_mxfp4_common import expert_tile_grid, gated_activation
 from .moe_mxfp4_gemv import _block_rows, _sum_choices_kernel, first_step_pointers, half_planes, store_activation_row
 from .moe_mxfp4_gemv_half import _half_step_sums
 
@@ -208,21 +208,14 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
-    # the T*k pairs grouped by local expert, other ranks' in bucket e_local (no tile reads them);
-    # all on the device, no host synchronisation
-    local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)
-    order = order.to(torch.int32)                                                       # [T*k]
-    counts = pairs_per_local_expert(local, e_local)                                     # [E_local + 1]
-    counts[e_local:].zero_()
-    starts = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-    tile_expert, tile_start = expert_tiles(counts[:e_local], tokens, t * topk)
+    order, starts, counts, tile_expert, tile_start = expert_tile_grid(topk_ids, expert_start, e_local, tokens)
     x_planes, x_unscale = half_planes(x)
     act = torch.empty(t * topk, inter, dtype=torch.float16, device=x.device)
     act_unscale = torch.empty(t * topk, inter // 32, dtype=torch.float32, device=x.device)
     act_words = act.view(torch.int32)                                                   # read as pair words
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # other ranks' rows stay 0
     weights = topk_weights.reshape(-1)
-    grouping = (tile_expert, tile_start, order, starts, counts)
+    grouping = (tile_expert, tile_start, order, starts, counts)                        # the kernels' order
     form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, CHAIN=chain, ASM=not interpreted(),
                 TOKENS=tokens, num_warps=num_warps)
     tiles = tile_expert.numel()
