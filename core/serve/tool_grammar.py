@@ -61,24 +61,36 @@ def _encoder(tokenizer):
     return lambda text: tuple(tokenizer.encode(text, allow_special=True))
 
 
+CALL_HEAD_END = '" index="1"' + SEP                 # after the tool name in the call's opening marker
+
+
+def _call_tail(enc) -> Forced:
+    """The markers that close the one call, the tools channel and the message."""
+    return Forced(enc(CALL_CLOSE + TOOLS_CLOSE + MESSAGE_CLOSE + END_OF_MSG))
+
+
+def _any_declared_call(tokenizer, tools: list[dict]) -> Constrained:
+    """A choice among the declared tools' names; each branch is the rest of that tool's call
+    (the marker's end, its arguments, the closing markers)."""
+    enc = _encoder(tokenizer)
+    by_name = {t["name"]: t for t in tools}                       # a repeated name: its last declaration
+    branches = tuple((escape_attr(n), (Forced(enc(CALL_HEAD_END)), *_arguments(tokenizer, t), _call_tail(enc)))
+                     for n, t in by_name.items())
+    return Constrained(StructuredOutputsParams(choice=[escape_attr(n) for n in by_name]), branches=branches)
+
+
 def tool_call_spec(tokenizer, tools: list[dict], tool_choice, *, thinking: bool) -> StructuredOutputsParams:
     """The constraint of a K3 answer under tool_choice "required" or a named function.
     tools: the request's function specs ({"name", "parameters", ...})."""
     enc = _encoder(tokenizer)
-    by_name = {t["name"]: t for t in tools}
     head = (RESPONSE_OPEN if thinking else "") + RESPONSE_CLOSE + TOOLS_OPEN + OPEN + 'call tool="'
-    tail = Forced(enc(CALL_CLOSE + TOOLS_CLOSE + MESSAGE_CLOSE + END_OF_MSG))
-    call_head_end = '" index="1"' + SEP
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
-        program = [Forced(enc(head + escape_attr(name) + call_head_end)), *_arguments(tokenizer, by_name[name]),
-                   tail]
+        tool = {t["name"]: t for t in tools}[name]        # a repeated name: its last declaration
+        program = [Forced(enc(head + escape_attr(name) + CALL_HEAD_END)), *_arguments(tokenizer, tool),
+                   _call_tail(enc)]
     else:
-        names = list(by_name)
-        branches = tuple((escape_attr(n), (Forced(enc(call_head_end)), *_arguments(tokenizer, by_name[n]), tail))
-                         for n in names)
-        program = [Forced(enc(head)), Constrained(StructuredOutputsParams(choice=[escape_attr(n) for n in names]),
-                                                  branches=branches)]
+        program = [Forced(enc(head)), _any_declared_call(tokenizer, tools)]
     return StructuredOutputsParams(sequence=tuple(program), trigger=enc(THINK_CLOSE) if thinking else ())
 
 
@@ -87,14 +99,7 @@ def auto_call_spec(tokenizer, tools: list[dict]) -> StructuredOutputsParams:
     tools channel opens (the trigger), then one call of a declared tool with schema-constrained
     arguments and forced closing markers."""
     enc = _encoder(tokenizer)
-    by_name = {t["name"]: t for t in tools}
-    tail = Forced(enc(CALL_CLOSE + TOOLS_CLOSE + MESSAGE_CLOSE + END_OF_MSG))
-    call_head_end = '" index="1"' + SEP
-    names = list(by_name)
-    branches = tuple((escape_attr(n), (Forced(enc(call_head_end)), *_arguments(tokenizer, by_name[n]), tail))
-                     for n in names)
-    program = [Forced(enc(OPEN + 'call tool="')),
-               Constrained(StructuredOutputsParams(choice=[escape_attr(n) for n in names]), branches=branches)]
+    program = [Forced(enc(OPEN + 'call tool="')), _any_declared_call(tokenizer, tools)]
     return StructuredOutputsParams(sequence=tuple(program), trigger=enc(TOOLS_OPEN))
 
 
