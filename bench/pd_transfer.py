@@ -116,6 +116,7 @@ def _serve(ckpt, *, dtype: str, block: int, tp: int, kv: dict):
     """A `k3 serve --tensor-parallel-size tp` producer; (process, base URL)."""
     import re
     import subprocess
+    import threading
 
     k3 = Path(sys.executable).with_name("k3")
     cmd = [str(k3)] if k3.exists() else [sys.executable, "-m", "k3.cli.main"]
@@ -127,6 +128,8 @@ def _serve(ckpt, *, dtype: str, block: int, tp: int, kv: dict):
     for line in proc.stderr:
         found = re.search(r"serving \S+ on (http://\S+)", line)
         if found:
+            # keep draining its log, so a full pipe never blocks the server
+            threading.Thread(target=lambda: all(True for _ in proc.stderr), daemon=True).start()
             return proc, found.group(1)
     proc.kill()
     raise RuntimeError("the producer did not start")

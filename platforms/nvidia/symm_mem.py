@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
-
-from k3.log import get_logger
-
-logger = get_logger(__name__)
 
 ENV = "K3_NVIDIA_SYMM_MEM"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -83,7 +80,7 @@ class _SymmetricBuffer:
         if agree(buffer is not None, self.group, self.device):
             self.buffer, self.handle = buffer, handle
         elif error is not None:
-            logger.warning(f"symmetric-memory {self.op} off: {type(error).__name__}: {error}")
+            print(f"k3: symmetric-memory {self.op} off: {type(error).__name__}: {error}", file=sys.stderr)
 
     def _setup(self):
         """(this rank's buffer, the group's symmetric-memory handle); raises where it cannot."""

@@ -1,20 +1,16 @@
 """Prefill/decode disaggregation with tensor and data parallelism (float64 k3-tiny, gloo CPU
-ranks, TCP stand-in on loopback). A `k3 serve --tensor-parallel-size 2` producer hands its
-rows to a TP 2 x DP 2 consumer (k3.LLM): the same tokens as one instance, each TP rank's rows
-byte for byte from the producer rank of the same index (KDA heads differ between ranks, the
-replicated latents do not), requests spread over both DP ranks. Mismatched TP sizes re-shard
-the KDA state by heads (TP 2 -> TP 1 with speculative decoding on the consumer, TP 1 -> TP 2).
-A read that fails on one TP rank falls back to local prefill, with the same tokens."""
+ranks, TCP stand-in on loopback). A `k3 serve --tensor-parallel-size 2 --data-parallel-size 2`
+producer hands its rows to a TP 2 consumer (k3.LLM): the same tokens as one instance with
+requests prefilled on both DP ranks (each handle names its own DP rank's TP ranks), each TP
+rank's rows byte for byte from the producer rank of the same index (KDA heads differ between
+ranks, the replicated latents do not). Mismatched TP sizes re-shard the KDA state by heads
+(TP 2 -> TP 1 with speculative decoding on the consumer, TP 1 -> TP 2). A read that fails on
+one TP rank falls back to local prefill, with the same tokens."""
 
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +20,9 @@ from k3.engine.engine import EngineConfig, LLMEngine
 from k3.engine.kv_transfer.wire import WireClient
 from k3.engine.params import SamplingParams
 
+from serving import Serve
+
 BLOCK = 16
-K3 = [str(Path(sys.executable).with_name("k3"))] if Path(sys.executable).with_name("k3").exists() else \
-    [sys.executable, "-m", "k3.cli.main"]
 GREEDY = {"max_tokens": 5, "temperature": 0}
 SEEDED = {"max_tokens": 5, "temperature": 0.9, "top_k": 20, "seed": 11}
 
@@ -40,43 +36,26 @@ def _engine(ckpt, **kw) -> LLMEngine:
                                   block_size=BLOCK, **kw))
 
 
-def _serve_producer(ckpt):
-    proc = subprocess.Popen([*K3, "serve", "--model", str(ckpt), "--port", "0", "--host", "127.0.0.1", "--dtype",
-                             "float64", "--kv-cache-memory", "0.02", "--block-size", str(BLOCK),
-                             "--tensor-parallel-size", "2", "--served-model-name", "tiny", "--uvicorn-log-level",
-                             "warning", "--kv-transfer-config", json.dumps(_kv("kv_producer"))],
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    for line in proc.stderr:
-        found = re.search(r"serving \S+ on (http://\S+)", line)
-        if found:
-            return proc, found.group(1)
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise RuntimeError("the TP 2 producer did not start")
-
-
 @pytest.fixture(scope="module")
-def cluster(tokenized_checkpoint):
-    ckpt = tokenized_checkpoint("k3-tiny")
+def cluster(checkpoint):
     # single-rank engines first: one built after this process joined a process group would join it
-    ref = _engine(ckpt)
-    producer1 = _engine(ckpt, kv_transfer_config=_kv("kv_producer"))
-    consumer1 = _engine(ckpt, kv_transfer_config=_kv("kv_consumer"),
-                        speculative_config={"method": "draft_model", "model": str(ckpt), "num_speculative_tokens": 3})
-    proc, url = _serve_producer(ckpt)
+    ref = _engine(checkpoint)
+    producer1 = _engine(checkpoint, kv_transfer_config=_kv("kv_producer"))
+    consumer1 = _engine(checkpoint, kv_transfer_config=_kv("kv_consumer"),
+                        speculative_config={"method": "draft_model", "model": str(checkpoint),
+                                            "num_speculative_tokens": 3})
+    producer2 = Serve(checkpoint, "--tensor-parallel-size", "2", "--data-parallel-size", "2", "--block-size",
+                      str(BLOCK), "--kv-transfer-config", json.dumps(_kv("kv_producer")))
     consumer2 = None
     try:
-        consumer2 = k3.LLM(str(ckpt), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False,
-                           block_size=BLOCK, tensor_parallel_size=2, data_parallel_size=2,
-                           kv_transfer_config=_kv("kv_consumer"))
+        url = producer2.url()
+        consumer2 = k3.LLM(str(checkpoint), dtype="float64", kv_cache_memory_gib=0.02, load_progress=False,
+                           block_size=BLOCK, tensor_parallel_size=2, kv_transfer_config=_kv("kv_consumer"))
         yield {"ref": ref, "producer1": producer1, "consumer1": consumer1, "url": url, "consumer2": consumer2}
     finally:
         if consumer2 is not None:
             consumer2.shutdown()
-        proc.terminate()
-        proc.wait(timeout=60)
+        producer2.stop()
         for e in (producer1, consumer1):
             e.shutdown()
 
@@ -116,11 +95,14 @@ def _read(data: str, address: int, nbytes: int) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
-def test_tp2_producer_to_tp2_dp2_consumer(cluster):
+def test_tp2_dp2_producer_to_tp2_consumer(cluster):
     llm = cluster["consumer2"]
     prompts = [_prompt(n, n) for n in (5, BLOCK, 3 * BLOCK + 7)]
     params = [GREEDY, SEEDED, GREEDY]
     handles = [_tp2_prefill(cluster["url"], p, q) for p, q in zip(prompts, params)]
+    # the second prefill went to DP rank 1 (the first's pinned rows left DP rank 0 fewer free)
+    assert len({h["remote_control"] for h in handles}) == 2
+    assert len({tuple(map(tuple, h["ranks"])) for h in handles}) == 2
     before = llm.engine.snapshot()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         [SamplingParams(**q, kv_transfer_params=h) for q, h in zip(params, handles)], use_tqdm=False)
@@ -128,17 +110,15 @@ def test_tp2_producer_to_tp2_dp2_consumer(cluster):
     after = llm.engine.snapshot()
     assert after["kv_pulls_total"] - before["kv_pulls_total"] == 3
     assert after["kv_fallbacks_total"] == before["kv_fallbacks_total"]
-    served = [a - b for a, b in zip(after["data_parallel_requests_total"], before["data_parallel_requests_total"])]
-    assert served == [2, 1], served                                   # both DP ranks pulled rows
     assert after["cache_rows_free"] == after["cache_rows"]
 
 
 def test_each_tp_rank_pulls_its_own_rows(cluster):
     llm = cluster["consumer2"]
-    front, inner = llm.engine, llm.engine.engine                      # DP rank 0's engine (TP leader)
+    front, inner = llm.engine, llm.engine.engine                      # the TP leader's engine
     prompt, params = _prompt(77, 2 * BLOCK + 9), SamplingParams(**GREEDY)
     handle = _tp2_prefill(cluster["url"], prompt, GREEDY)
-    front.add_request("bytes", prompt, SamplingParams(**GREEDY, kv_transfer_params=handle))   # idle: DP rank 0
+    front.add_request("bytes", prompt, SamplingParams(**GREEDY, kv_transfer_params=handle))
     (pull,) = inner.kv_consumer.inflight
     inner.kv_consumer.wait()
     assert pull.future.exception() is None
@@ -217,8 +197,10 @@ def test_a_failed_rank_falls_back_to_local_prefill(cluster, capsys):
     before = consumer.snapshot()["kv_fallbacks_total"]
     assert _run(consumer, "dead1", prompt, SamplingParams(**GREEDY, kv_transfer_params=dead)) == expected
     assert consumer.snapshot()["kv_fallbacks_total"] == before + 1
-    # another block size is refused up front, naming both
+    # another block size is refused up front, naming both: the request waits for local prefill
     capsys.readouterr()
-    other = dict(handle, block_size=2 * BLOCK)
-    assert _run(consumer, "block", prompt, SamplingParams(**GREEDY, kv_transfer_params=other)) == expected
+    consumer.add_request("block", prompt, SamplingParams(**GREEDY, kv_transfer_params=dict(handle, block_size=2 * BLOCK)))
     assert f"the producer's rows hold {2 * BLOCK} tokens, this engine's {BLOCK}" in capsys.readouterr().err
+    assert not consumer.kv_consumer.inflight and [r.request_id for r in consumer.scheduler.waiting] == ["block"]
+    consumer.abort_request("block")
+    assert not consumer.has_unfinished_requests()
