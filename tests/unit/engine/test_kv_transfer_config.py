@@ -1,5 +1,7 @@
 """--kv-transfer-config: vLLM's JSON shape parsed into KVTransferConfig; every malformed value
-is refused with an error naming the key, by the engine config and by `k3 serve` (exit 2)."""
+is refused with an error naming the key, by the engine config and by `k3 serve` (exit 2); TP,
+DP and speculation are accepted with it, DCP refused; each rank of a deployment listens on
+kv_port + its rank."""
 
 import json
 
