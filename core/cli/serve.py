@@ -174,10 +174,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-encoder-tokens", type=values.positive_int, default=None, metavar="N",
                        help="image tokens the vision encoder may encode in one step (default: the larger of "
                             "--max-num-batched-tokens and the largest image's tokens)")
-    group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
-                       help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
-                            "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
-                            "tower) is not implemented")
+    group.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
+                       help="with tensor parallelism: 'weights' shards the vision tower's heads and MLP "
+                            "columns over the TP ranks (vLLM's default; 'data' when they do not divide); "
+                            "'data' splits each step's images over the ranks (each holds the whole tower) "
+                            "and gathers the outputs")
     group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')

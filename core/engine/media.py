@@ -128,8 +128,9 @@ class MediaEncoder:
         self.in_patch_limit, self.patch_limit_on_one_side = in_patch_limit, patch_limit_on_one_side
         self.max_images: int | None = None          # images a prompt may carry (None: no limit)
         # encode(patches, grids) -> one output per image: the tower, or under tensor parallelism
-        # the TP ranks' data-parallel run (k3.engine.distributed.tp.TPSender.encode)
+        # the TP ranks' run (k3.engine.distributed.tp.TPSender.encode)
         self.encode_fn = None
+        self.tp_mode = "weights"        # the resolved mm_encoder_tp_mode under TP (k3.vision.tensor_parallel)
         self.stats = {"mm_images_total": 0, "mm_encoder_runs_total": 0, "mm_encoder_tokens_total": 0}
 
     @property

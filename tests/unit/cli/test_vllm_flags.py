@@ -186,13 +186,14 @@ def test_chat_template_flag(model, tmp_path):
 
 def test_image_flags(model, tmp_path):
     """vLLM's image flags (and k3's --allow-remote-media) reach the engine config; defaults
-    are vLLM's (data mode, no limit), bad values are usage errors naming what is accepted."""
+    are vLLM's (weights mode, no limit), bad values are usage errors naming what is accepted."""
     c = config("serve MODEL", model)
-    assert (c.max_num_encoder_tokens, c.mm_encoder_tp_mode, c.limit_mm_per_prompt) == (None, "data", None)
+    assert (c.max_num_encoder_tokens, c.mm_encoder_tp_mode, c.limit_mm_per_prompt) == (None, "weights", None)
     args = parse(f"""serve MODEL --limit-mm-per-prompt '{{"image": 2}}' --mm-encoder-tp-mode data """
                  f"--max-num-encoder-tokens 2k --allowed-local-media-path {tmp_path} --allow-remote-media", model)
     c = engine_config(args)[0]
     assert (c.max_num_encoder_tokens, c.limit_mm_per_prompt, c.max_images_per_prompt) == (2000, {"image": 2}, 2)
+    assert c.mm_encoder_tp_mode == "data"
     assert (args.allowed_local_media_path, args.allow_remote_media) == (str(tmp_path), True)
     with pytest.raises(CliError, match="is not a directory"):
         from k3.cli.serve import _check_flags
