@@ -179,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "columns over the TP ranks (vLLM's default; 'data' when they do not divide); "
                             "'data' splits each step's images over the ranks (each holds the whole tower) "
                             "and gathers the outputs")
+    group.add_argument("--mm-processor-cache-gb", type=values.non_negative_float, default=4.0, metavar="GIB",
+                       help="GiB of preprocessed images (patches) kept by content hash: an image seen again "
+                            "skips resizing and patchifying (vLLM's processor cache; 0: off)")
     group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')
@@ -436,6 +439,7 @@ def engine_config(args: argparse.Namespace):
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+        mm_processor_cache_gb=args.mm_processor_cache_gb,
         limit_mm_per_prompt=args.limit_mm_per_prompt)
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)

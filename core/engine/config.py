@@ -61,6 +61,9 @@ class EngineConfig:
     # all-gathers the outputs (k3.vision.tensor_parallel)
     max_num_encoder_tokens: int | None = None
     mm_encoder_tp_mode: str = "weights"
+    # vLLM's mm_processor_cache_gb: GiB of preprocessed images (patches) kept by content hash, so
+    # an image seen again skips preprocessing (k3.engine.media_cache); 0: off
+    mm_processor_cache_gb: float = 4.0
     # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is
     # loaded, text only); None: no limit
     limit_mm_per_prompt: dict | None = None
@@ -104,6 +107,8 @@ class EngineConfig:
                              "yet (docs/context-parallel.md)")
         if self.token_sharded_prefill_min_tokens:
             self._validate_token_sharded()
+        if not self.mm_processor_cache_gb >= 0:
+            raise ValueError(f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb!r}")
         if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
             raise ValueError(f"mm_encoder_tp_mode must be weights or data, got {self.mm_encoder_tp_mode!r}")
         limit = self.limit_mm_per_prompt or {}
