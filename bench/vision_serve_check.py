@@ -26,8 +26,6 @@ import base64
 import io
 import json
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from generate_vs_serve import start_server
+from generate_vs_serve import start_server, stop_server
 
 QUESTION = "Describe this picture."
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
@@ -162,11 +160,7 @@ def main() -> int:
             report = {"benchmark": "vision_serve_check", "error": f"{type(e).__name__}: {e}",
                       "server_log_tail": "".join(log)[-3000:], "checks": {"ran": False}}
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
