@@ -136,9 +136,9 @@ moe-grouped)
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     ;;
 vision)
-    step vision-serve 150 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \
+    step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \
         --out "$OUT/vision_serve-h200.json"
-    step vision-ttft-k3-slice 180 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia --dtype bfloat16 \
+    step vision-ttft-k3-slice 200 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia --dtype bfloat16 \
         --side 448 --repeats 5 --out "$OUT/vision_ttft-k3slice-448-h200.json"
     step vision-ttft-k3-slice-896 150 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia \
         --dtype bfloat16 --side 896 --repeats 5 --out "$OUT/vision_ttft-k3slice-896-h200.json"
