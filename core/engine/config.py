@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 GIB = 1024 ** 3
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-MM_ENCODER_TP_MODES = ("data", "weights")
+MM_ENCODER_TP_MODES = ("weights", "data")
 
 
 @dataclass
@@ -56,11 +56,14 @@ class EngineConfig:
     kv_transfer_config: str | dict | None = None
     # images (a checkpoint with a vision tower; k3.engine.media): placeholder tokens the encoder may
     # encode in one step (None: max(max_num_batched_tokens, the largest image's tokens)); under
-    # tensor parallelism "data" splits a step's images over the TP ranks (each has the whole
-    # tower) and all-gathers the outputs ("weights", a tower sharded over the ranks, is not
-    # implemented)
+    # tensor parallelism "weights" (vLLM's default) shards the tower's heads and MLP columns over
+    # the TP ranks, "data" splits a step's images over them (each has the whole tower) and
+    # all-gathers the outputs (k3.vision.tensor_parallel)
     max_num_encoder_tokens: int | None = None
-    mm_encoder_tp_mode: str = "data"
+    mm_encoder_tp_mode: str = "weights"
+    # vLLM's mm_processor_cache_gb: GiB of preprocessed images (patches) kept by content hash, so
+    # an image seen again skips preprocessing (k3.engine.media_cache); 0: off
+    mm_processor_cache_gb: float = 4.0
     # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is
     # loaded, text only); None: no limit
     limit_mm_per_prompt: dict | None = None
@@ -104,11 +107,10 @@ class EngineConfig:
                              "yet (docs/context-parallel.md)")
         if self.token_sharded_prefill_min_tokens:
             self._validate_token_sharded()
+        if not self.mm_processor_cache_gb >= 0:
+            raise ValueError(f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb!r}")
         if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
-            raise ValueError(f"mm_encoder_tp_mode must be data or weights, got {self.mm_encoder_tp_mode!r}")
-        if self.mm_encoder_tp_mode == "weights" and self.tensor_parallel_size > 1:
-            raise ValueError("mm_encoder_tp_mode 'weights' (the vision tower sharded over the TP ranks) is not "
-                             "implemented: use 'data' (the TP leader runs the whole tower)")
+            raise ValueError(f"mm_encoder_tp_mode must be weights or data, got {self.mm_encoder_tp_mode!r}")
         limit = self.limit_mm_per_prompt or {}
         if set(limit) - {"image"} or not all(isinstance(v, int) and v >= 0 for v in limit.values()):
             raise ValueError(f"limit_mm_per_prompt takes {{\"image\": N}} with N >= 0, got {limit!r}")

@@ -193,7 +193,8 @@ def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
     tower.p = {name: t.to(device) for name, t in tower.p.items()}
     encoder = MediaEncoder(tower, cfg.media_placeholder_token_id, dtype=model.dtype, device=device,
                            in_patch_limit=int(vision.get("in_patch_limit", IN_PATCH_LIMIT)),
-                           patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)))
+                           patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)),
+                           cache_bytes=int(config.mm_processor_cache_gb * GIB))
     encoder.max_images = config.max_images_per_prompt
     return encoder
 

@@ -128,3 +128,24 @@ def test_vision_ttft_bench_smoke(tmp_path):
     tokens = r["prompt_tokens"]
     assert tokens["image"] == tokens["same_length"] == tokens["text"] + 16     # the placeholder expanded to 16
     assert all(r["ttft_p50_ms"][k] > 0 and r["cpu_ms_p50"][k] > 0 for k in ("image", "text", "same_length"))
+
+
+def test_vision_ttft_bench_dummy_smoke(tmp_path):
+    """The path k3-slice takes (config alone, random weights drawn on the device, no tokenizer:
+    a synthetic prompt with the placeholder in the middle), at k3-tiny's size."""
+    r = _smoke("vision_ttft.py", tmp_path, "--dummy", "--text-tokens", "24")
+    assert r["prompt"] == "synthetic ids" and r["encoder_runs"] == 1
+    assert r["prompt_tokens"] == {"image": 24 + 16, "text": 24, "same_length": 24 + 16}
+
+
+def test_vision_serve_check_on_the_cpu(tmp_path):
+    """The device script's image-chat step (bench/vision_serve_check.py) passes every check on the
+    reference platform: k3 serve, the OpenAI client, an image chat, the cached prefix, /metrics,
+    a 400 for a truncated image."""
+    out = tmp_path / "serve.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "vision_serve_check.py"), "--platform", "reference",
+                           "--dtype", "float32", "--side", "112", "--max-tokens", "4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["image_tokens"] == 16 and all(report["checks"].values()) and len(report["checks"]) == 6
