@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
                              "from --gpu-memory-utilization")
     add_cache_arguments(parser)
+    parser.add_argument("--expert-cache", choices=["auto", "on", "off"], default=None,
+                        help="hold MXFP4 routed experts dequantised in the model dtype (read at 2 bytes a weight by "
+                             "kernels without an MXFP4 path; the KV cache is sized after them): auto: when the "
+                             "plan still fits; default: the platform's (ppu: auto, else off)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture decode steps as graphs (platforms that capture: nvidia)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -426,6 +430,7 @@ def engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        expert_cache=getattr(args, "expert_cache", None),
         seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
