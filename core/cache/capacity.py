@@ -179,7 +179,8 @@ def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, 
         terms["attention"] += absorbed
         terms["other"] += model.model.folded_weight_bytes() - absorbed
         held = cfg.num_experts // tensor_parallel_size if cfg.num_experts else 0
-        layers = sum(name.endswith(".block_sparse_moe.w2" + ("_packed" if cfg.experts_mxfp4 else "")) for name, _ in named)
+        stack = ".block_sparse_moe.w2" + ("_packed" if cfg.experts_mxfp4 else "")      # one a routed-expert layer
+        layers = sum(name.endswith(stack) for name, _ in named)
         _TP_TERMS[key] = (terms, held, layers)
     terms, held, layers = _TP_TERMS[key]
     return dict(terms), held, layers

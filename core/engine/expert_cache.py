@@ -56,15 +56,15 @@ def decide(config, cfg, platform, plan_with_cache) -> ExpertCacheDecision:
     if mode != "auto":
         return ExpertCacheDecision(mode, mode == "on", f"expert_cache {mode}")
     if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
-        return ExpertCacheDecision(mode, False, "auto: the device reports no memory size to plan against "
-                                                "(expert_cache on forces it)")
+        return ExpertCacheDecision(mode, False, "auto: the device reports no memory size to plan against; "
+                                                "expert_cache on forces it")
     report = plan_with_cache()
     dense = report.weight_terms.routed_experts / GIB
     if report.fits:
         return ExpertCacheDecision(mode, True, f"auto: {dense:.1f} GiB of dense experts fit; the KV cache then holds "
                                                f"{report.concurrent_max_len_requests:,} max-length requests")
     return ExpertCacheDecision(mode, False, f"auto: {dense:.1f} GiB of dense experts do not leave a cache of one "
-                                            "max-length request (expert_cache on forces it)")
+                                            "max-length request; expert_cache on forces it")
 
 
 def hold_experts_dense(model) -> int:
@@ -85,8 +85,8 @@ def apply(config, cfg, platform, model, plan_with_cache) -> ExpertCacheDecision:
     decision = decide(config, cfg, platform, plan_with_cache)
     if decision.on:
         held = hold_experts_dense(model)
-        logger.info(f"expert cache on ({decision.reason}): {held / GIB:.2f} GiB of routed experts held dense "
-                    f"in {model.dtype}")
+        logger.info(f"expert cache on ({decision.reason}): {held / GIB:.2f} GiB ({held:,} bytes) of routed experts "
+                    f"held dense in {model.dtype}")
     elif decision.mode != "off" and cfg.experts_mxfp4:
         logger.info(f"expert cache off ({decision.reason})")
     return decision
