@@ -68,15 +68,19 @@ def decide(config, cfg, platform, plan_with_cache) -> ExpertCacheDecision:
 
 
 def hold_experts_dense(model) -> int:
-    """Every MoE layer's MXFP4 experts held dense (`MoE.hold_experts_dense`); the freed planes'
-    device memory returned to the device. Returns the bytes of the dense stacks."""
+    """Every MoE layer's MXFP4 experts held dense (`MoE.hold_experts_dense`), a layer at a time,
+    each layer's freed planes returned to the device before the next layer's stacks are
+    allocated (they are smaller than a stack, so the allocator could not reuse them; the KV
+    cache is allocated next). Returns the bytes of the dense stacks."""
     from k3.model.ffn import MoE
 
-    held = sum(m.hold_experts_dense() for m in model.modules() if isinstance(m, MoE))
     device = next(model.parameters()).device
     module = torch.get_device_module(device) if device.type != "cpu" else None
-    if held and module is not None and hasattr(module, "empty_cache"):
-        module.empty_cache()             # the planes' blocks: the KV cache allocation comes next
+    held = 0
+    for layer in [m for m in model.modules() if isinstance(m, MoE)]:
+        held += layer.hold_experts_dense()
+        if module is not None and hasattr(module, "empty_cache"):
+            module.empty_cache()
     return held
 
 
