@@ -77,10 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cache size on the CPU (default: min(2 GiB, RAM / 8)); accelerators size the cache "
                              "from --gpu-memory-utilization")
     add_cache_arguments(parser)
-    parser.add_argument("--expert-cache", choices=["auto", "on", "off"], default=None,
-                        help="hold MXFP4 routed experts dequantised in the model dtype (read at 2 bytes a weight by "
-                             "kernels without an MXFP4 path; the KV cache is sized after them): auto: when the "
-                             "plan still fits; default: the platform's (ppu: auto, else off)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture decode steps as graphs (platforms that capture: nvidia)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
