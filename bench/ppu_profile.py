@@ -107,13 +107,14 @@ def main() -> None:
     parser.add_argument("--expert-cache", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--no-compile", action="store_true", help="K3_TORCH_COMPILE=0: nothing compiled")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU, two requests, a short prefill")
+    parser.add_argument("--smoke", action="store_true",
+                        help="k3-tiny on the CPU: one step of two requests, a 16-token prefill")
     args = parser.parse_args()
     if args.no_compile:
         os.environ["K3_TORCH_COMPILE"] = "0"
     preset, dtype = ("k3-tiny", "float32") if args.smoke else ("k3-slice", "bfloat16")
     if args.smoke:
-        args.concurrency, args.steps, args.prefill = [1, 2], 2, 32
+        args.concurrency, args.steps, args.prefill = [2], 1, 16
     cfg = K3Config.preset(preset)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as model_dir:
