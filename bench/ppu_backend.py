@@ -260,6 +260,7 @@ def moe_kernels(device: str, args) -> dict:
 
 
 def moe_figures(cfg: K3Config, device: str, args, out: dict, save) -> None:
+    from k3.platforms.torch_kernels.mxfp4_lut import lut_dequantize
     from k3.quant.mxfp4 import MXFP4Tensor
 
     e, k = cfg.num_experts, cfg.num_experts_per_token
@@ -275,7 +276,8 @@ def moe_figures(cfg: K3Config, device: str, args, out: dict, save) -> None:
 
     w13 = MXFP4Tensor(codes(e, 2 * inter, hidden // 2), scales(e, 2 * inter, hidden // 32))
     w2 = MXFP4Tensor(codes(e, hidden, inter // 2), scales(e, hidden, inter // 32))
-    cache = (w13.dequantize(dtype), w2.dequantize(dtype))                  # the expert cache of one layer
+    cache = tuple(lut_dequantize(w, torch.empty(w.shape, dtype=dtype, device=device)) for w in (w13, w2))  # the
+    # expert cache of one layer (what MoE.hold_experts_dense holds, without fp32 temporaries of the whole stack)
     per_expert = {False: (w13.packed[0].numel() + w13.scales[0].numel() + w2.packed[0].numel()
                           + w2.scales[0].numel()),
                   True: 3 * inter * hidden * dtype.itemsize}
