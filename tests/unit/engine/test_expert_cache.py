@@ -125,3 +125,27 @@ def test_hold_experts_dense_is_exact_and_frees_the_planes():
     moe_layers = sum(isinstance(m, MoE) for m in model.modules())
     assert held == moe_layers * 3 * cfg.moe_intermediate_size * cfg.expert_hidden_size * cfg.num_experts * 2
     assert expert_cache.hold_experts_dense(model) == 0                                      # done already
+
+
+def test_the_flag_reaches_the_engine_and_the_plan(tmp_path, capsys):
+    import json
+
+    from k3.cli.main import build_parser, main
+    from k3.cli.serve import engine_config, resolve_arguments
+
+    model = tmp_path / "k3-tiny"
+    assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(model), "--config-only"]) == 0
+    for extra, want in (([], None), (["--expert-cache", "on"], "on")):
+        argv = ["serve", str(model), "--platform", "reference", *extra]
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        resolve_arguments(args, parser._commands[("command", "serve")])
+        assert engine_config(args)[0].expert_cache == want
+    capsys.readouterr()
+    plans = {}
+    for mode in ("off", "on"):
+        assert main(["plan", "--preset", "k3-slice", "--gpu-memory", "139.8", "--max-model-len", "8448",
+                     "--expert-cache", mode, "--json"]) == 0
+        plans[mode] = json.loads(capsys.readouterr().out)
+    assert plans["on"]["expert_cache"] and not plans["off"]["expert_cache"]
+    assert plans["on"]["weight_terms"]["routed_experts"] > 3.7 * plans["off"]["weight_terms"]["routed_experts"]
