@@ -141,7 +141,8 @@ def test_ppu_backend_quick(tmp_path):
     rows = result["moe"]["rows"]
     assert {r["kernel"] for r in rows} == {"reference_table", "ppu_cache", "ppu_cache_slots", "ppu_mxfp4_host",
                                            "ppu_mxfp4_device", "naive"}
-    assert all("error" not in r and r["ms"] > 0 and r["error_ratio_vs_reference_table"] < 1e-5 for r in rows)
+    assert all("error" not in r and r["ms"] > 0 and r["error_ratio_vs_reference_table"] < 1e-5 and r["ok"]
+               for r in rows)
     assert [d["concurrency"] for d in result["ppu"]["decode"]] == [1, 2] and result["ppu"]["ttft_ms"]
     assert result["naive"]["decode"][0]["note"].startswith("naive") and result["summary"]["speedup_vs_naive"]
 
