@@ -430,6 +430,7 @@ def engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        expert_cache=getattr(args, "expert_cache", None),
         seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,

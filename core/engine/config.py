@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 GIB = 1024 ** 3
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+EXPERT_CACHE_MODES = ("auto", "on", "off")
 MM_ENCODER_TP_MODES = ("weights", "data")
 
 
@@ -35,6 +36,11 @@ class EngineConfig:
     index_cache_dtype: str = "fp8"
     kv_cache_memory_gib: float | None = None  # CPU: cache memory (default: min(2 GiB, RAM / 8))
     gpu_memory_utilization: float = 0.9
+    # the expert cache (k3.engine.expert_cache): MXFP4 routed experts dequantised once at load and
+    # held dense in the model's dtype, counted by the capacity plan; "auto" holds them so when the
+    # cache still fits max_num_seqs max-length requests. None: the platform's default
+    # (`k3_config_defaults`, "expert_cache"), else "off"
+    expert_cache: str | None = None
     seed: int = 0                             # seeds the draws of requests without a seed
     enable_prefix_caching: bool = False
     prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
@@ -120,6 +126,8 @@ class EngineConfig:
             self._validate_lora()
         if self.batch_invariant:
             self._validate_batch_invariant()
+        if self.expert_cache is not None and self.expert_cache not in EXPERT_CACHE_MODES:
+            raise ValueError(f"expert_cache must be auto, on or off, got {self.expert_cache!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.kv_transfer_config is not None:
