@@ -33,6 +33,13 @@
 #     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
 #     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
 #     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
+#   bash bench/h200_session.sh vision                       (about 5 minutes)
+#     issue 30: image chat through the OpenAI client against `k3 serve` on the nvidia platform
+#     (a random k3-tiny checkpoint with its tiny tower; bench/vision_serve_check.py exits 1 and
+#     names the failed check otherwise), then TTFT with one 448 px and one 896 px image on
+#     k3-slice with the full K3 tower (random weights drawn on the GPU) against the same prompt
+#     without the image and a text prompt of the same length (bench/vision_ttft.py). Needs the
+#     server's wheels in `.whl` (docs/vision.md lists them);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -49,8 +56,8 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != collectives ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|collectives" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -132,6 +139,14 @@ moe-grouped)
         --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    ;;
+vision)
+    step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \
+        --out "$OUT/vision_serve-h200.json"
+    step vision-ttft-k3-slice 200 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia --dtype bfloat16 \
+        --side 448 --repeats 5 --out "$OUT/vision_ttft-k3slice-448-h200.json"
+    step vision-ttft-k3-slice-896 150 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia \
+        --dtype bfloat16 --side 896 --repeats 5 --out "$OUT/vision_ttft-k3slice-896-h200.json"
     ;;
 collectives)
     gpus=$(nvidia-smi -L | wc -l)

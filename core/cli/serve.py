@@ -174,10 +174,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-encoder-tokens", type=values.positive_int, default=None, metavar="N",
                        help="image tokens the vision encoder may encode in one step (default: the larger of "
                             "--max-num-batched-tokens and the largest image's tokens)")
-    group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
-                       help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
-                            "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
-                            "tower) is not implemented")
+    group.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
+                       help="with tensor parallelism: 'weights' shards the vision tower's heads and MLP "
+                            "columns over the TP ranks (vLLM's default; 'data' when they do not divide); "
+                            "'data' splits each step's images over the ranks (each holds the whole tower) "
+                            "and gathers the outputs")
+    group.add_argument("--mm-processor-cache-gb", type=values.non_negative_float, default=4.0, metavar="GIB",
+                       help="GiB of preprocessed images (patches) kept by content hash: an image seen again "
+                            "skips resizing and patchifying (vLLM's processor cache; 0: off)")
     group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')
@@ -426,6 +430,7 @@ def engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        expert_cache=getattr(args, "expert_cache", None),
         seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
@@ -435,6 +440,7 @@ def engine_config(args: argparse.Namespace):
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+        mm_processor_cache_gb=args.mm_processor_cache_gb,
         limit_mm_per_prompt=args.limit_mm_per_prompt)
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)

@@ -107,9 +107,8 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     sender = TPSender(groups.tp, device, groups.tp_size)
     engine = LLMEngine(config, platform=platform, parallel=build_parallel_context(platform, groups, dcfg),
                        broadcast=sender.step if groups.is_tp_leader and groups.tp_size > 1 else None)
-    if engine.media is not None and groups.is_tp_leader and groups.tp_size > 1:
-        tower = engine.media.tower          # mm_encoder_tp_mode "data": the TP ranks share the encoding
-        engine.media.encode_fn = lambda patches, grids: sender.encode(tower, patches, grids)
+    if engine.media is not None and groups.tp_size > 1:
+        _split_encoder(engine, config, groups, sender)
     ep = engine.model.parallel.ep
     if ep is not None:
         start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)
@@ -129,6 +128,20 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
             raise DistributedError(f"rank {r} has a context limit of {max_len} tokens, rank 0 {layouts[0][2]}: "
                                    "give every rank the same memory and --max-model-len")
     return engine, groups, sender
+
+
+def _split_encoder(engine, config: EngineConfig, groups, sender: TPSender) -> None:
+    """The vision encoder over the TP ranks (k3.vision.tensor_parallel): in "weights" mode each
+    rank keeps its shard of the tower; the leader's encoder runs go through `sender.encode`."""
+    from k3.vision.tensor_parallel import encoder_tp_mode, shard_tower
+
+    media = engine.media
+    media.tp_mode = encoder_tp_mode(config.mm_encoder_tp_mode, media.tower.cfg, groups.tp_size)
+    if media.tp_mode == "weights":
+        shard_tower(media.tower, groups.tp_rank, groups.tp_size, engine.model.parallel.collectives.all_reduce)
+    if groups.is_tp_leader:
+        tower, mode = media.tower, media.tp_mode
+        media.encode_fn = lambda patches, grids: sender.encode(tower, patches, grids, mode)
 
 
 def run_rank(config: EngineConfig, dcfg: DistributedConfig, rank: int) -> int:

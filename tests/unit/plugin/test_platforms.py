@@ -82,7 +82,7 @@ def test_ppu_is_forceable_on_the_cpu():
 
     served = {entry for entry, plugin in platform.kernels.providers.items() if plugin == "ppu"}
     assert served == set(SERVED) and not platform.capabilities.graph_capture and platform.graph_runner is None
-    assert platform.config_defaults() == {"gpu_memory_utilization": 0.9}
+    assert platform.config_defaults() == {"gpu_memory_utilization": 0.9, "expert_cache": "auto"}
     assert [p.name for p in platform.conformance_expectations()] == ["conformance.toml"]
     assert platform.records["nvidia"].blocked and not platform.records["reference"].blocked
 
