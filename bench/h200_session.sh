@@ -43,6 +43,11 @@
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
+#   bash bench/h200_session.sh collectives                  (about 2 minutes; every GPU of the machine)
+#     the NVIDIA plugin's symmetric-memory all-reduce and all-gather against NCCL
+#     (bench/symm_mem_allreduce.py: answers checked first, exit 1 on a difference; with one GPU
+#     an API check, with 2-8 the speed against NCCL), then the conformance collectives cases
+#     through them (K3_NVIDIA_SYMM_MEM=1; skipped by `multi_device` with one GPU).
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
@@ -51,8 +56,8 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -142,6 +147,13 @@ vision)
         --side 448 --repeats 5 --out "$OUT/vision_ttft-k3slice-448-h200.json"
     step vision-ttft-k3-slice-896 150 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia \
         --dtype bfloat16 --side 896 --repeats 5 --out "$OUT/vision_ttft-k3slice-896-h200.json"
+    ;;
+collectives)
+    gpus=$(nvidia-smi -L | wc -l)
+    step symm-mem 240 python3 bench/symm_mem_allreduce.py --out "$OUT/symm-mem-h200x$gpus-$(date +%F).json"
+    step conformance-collectives 240 env K3_NVIDIA_SYMM_MEM=1 \
+        python3 -m k3 conformance --platform nvidia -k collectives --report "$OUT/conf_collectives"
+    rm -f "$OUT/conf_collectives/report.md"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

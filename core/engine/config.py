@@ -134,11 +134,10 @@ class EngineConfig:
             from .kv_transfer.config import KVTransferConfig
 
             KVTransferConfig.parse(self.kv_transfer_config)       # a malformed one fails here, named
-            if self.tensor_parallel_size > 1 or self.data_parallel_size > 1 or self.speculative_config:
-                raise ValueError("kv_transfer_config (prefill/decode disaggregation) needs tensor_parallel_size 1, "
-                                 "data_parallel_size 1 and no speculative decoding (got tensor_parallel_size "
-                                 f"{self.tensor_parallel_size}, data_parallel_size {self.data_parallel_size}, "
-                                 f"speculative_config {self.speculative_config!r})")
+            if self.decode_context_parallel_size > 1:
+                raise ValueError("kv_transfer_config (prefill/decode disaggregation) does not combine with "
+                                 f"decode_context_parallel_size {self.decode_context_parallel_size} yet: a DCP rank's "
+                                 "rows hold every DCP-th token (docs/disaggregation.md)")
 
     def _validate_lora(self) -> None:
         if not self.enable_lora:

@@ -61,7 +61,7 @@ def test_every_device_session_phase_fits_one_call():
     body = text[text.index('case $phase in'):]
     phases = re.findall(r"^(\w+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
     assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
-                                            "tune"}
+                                            "tune", "vision", "collectives"}
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
         assert limits and sum(limits) < 600, (name, limits)
@@ -109,9 +109,15 @@ def test_dcp_decode_smoke(tmp_path):
     per_record = result["planner_bytes_per_token"]
     assert two["stored_bytes_per_token_per_rank"] == per_record * ((tokens + 1) // 2) / tokens
     assert two["topk_calls"] > 0 and two["tokens_equal_dcp1"]
+    topk = result["wire"]["topk"]
+    assert {r["scores"] for r in result["wire"]["rows"]} == {"normal", "allequal", "halfequal"}
     for row in result["wire"]["rows"]:        # one-word candidates: round 1 moves half the bytes
         assert 2 * row["round1_packed_bytes"] == row["round1_lossless_bytes"] == row["candidates"] * 8
-        assert row["total_packed_bytes"] < row["total_lossless_bytes"]
+        if row["scores"] == "normal":
+            assert row["total_packed_bytes"] < row["total_lossless_bytes"]
+        else:                                 # the tie worst case: every row takes every round, bounded
+            assert row["tie_rows"] == row["rows"]
+            assert row["total_packed_bytes"] <= row["candidates"] * 4 + topk * 4 + topk * 8
 
 
 def test_vision_encoder_bench_smoke(tmp_path):

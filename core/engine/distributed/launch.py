@@ -92,6 +92,10 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     from ..engine import LLMEngine
 
     platform = select_platform(config.platform)
+    if config.kv_transfer_config is not None:       # each rank's own control channel (kv_port + rank)
+        from ..kv_transfer.config import for_rank
+
+        config = dataclasses.replace(config, kv_transfer_config=for_rank(config.kv_transfer_config, rank))
     if dcfg.enable_expert_parallel and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)      # one forward per step (check)
     device = torch.device(platform.info.device)
@@ -110,6 +114,10 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
         start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)
         logger.info(f"rank {rank} holds experts {start}-{start + count - 1} of {engine.model.cfg.num_experts} "
                     f"(expert parallel over {ep.size} ranks)")
+    if engine.kv_producer is not None or engine.kv_consumer is not None:
+        from ..kv_transfer.ranks import share_endpoints
+
+        share_endpoints(engine, groups)             # a TP leader learns its followers' transfer endpoints
     layouts: list = [None] * dcfg.world_size
     dist.all_gather_object(layouts, (groups.dp_rank, engine.pool.num_rows, engine.max_model_len), group=groups.control)
     for r, (d, rows, max_len) in enumerate(layouts):
