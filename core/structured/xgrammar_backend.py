@@ -36,7 +36,7 @@ def _batch_matcher() -> xgr.BatchGrammarMatcher:
         return _batch
 
 from .backend import VocabInfo
-from .errors import StructuredOutputError
+from .errors import StructuredOutputError, first_line
 from .spec import StructuredOutputsParams
 
 
@@ -46,7 +46,12 @@ class XGrammarMatcher:
         self._keep = keep            # int32 [W]: a bitmask row ANDed in (JSON: no control bytes)
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._m.accept_token(int(token_id)))
+        """As xgrammar's, and False for a token the keep mask clears (the bitmask never allows
+        it either: a drafted token is checked by this)."""
+        t = int(token_id)
+        if self._keep is not None and not (int(self._keep[t // 32]) >> (t % 32)) & 1:
+            return False
+        return bool(self._m.accept_token(t))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
@@ -101,7 +106,7 @@ class XGrammarBackend:
                 return c.compile_grammar(f"root ::= {body}")
             return c.compile_grammar(spec.grammar)
         except (RuntimeError, ValueError, TypeError) as e:   # xgrammar's parse and schema errors
-            raise StructuredOutputError(f"the {spec.kind} constraint cannot be compiled: {_first_line(e)}",
+            raise StructuredOutputError(f"the {spec.kind} constraint cannot be compiled: {first_line(e)}",
                                         field=spec.kind) from None
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
@@ -133,7 +138,3 @@ def _ebnf_string(text: str) -> str:
 
     return json.dumps(text, ensure_ascii=False)
 
-
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(e).__name__

@@ -128,3 +128,13 @@ def test_vision_ttft_bench_smoke(tmp_path):
     tokens = r["prompt_tokens"]
     assert tokens["image"] == tokens["same_length"] == tokens["text"] + 16     # the placeholder expanded to 16
     assert all(r["ttft_p50_ms"][k] > 0 and r["cpu_ms_p50"][k] > 0 for k in ("image", "text", "same_length"))
+
+
+def test_structured_output_bench_smoke(tmp_path):
+    """bench/structured_output.py with llguidance under n-gram speculation (bench/structured_h200.sh's
+    `guidance` and `ngram` steps): both kinds decode, the speculation counters are reported."""
+    result = _smoke("structured_output.py", tmp_path, "--backend", "guidance", "--speculative-config",
+                    '{"method": "ngram", "num_speculative_tokens": 2}')
+    row = result["rows"][0]
+    assert result["backend"] == "guidance" and row["free_tokens_per_s"] > 0 and row["constrained_tokens_per_s"] > 0
+    assert set(row["spec_constrained"]) >= {"verify_steps", "draft_tokens", "grammar_refused_drafts"}
