@@ -41,17 +41,16 @@ from .spec import StructuredOutputsParams
 
 
 class XGrammarMatcher:
-    def __init__(self, compiled: Any, keep: torch.Tensor | None = None):
+    def __init__(self, compiled: Any, keep: torch.Tensor | None = None, cleared: frozenset[int] = frozenset()):
         self._m = xgr.GrammarMatcher(compiled)
         self._keep = keep            # int32 [W]: a bitmask row ANDed in (JSON: no control bytes)
+        self._cleared = cleared      # the ids `keep` clears
 
     def accept_token(self, token_id: int) -> bool:
         """As xgrammar's, and False for a token the keep mask clears (the bitmask never allows
         it either: a drafted token is checked by this)."""
         t = int(token_id)
-        if self._keep is not None and not (int(self._keep[t // 32]) >> (t % 32)) & 1:
-            return False
-        return bool(self._m.accept_token(t))
+        return t not in self._cleared and bool(self._m.accept_token(t))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
@@ -91,6 +90,9 @@ class XGrammarBackend:
                                  stop_token_ids=list(vocab.stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self._json_safe = _json_safe(vocab)
+        stops = set(vocab.stop_token_ids)
+        self._json_cleared = frozenset(i for i, raw in enumerate(vocab.encoded_vocab)
+                                       if i not in stops and any(b < 0x20 for b in raw))
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         c = self._compiler
@@ -111,7 +113,7 @@ class XGrammarBackend:
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         if isinstance(compiled, _Json):
-            return XGrammarMatcher(compiled.grammar, self._json_safe)
+            return XGrammarMatcher(compiled.grammar, self._json_safe, self._json_cleared)
         return XGrammarMatcher(compiled)
 
 

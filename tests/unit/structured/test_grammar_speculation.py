@@ -122,6 +122,11 @@ def test_drafts_are_cut_at_the_first_refused_token(so):
     assert grammar_valid_drafts(g, tok.encode("ab") + [3, 4, so.stop_token_ids[0]]) == len(tok.encode("ab")) + 3
     assert grammar_valid_drafts(g, tok.encode("a") + [3]) == len(tok.encode("a"))
     assert grammar_valid_drafts(g, tok.encode("ab") + [so.stop_token_ids[0]]) == len(tok.encode("ab"))
+    # a raw control byte inside a JSON string: the bitmask never allows it (JSON forbids it), so
+    # neither may a draft
+    control = next(i for i in range(tok.vocab_size) if not tok.is_special(i) and tok.token_bytes(i) == b"\x01")
+    g = so.request_grammar(StructuredOutputsParams(json={"type": "string", "maxLength": 20}))
+    assert grammar_valid_drafts(g, tok.encode('"a') + [control]) == len(tok.encode('"a'))
 
 
 def test_verify_rows_equal_fresh_fills_after_each_draft_prefix(so):
