@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
     parser.add_argument("--reasoning-parser", choices=["kimi_k3"], default=None,
                         help="split the think channel into reasoning_content")
+    parser.add_argument("--structured-outputs-config", type=values.json_object, default=None, metavar="JSON",
+                        help='the grammar backend, vLLM\'s JSON: {"backend": "xgrammar"} (also "auto", the '
+                             'default) or {"backend": "guidance"} (llguidance; "llguidance" is accepted too); '
+                             "docs/serving.md#structured-outputs")
+    parser.add_argument("--guided-decoding-backend", default=None, metavar="NAME",
+                        help="vLLM's older spelling of --structured-outputs-config's backend")
     parser.add_argument("--generation-config", default="auto", metavar="{auto,vllm,DIR}",
                         help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty): auto: "
                              "from the checkpoint's generation_config.json; DIR: from DIR/generation_config.json; "
@@ -302,6 +308,16 @@ def lora_modules(values: list[str] | None) -> dict[str, str] | None:
     return out
 
 
+def _structured_outputs_backend(args: argparse.Namespace) -> str:
+    """The grammar backend --structured-outputs-config / --guided-decoding-backend name."""
+    from k3.structured.config import StructuredOutputsConfigError, parse_structured_outputs_config
+
+    try:
+        return parse_structured_outputs_config(args.structured_outputs_config, args.guided_decoding_backend)
+    except StructuredOutputsConfigError as e:
+        raise CliError(str(e)) from None
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse what is not implemented or inconsistent before anything loads."""
     if args.lora_modules and not args.enable_lora:
@@ -317,6 +333,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except SpeculativeConfigError as e:
             raise CliError(f"--speculative-config: {e}") from None
+    _structured_outputs_backend(args)
     if args.kv_transfer_config is not None:
         from k3.engine.kv_transfer.config import KVTransferConfig, KVTransferConfigError
 
@@ -441,7 +458,7 @@ def engine_config(args: argparse.Namespace):
         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
         mm_processor_cache_gb=args.mm_processor_cache_gb,
-        limit_mm_per_prompt=args.limit_mm_per_prompt)
+        limit_mm_per_prompt=args.limit_mm_per_prompt, structured_outputs_backend=_structured_outputs_backend(args))
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)
     problems = platform.validate_config(model_config, vars(args))

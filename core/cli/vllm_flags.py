@@ -23,6 +23,7 @@ VLLM_SPELLINGS = (
     "--no-async-scheduling", "--speculative-config", "-sc", "--kv-transfer-config",
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--chat-template",
     "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--mm-processor-cache-gb",
+    "--structured-outputs-config", "--guided-decoding-backend",
 )
 
 _PP = ("pipeline parallelism is not implemented: use --tensor-parallel-size, --data-parallel-size, "

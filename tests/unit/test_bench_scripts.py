@@ -155,6 +155,8 @@ def test_vision_serve_check_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["image_tokens"] == 16 and all(report["checks"].values()) and len(report["checks"]) == 6
+
+
 def test_ppu_backend_quick(tmp_path):
     """bench/ppu_backend.py --quick (k3-tiny on the CPU): every MoE kernel row agrees with the
     reference table's output, and the ppu and naive engines report their figures."""
@@ -184,3 +186,13 @@ def test_ppu_profile_smoke(tmp_path):
     for section in ("decode_2", "prefill_16"):
         assert result[section]["kernels"] and result[section]["kernel_us_per_step"] > 0, section
         assert any(r["module"].startswith("model.layers.*.block_sparse_moe") for r in result[section]["stacks"])
+
+
+def test_structured_output_bench_smoke(tmp_path):
+    """bench/structured_output.py with llguidance under n-gram speculation (bench/structured_h200.sh's
+    `guidance` and `ngram` steps): both kinds decode, the speculation counters are reported."""
+    result = _smoke("structured_output.py", tmp_path, "--backend", "guidance", "--speculative-config",
+                    '{"method": "ngram", "num_speculative_tokens": 2}')
+    row = result["rows"][0]
+    assert result["backend"] == "guidance" and row["free_tokens_per_s"] > 0 and row["constrained_tokens_per_s"] > 0
+    assert set(row["spec_constrained"]) >= {"verify_steps", "draft_tokens", "grammar_refused_drafts"}

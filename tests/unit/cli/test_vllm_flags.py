@@ -246,3 +246,19 @@ def test_other_vllm_load_formats_are_usage_errors(model, capsys):
         parse("serve MODEL --load-format gguf", model)
     assert exit_info.value.code == 2
     assert "--load-format: invalid choice: 'gguf'" in capsys.readouterr().err
+
+
+def test_structured_outputs_backend_flags(model):
+    """vLLM's --structured-outputs-config JSON and its older --guided-decoding-backend pick the
+    grammar backend ("guidance" is vLLM's name for llguidance; "auto" is xgrammar here)."""
+    assert config("serve MODEL", model).structured_outputs_backend == "xgrammar"
+    c = config("""serve MODEL --structured-outputs-config '{"backend": "guidance", "disable_any_whitespace": true}'""",
+               model)
+    assert c.structured_outputs_backend == "guidance"
+    assert config("serve MODEL --guided-decoding-backend llguidance", model).structured_outputs_backend == "llguidance"
+    from k3.cli.serve import _check_flags
+
+    for line, problem in [("""--structured-outputs-config '{"backend": "outlines"}'""", "not implemented by k3"),
+                          ("--guided-decoding-backend xgrammar --structured-outputs-config '{}'", "not both")]:
+        with pytest.raises(CliError, match=problem):
+            _check_flags(parse(f"serve MODEL {line}", model))
