@@ -64,7 +64,11 @@ def _kernel_table(platform, family: str, table):
     """The `table` (a KernelTable class) of `family` with the served kernels of kernels.py
     bound to the target's launch options; None when none serves (the reference plugin serves
     every entry)."""
-    can_run = lambda module: has_module(module) and (module != "triton" or triton_runs(platform.device))  # noqa: E731
+    def can_run(module: str) -> bool:          # FlyDSL kernels run on a ROCm device only (no interpreter)
+        if module == "flydsl" and platform.device != "cuda":
+            return False
+        return has_module(module) and (module != "triton" or triton_runs(platform.device))
+
     entries = kernels.table_entries(family, target(platform), can_run)
     return table(**entries) if entries else None
 
