@@ -178,11 +178,11 @@ class K3Model(K3Module):
 
     def _residual_layers(self, x0, meta, cache, tap_layers, per_position, ffn, mixer):
         eps, norm = self.cfg.rms_norm_eps, self.kernels.elementwise.rms_norm
+        add_norm = self.kernels.elementwise.add_rms_norm
         residual, taps, states = x0, {}, {}
         for layer in self.layers:
             a = mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
-            residual = (residual + a).to(x0.dtype)
-            h = norm(residual, layer.post_attention_layernorm, eps)
+            h, residual = add_norm(a, residual, layer.post_attention_layernorm, eps)
             residual = (residual + layer.ffn(h, **ffn)).to(x0.dtype)
             if layer.layer in tap_layers:
                 taps[layer.layer] = residual

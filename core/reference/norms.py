@@ -16,6 +16,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return y if weight is None else y * weight.to(x.dtype)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle of `AddRMSNorm`: the residual sum rounded to residual.dtype (the model's rounding
+    point), then `rms_norm` of it. Returns (normed, residual')."""
+    total = (residual + x).to(residual.dtype)
+    return rms_norm(total, weight, eps), total
+
+
 def gated_rms_norm(
     x: torch.Tensor,
     gate: torch.Tensor,

@@ -9,7 +9,7 @@ import platform as host
 
 from k3.plugin.types import Capabilities
 
-from . import archs
+from . import aiter_ops, archs
 from .simulate import triton_runs
 
 # fp8 flavour of the matrix cores: MI300 (gfx942) uses the FNUZ encoding, MI350 (gfx950) OCP's.
@@ -27,7 +27,8 @@ def _imports(module: str) -> bool:
 
 def read(device_index: int = 0) -> Capabilities:
     """Capabilities of ROCm device `device_index`: gfx arch, fp8 flavour, native MXFP4, RCCL,
-    triton when it imports; graph capture and HIP IPC not claimed (not implemented)."""
+    triton when it imports, aiter when K3_AMD_AITER=1 and AITER imports (aiter_ops.status);
+    graph capture not claimed (not implemented)."""
     import torch
 
     props = torch.cuda.get_device_properties(device_index)
@@ -36,7 +37,7 @@ def read(device_index: int = 0) -> Capabilities:
         vendor="amd", arch=arch, device_name=props.name, memory_bytes=props.total_memory,
         device_count=torch.cuda.device_count(), dist_backend="rccl",
         dtypes=frozenset({"bfloat16", "float16", "float32", "float64"}), fp8_dtype=FP8_BY_ARCH.get(arch),
-        native_mxfp4=arch in NATIVE_MXFP4_ARCHS, triton=_imports("triton"),
+        native_mxfp4=arch in NATIVE_MXFP4_ARCHS, triton=_imports("triton"), aiter=aiter_ops.status()[0],
     )
 
 

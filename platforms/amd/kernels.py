@@ -9,9 +9,10 @@ fla-core's chunked prefill (experimental on NVIDIA too). Nothing here has execut
 hardware (docs/platforms.md, conformance/reports/amd-simulated-cpu/).
 
 FlyDSL kernels (k3.platforms.amd.fly_kernels: W4A16 MXFP4 experts for decode batches, sparse
-MLA decode over bf16 pages) are opt-in: served only when K3_AMD_FLYDSL=1 and FlyDSL can run
-(a ROCm device), in place of the Triton entry of the same kernel-table slot, which keeps every
-input the FlyDSL kernel does not cover. They have never executed (lowered to AMDGCN in CI only).
+MLA decode over bf16 pages) and AITER's fused ops (k3.platforms.amd.aiter_ops) are opt-in:
+served only when K3_AMD_FLYDSL=1 / K3_AMD_AITER=1 and they can run (a ROCm device; AITER
+importing), in place of the entry of the same kernel-table slot, which keeps every input they
+do not cover. They have never executed (the FlyDSL kernels are lowered to AMDGCN in CI only).
 """
 
 from __future__ import annotations
@@ -26,21 +27,23 @@ from . import archs
 
 DISABLE_ENV = "K3_AMD_DISABLE"
 FLYDSL_ENV = "K3_AMD_FLYDSL"
+AITER_ENV = "K3_AMD_AITER"
 
 
 @dataclass(frozen=True)
 class Kernel:
     """One kernel the plugin serves: the kernel-table entry it backs ("family.entry"), the
     function ("module:function" under k3.platforms), what it is, and the modules it needs
-    installed (looked up, not imported, until the kernel is served). opt_in: served only when
-    K3_AMD_FLYDSL=1 (never-executed FlyDSL kernels), in place of the entry's default, which it
-    takes as `fallback` for the inputs it does not cover (the reference op when none serves)."""
+    installed (looked up, not imported, until the kernel is served). opt_in: the environment
+    variable that must be set ("1") for it to serve (never-executed FlyDSL and AITER paths), in
+    place of the entry's default, which it takes as `fallback` for the inputs it does not cover
+    (the reference op when none serves)."""
 
     entry: str
     target: str
     about: str
     needs: tuple[str, ...] = ("triton",)
-    opt_in: bool = False
+    opt_in: str | None = None
 
 
 SERVED = {
@@ -75,10 +78,19 @@ SERVED = {
                              "SiTU-GLU / SiLU-GLU of the dense FFNs in one launch"),
     "flydsl_moe_experts": Kernel("moe.experts", "amd.fly_kernels.moe_w4a16:experts_forward",
                                  "FlyDSL W4A16 MXFP4 experts for decode batches (unverified: never executed)",
-                                 needs=("flydsl",), opt_in=True),
+                                 needs=("flydsl",), opt_in=FLYDSL_ENV),
     "flydsl_sparse_mla_decode": Kernel("mla.decode", "amd.fly_kernels.sparse_mla:mla_decode",
                                        "FlyDSL sparse (DSA) MLA decode over bf16 pages (unverified: never executed)",
-                                       needs=("flydsl",), opt_in=True),
+                                       needs=("flydsl",), opt_in=FLYDSL_ENV),
+    "aiter_add_rms_norm": Kernel("elementwise.add_rms_norm", "amd.aiter_ops:add_rms_norm",
+                                 "AITER's fused add + RMSNorm (unverified: never executed)", needs=("aiter",),
+                                 opt_in=AITER_ENV),
+    "aiter_moe_experts": Kernel("moe.experts", "amd.aiter_ops:experts_forward",
+                                "AITER's fused MoE over MXFP4 experts, SiLU-GLU (unverified: never executed)",
+                                needs=("aiter",), opt_in=AITER_ENV),
+    "aiter_mla_decode": Kernel("mla.decode", "amd.aiter_ops:mla_decode",
+                               "AITER's MLA decode over bf16 pages (unverified: never executed)", needs=("aiter",),
+                               opt_in=AITER_ENV),
 }
 
 
@@ -92,9 +104,9 @@ def disabled() -> set[str]:
     return set(SERVED) if "all" in names else names
 
 
-def flydsl_enabled() -> bool:
-    """Whether K3_AMD_FLYDSL opts in to the FlyDSL kernels ("1", "true", "yes", "on")."""
-    return os.environ.get(FLYDSL_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+def opted_in(env: str) -> bool:
+    """Whether the opt-in variable `env` (K3_AMD_FLYDSL, K3_AMD_AITER) is set ("1", "true", "yes", "on")."""
+    return os.environ.get(env, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def implementation(name: str, target: archs.Arch):
@@ -113,16 +125,15 @@ def implementation(name: str, target: archs.Arch):
 
 def table_entries(family: str, target: archs.Arch, has_module) -> dict:
     """entry name -> callable of every served kernel of `family` that is not disabled and whose
-    modules are installed (`has_module(name)`); opt-in kernels (K3_AMD_FLYDSL=1) replace the
-    entry, with the entry's default (or the reference op) bound as their `fallback`."""
+    modules are installed (`has_module(name)`); opt-in kernels (their variable set) then replace
+    the entry, each with what served it before (or the reference op) bound as its `fallback`."""
     off = disabled()
     entries = {}
     for opt_in in (False, True):
-        if opt_in and not flydsl_enabled():
-            break
         for name, kernel in SERVED.items():
             kernel_family, entry = kernel.entry.split(".")
-            if (kernel.opt_in != opt_in or kernel_family != family or name in off
+            if (bool(kernel.opt_in) != opt_in or kernel_family != family or name in off
+                    or (kernel.opt_in and not opted_in(kernel.opt_in))
                     or not all(has_module(m) for m in kernel.needs)):
                 continue
             fn = implementation(name, target)

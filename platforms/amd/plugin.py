@@ -19,7 +19,7 @@ from k3.platforms._probe import has_module
 from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels,
                        hookimpl)
 
-from . import archs, capabilities, detect, kernels
+from . import aiter_ops, archs, capabilities, detect, kernels
 from .simulate import requested_arch, triton_runs
 
 K3_HOOKSPEC_VERSIONS = (1,)
@@ -64,9 +64,11 @@ def _kernel_table(platform, family: str, table):
     """The `table` (a KernelTable class) of `family` with the served kernels of kernels.py
     bound to the target's launch options; None when none serves (the reference plugin serves
     every entry)."""
-    def can_run(module: str) -> bool:          # FlyDSL kernels run on a ROCm device only (no interpreter)
-        if module == "flydsl" and platform.device != "cuda":
+    def can_run(module: str) -> bool:          # FlyDSL and AITER run on a ROCm device only (no interpreter)
+        if module in ("flydsl", "aiter") and platform.device != "cuda":
             return False
+        if module == "aiter":
+            return aiter_ops.status()[0]
         return has_module(module) and (module != "triton" or triton_runs(platform.device))
 
     entries = kernels.table_entries(family, target(platform), can_run)

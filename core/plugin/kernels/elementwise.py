@@ -15,6 +15,14 @@ class RMSNorm(Protocol):
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor: ...
 
 
+class AddRMSNorm(Protocol):
+    """`elementwise.add_rms_norm`: the pre-norm residual step of a plain residual stream (Kimi-Linear):
+    residual' = (residual + x) cast to residual.dtype, then `RMSNorm`(residual', weight, eps). x,
+    residual `[..., D]`; weight `[D]`. Returns (normed, residual'), both residual.dtype."""
+
+    def __call__(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]: ...
+
+
 class GatedRMSNorm(Protocol):
     """`elementwise.gated_rms_norm`: the KDA output norm RMS_w(x) * act(gate), all in fp32, cast
     once. x, gate `[..., D]` (D the head dim); weight `[D]`; activation "sigmoid" (K3,
