@@ -27,6 +27,8 @@ import os
 
 import torch
 
+from k3.plugin.kernels import NormedResidual
+
 ENV = "K3_AMD_AITER"
 DEVICE_TYPE = "cuda"           # torch's name of a ROCm device (tests of the mapping set "cpu")
 
@@ -78,7 +80,7 @@ def add_rms_norm(x, residual, weight, eps, *, fallback):
     x2, r2 = x.reshape(-1, shape[-1]).contiguous(), residual.reshape(-1, shape[-1]).contiguous()
     out, total = torch.empty_like(x2), torch.empty_like(r2)
     aiter.rmsnorm2d_fwd_with_add(out, x2, r2, total, weight.to(x.dtype).contiguous(), float(eps))
-    return out.view(shape), total.view(shape)
+    return NormedResidual(out.view(shape), total.view(shape))
 
 
 # ---------------------------------------------------------------------------- routed experts

@@ -56,6 +56,20 @@ def k3_config_defaults():
 
 
 @hookimpl
+def k3_collective_backends(platform, group):
+    """The IPC all-gather (ipc_allgather.py) where `hip_ipc` is claimed and the group has peers."""
+    if platform.device != "cuda" or not capabilities.read().hip_ipc:
+        return []
+    import torch.distributed as dist
+
+    if dist.get_world_size(group if group is not None else dist.group.WORLD) < 2:
+        return []
+    from .ipc_allgather import IpcAllGather
+
+    return [IpcAllGather(group)]
+
+
+@hookimpl
 def k3_conformance_expectations():
     return str(CONFORMANCE)
 
