@@ -33,6 +33,11 @@
 #     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
 #     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
 #     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
+#   bash bench/h200_session.sh amd                          (about 4 minutes)
+#     issue 25: the amd plugin's kernel tables with gfx942's and gfx950's launch options run on the
+#     H200 against the reference (bench/amd_tables_cuda.py: the configurations' numerics, not AMD
+#     code generation), and the IPC all-gather's device path (CUDA IPC handles, peer memory,
+#     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -44,8 +49,8 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != amd ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|amd" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -127,6 +132,11 @@ moe-grouped)
         --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    ;;
+amd)
+    step amd-tables-gfx942 200 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
+    step amd-tables-gfx950 200 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
+    step ipc-allgather 90 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished
