@@ -59,7 +59,7 @@ class CacheFormat:
                                                  index_cache_dtype=index_cache_dtype, activation_dtype=dtype_name(act))
         extra = {} if platform is None else {"alignment": platform.cache_alignment,
                                              "kda_state_layout": platform.kda_state_layout,
-                                             "fp8_flavour": platform.capabilities.fp8_dtype or "e4m3fn"}
+                                             "fp8_flavour": _fp8_flavour(platform)}
         return cls(activation_dtype=act, kv_cache_dtype=kv, index_cache_dtype=index_cache_dtype,
                    tensor_parallel_size=tensor_parallel_size, block_size=block, **extra)
 
@@ -79,3 +79,9 @@ class CacheFormat:
     def state_dtype(self) -> torch.dtype:
         """KDA recurrent states and records: float32, float64 for a float64 model."""
         return torch.float64 if self.activation_dtype == torch.float64 else torch.float32
+
+
+def _fp8_flavour(platform) -> str:
+    """The fp8 encoding a platform's capabilities name ("e4m3fn" when they name none)."""
+    capabilities = getattr(platform, "capabilities", None)
+    return getattr(capabilities, "fp8_dtype", None) or "e4m3fn"
