@@ -167,13 +167,15 @@ def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: 
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
-               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton", ieee=None):
+               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton", ieee=None, block_n=32):
     """`k3.reference.mla_decode` with the attention in Triton (same signature and contract).
 
     operands (a launch option for benchmarks): "fp32" (the default: rows widened to fp32, tf32
     products; IEEE for fp32 models) or "native" (bf16 and fp8 caches: bf16 tensor-core products
     straight from the stored rows, the query and the softmax weights rounded to bf16, the fp8
     scale applied to the scores and the output; fp32 caches keep "fp32").
+    block_n: positions per step of a program (a launch option for platform tables: AMD takes 16,
+    which compiles without spills where 32 spills 19-41 registers, docs/amd.md).
     merge: "triton" (the default: one `_merge_splits_kernel` launch writing the merged fp32 latent
     as hi + lo 16-bit parts of one operand, then one product with w_uv: about 13 fewer launches a
     layer than "torch"; on the H200 107 vs 138 us at one sequence of 8K, BENCHMARKS.md) or "torch"
@@ -201,7 +203,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
     q_lat = _per_head_fp32(q_nope, w_uk)                                                      # [T, H, R] fp32
     q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
     positions = max_kv if selection is None else selection.shape[1]
-    block_h, block_n = 16, 32
+    block_h = 16
     splits = split_count(t, triton.cdiv(h, block_h), positions, block_n, dev)
     # the loop's trip count, a power of two (few compilations) covering every split's share
     split_len = max(block_n, triton.next_power_of_2(triton.cdiv(positions, splits)))
