@@ -46,6 +46,12 @@ class Kernel:
     opt_in: str | None = None
 
 
+def _unverified(library: str, entry: str, target: str, about: str) -> Kernel:
+    """An opt-in kernel of `library` ("flydsl": K3_AMD_FLYDSL, "aiter": K3_AMD_AITER) that has never executed."""
+    return Kernel(entry, target, f"{about} (unverified: never executed)", needs=(library,),
+                  opt_in={"flydsl": FLYDSL_ENV, "aiter": AITER_ENV}[library])
+
+
 SERVED = {
     "kda_decode_step": Kernel("kda.decode_step", "triton_kernels.kda_decode:kda_decode_step",
                               "fused KDA decode step (conv, gates, L2 norms, state update, gated RMSNorm)"),
@@ -76,21 +82,16 @@ SERVED = {
     "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm", "K3's RMSNorm in one launch"),
     "glu_activation": Kernel("elementwise.glu_activation", "triton_kernels.glu:glu_activation",
                              "SiTU-GLU / SiLU-GLU of the dense FFNs in one launch"),
-    "flydsl_moe_experts": Kernel("moe.experts", "amd.fly_kernels.moe_w4a16:experts_forward",
-                                 "FlyDSL W4A16 MXFP4 experts for decode batches (unverified: never executed)",
-                                 needs=("flydsl",), opt_in=FLYDSL_ENV),
-    "flydsl_sparse_mla_decode": Kernel("mla.decode", "amd.fly_kernels.sparse_mla:mla_decode",
-                                       "FlyDSL sparse (DSA) MLA decode over bf16 pages (unverified: never executed)",
-                                       needs=("flydsl",), opt_in=FLYDSL_ENV),
-    "aiter_add_rms_norm": Kernel("elementwise.add_rms_norm", "amd.aiter_ops:add_rms_norm",
-                                 "AITER's fused add + RMSNorm (unverified: never executed)", needs=("aiter",),
-                                 opt_in=AITER_ENV),
-    "aiter_moe_experts": Kernel("moe.experts", "amd.aiter_ops:experts_forward",
-                                "AITER's fused MoE over MXFP4 experts, SiLU-GLU (unverified: never executed)",
-                                needs=("aiter",), opt_in=AITER_ENV),
-    "aiter_mla_decode": Kernel("mla.decode", "amd.aiter_ops:mla_decode",
-                               "AITER's MLA decode over bf16 pages (unverified: never executed)", needs=("aiter",),
-                               opt_in=AITER_ENV),
+    "flydsl_moe_experts": _unverified("flydsl", "moe.experts", "amd.fly_kernels.moe_w4a16:experts_forward",
+                                      "FlyDSL W4A16 MXFP4 experts for decode batches"),
+    "flydsl_sparse_mla_decode": _unverified("flydsl", "mla.decode", "amd.fly_kernels.sparse_mla:mla_decode",
+                                            "FlyDSL sparse (DSA) MLA decode over bf16 pages"),
+    "aiter_add_rms_norm": _unverified("aiter", "elementwise.add_rms_norm", "amd.aiter_ops:add_rms_norm",
+                                      "AITER's fused add + RMSNorm"),
+    "aiter_moe_experts": _unverified("aiter", "moe.experts", "amd.aiter_ops:experts_forward",
+                                     "AITER's fused MoE over MXFP4 experts, SiLU-GLU"),
+    "aiter_mla_decode": _unverified("aiter", "mla.decode", "amd.aiter_ops:mla_decode",
+                                    "AITER's MLA decode over bf16 pages"),
 }
 
 
