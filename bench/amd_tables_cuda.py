@@ -1,7 +1,7 @@
 """The amd plugin's kernel tables (k3.platforms.amd.kernels, each kernel bound to gfx942's or
 gfx950's launch options from k3.platforms.amd.archs) run on an NVIDIA GPU against the reference:
 every conformance item of every served entry (full tier, float64 left out: kernels hand it to
-the reference op). This checks the AMD launch configurations' numerics on real hardware (tile
+the reference op), or with --models the model cases (tiny models end to end on those tables). This checks the AMD launch configurations' numerics on real hardware (tile
 sizes, IEEE dots where gfx950 has no tf32, the MoE modes including `dot_scaled`), never AMD code
 generation (bench/amdgcn_report.py compiles for AMD) nor AMD hardware.
 
@@ -38,7 +38,7 @@ def served_kernels(platform, arch: str):
     return dataclasses.replace(platform.kernels, **tables), replaced
 
 
-def run(arch: str, pattern: str | None, platform_name: str) -> dict:
+def run(arch: str, pattern: str | None, platform_name: str, models: bool = False) -> dict:
     from k3.conformance.registry import items
     from k3.conformance.runner import RunContext, run_item
     from k3.platform import select_platform
@@ -47,7 +47,8 @@ def run(arch: str, pattern: str | None, platform_name: str) -> dict:
     platform.kernels, replaced = served_kernels(platform, arch)
     rows = []
     for item in items("full"):
-        if item.case.entry not in replaced or item.dtype == "float64" or (pattern and pattern not in item.id):
+        wanted = item.case.family == "model" if models else item.case.entry in replaced
+        if not wanted or item.dtype == "float64" or (pattern and pattern not in item.id):
             continue
         missing = [r for r in item.requirements(platform.capabilities) if not platform.capabilities.has(r)]
         if missing:
@@ -70,10 +71,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", action="append", choices=("gfx942", "gfx950"), help="default: both")
     parser.add_argument("-k", dest="pattern", default=None, help="only items whose id contains this")
+    parser.add_argument("--models", action="store_true", help="the model cases (tiny models end to end) instead")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     platform_name = "nvidia" if torch.cuda.is_available() else "reference"
-    results = [run(arch, args.pattern, platform_name) for arch in args.arch or ["gfx942", "gfx950"]]
+    results = [run(arch, args.pattern, platform_name, args.models) for arch in args.arch or ["gfx942", "gfx950"]]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (Triton interpreter)"
     out = {"bench": "amd_tables_cuda", "date": datetime.date.today().isoformat(), "device": device,
            "platform": platform_name, "torch": torch.__version__, "results": results}

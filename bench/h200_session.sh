@@ -33,10 +33,11 @@
 #     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
 #     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
 #     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
-#   bash bench/h200_session.sh amd                          (about 4 minutes)
+#   bash bench/h200_session.sh amd                          (about 5 minutes)
 #     issue 25: the amd plugin's kernel tables with gfx942's and gfx950's launch options run on the
 #     H200 against the reference (bench/amd_tables_cuda.py: the configurations' numerics, not AMD
-#     code generation), and the IPC all-gather's device path (CUDA IPC handles, peer memory,
+#     code generation; then gfx950's tables under the model cases), and the IPC all-gather's
+#     device path (CUDA IPC handles, peer memory,
 #     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
@@ -134,9 +135,10 @@ moe-grouped)
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     ;;
 amd)
-    step amd-tables-gfx942 200 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
-    step amd-tables-gfx950 200 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
-    step ipc-allgather 90 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
+    step amd-tables-gfx942 150 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
+    step amd-tables-gfx950 150 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
+    step amd-tables-models 180 python3 bench/amd_tables_cuda.py --arch gfx950 --models --out "$OUT/amd_tables_models.json"
+    step ipc-allgather 60 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished
