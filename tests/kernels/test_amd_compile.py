@@ -6,8 +6,8 @@ functions). CI's time budget (all variants of both targets take ~2 CPU minutes) 
 variants: gfx950's native-MXFP4 dot_scaled MoE tile, the indexer decode scores on both fp8
 flavours (OCP E4M3FN pages on gfx950, FNUZ on gfx942, IEEE dots on gfx950, XF32 on gfx942) and
 over MXFP4 key pages on gfx950, and gfx950's MLA decode tile (16 positions a step: no spill);
-`python3 bench/amdgcn_report.py` compiles all 82 variants of both targets
-(docs/amd.md has its table, bench/results/amdgcn-report-2026-12-03.json the rows).
+`python3 bench/amdgcn_report.py` compiles all 88 variants of both targets
+(docs/amd.md has its table, bench/results/amdgcn-report-2026-12-04.json the rows).
 Compile-checked only: nothing here executes AMD code."""
 
 import json
