@@ -40,6 +40,12 @@
 #     k3-slice with the full K3 tower (random weights drawn on the GPU) against the same prompt
 #     without the image and a text prompt of the same length (bench/vision_ttft.py). Needs the
 #     server's wheels in `.whl` (docs/vision.md lists them);
+#   bash bench/h200_session.sh amd                          (about 5 minutes)
+#     issue 25: the amd plugin's kernel tables with gfx942's and gfx950's launch options run on the
+#     H200 against the reference (bench/amd_tables_cuda.py: the configurations' numerics, not AMD
+#     code generation; then gfx950's tables under the model cases), and the IPC all-gather's
+#     device path (CUDA IPC handles, peer memory,
+#     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -56,8 +62,9 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
+      && $phase != amd ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -154,6 +161,11 @@ collectives)
     step conformance-collectives 240 env K3_NVIDIA_SYMM_MEM=1 \
         python3 -m k3 conformance --platform nvidia -k collectives --report "$OUT/conf_collectives"
     rm -f "$OUT/conf_collectives/report.md"
+amd)
+    step amd-tables-gfx942 150 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
+    step amd-tables-gfx950 150 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
+    step amd-tables-models 180 python3 bench/amd_tables_cuda.py --arch gfx950 --models --out "$OUT/amd_tables_models.json"
+    step ipc-allgather 60 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

@@ -57,7 +57,7 @@ def test_pyproject_lists_every_package():
 
 BARE_INSTALL_SCRIPT = """
 import importlib, importlib.abc, pkgutil, sys
-BLOCKED = ("triton", "fla", "xgrammar", "llguidance")  # what a bare `pip install k3` lacks (pytest stays: it runs this test)
+BLOCKED = ("triton", "fla", "xgrammar", "llguidance", "flydsl")  # what a bare `pip install k3` lacks (pytest stays: it runs this test)
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in BLOCKED:
@@ -65,8 +65,9 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import k3
 """ + WALK + """
-names = all_modules(("k3.platforms.triton_kernels.", "k3.__main__", "k3.structured.xgrammar_backend",
-                     "k3.structured.llguidance_backend", "k3.conformance.pytest_plugin", "k3.conformance.session", "k3.conformance.tests"))
+names = all_modules(("k3.platforms.triton_kernels.", "k3.platforms.amd.fly_kernels.", "k3.__main__",
+                     "k3.structured.xgrammar_backend", "k3.structured.llguidance_backend",
+                     "k3.conformance.pytest_plugin", "k3.conformance.session", "k3.conformance.tests"))
 failed = []
 for name in names:
     try:
