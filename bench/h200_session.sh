@@ -161,6 +161,7 @@ collectives)
     step conformance-collectives 240 env K3_NVIDIA_SYMM_MEM=1 \
         python3 -m k3 conformance --platform nvidia -k collectives --report "$OUT/conf_collectives"
     rm -f "$OUT/conf_collectives/report.md"
+    ;;
 amd)
     step amd-tables-gfx942 150 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
     step amd-tables-gfx950 150 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
