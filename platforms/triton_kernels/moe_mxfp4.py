@@ -52,7 +52,8 @@ import triton.language as tl
 from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, rounding
+from .rounding import round_to
 from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, expert_tile_grid, gated_activation
 from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_kernels.moe_mxfp4.expert_tiles)
 
@@ -124,7 +125,8 @@ def _gate_up_kernel(
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
     TOPK, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, MODE: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, ROUND_ACT: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -140,7 +142,8 @@ def _gate_up_kernel(
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
         acc_u = _rows_times_tokens(p13_ptr, s13_ptr, e, I + col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_u,
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
-    out = gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA)      # [BLOCK_N, BLOCK_T]
+    acc_g, acc_u = round_to(acc_g, ROUND_PRODUCTS), round_to(acc_u, ROUND_PRODUCTS)    # the gate/up products
+    out = round_to(gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA), ROUND_ACT)
     tl.store(act_ptr + choice[None, :] * s_act + col[:, None], out.to(act_ptr.dtype.element_ty),
              mask=mask_t[None, :] & mask_n[:, None])
 
@@ -149,8 +152,8 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, p2_ptr, s2_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
-    L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr, ROUND_ACT: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -163,6 +166,7 @@ def _down_kernel(
         acc = _rows_times_tokens(p2_ptr, s2_ptr, e, row, mask_n, act_ptr, choice, s_act, mask_t, k0, acc,
                                  s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
     w = tl.load(weight_ptr + choice, mask=mask_t, other=0.0)
+    acc = round_to(acc, ROUND_PRODUCTS)                                                # the down product
     tl.store(y_ptr + choice[None, :] * s_y + row[:, None], acc * w[None, :], mask=mask_t[None, :] & mask_n[:, None])
 
 
@@ -309,8 +313,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
-    common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k,
-                  num_warps=num_warps, **({"num_stages": stages} if stages else {}))
+    legacy = rounding.legacy()
+    common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
+                  ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
+                  BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     tiles = tile_expert.numel()
     _gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
         x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act,

@@ -1,0 +1,42 @@
+"""Where the Triton kernels round a 16-bit model's intermediates, one rule for every variant of
+an entry (docs/batch-invariance.md, "Rounding points"): a token's result may depend on its batch
+company only through fp32 accumulation order, never through a variant that rounds elsewhere.
+
+`round_code(dtype)` is the constexpr the kernels take (0: keep fp32; 1: bf16; 2: fp16) and
+`round_to` applies it in a kernel. `legacy()` reads K3_LEGACY_ROUNDING: set to 1 it restores the
+variants as they rounded before issue 32 (the MoE gemv's fp16x2 group sums, the MoE tiles without
+the gate/up and down roundings, the MLA decode's split-relative softmax rounding, verification
+through the expanded MLA form), so one device run can measure the engine-level figure before and
+after (bench/bf16_batch_company.py). It exists for that measurement only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LEGACY_ENV = "K3_LEGACY_ROUNDING"
+
+
+def legacy() -> bool:
+    """Whether K3_LEGACY_ROUNDING asks for the pre-issue-32 rounding of the variants."""
+    return os.environ.get(LEGACY_ENV, "0") not in ("", "0")
+
+
+def round_code(dtype: torch.dtype) -> int:
+    """The kernels' ROUND constexpr for a model of `dtype`: 1 for bf16, 2 for fp16, 0 otherwise."""
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
+
+
+@triton.jit
+def round_to(x, ROUND: tl.constexpr):
+    """fp32 x rounded to the model's 16-bit dtype and widened back (ROUND 1: bf16, 2: fp16, 0: x)."""
+    if ROUND == 1:
+        return x.to(tl.bfloat16).to(tl.float32)
+    elif ROUND == 2:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
