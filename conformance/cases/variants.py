@@ -187,7 +187,7 @@ def _mla_sample(name, **params):
 register(Case(
     "variants.mla.decode", "variants", "mla.decode", run=_mla_decode, dtypes=DTYPES, smoke_dtype="bfloat16",
     samples=(
-        _mla_sample("H4_R64_Dn16_Dr16_Dv16", h=4, r=64, dn=16, dr=16, dv=16),
+        _mla_sample("H4_R64_Dn16_Dr16_Dv16", h=4, r=64, dn=16, dr=16, dv=16, min_len=20, max_len=100),
         _mla_sample("H16_R512_Dn128_Dr64_Dv128_real_head_dims", h=16, r=512, dn=128, dr=64, dv=128),
         _mla_sample("H16_R512_fp8_pages", h=16, r=512, dn=128, dr=64, dv=128, pages="float8_e4m3fn", kv_scale=0.05),
     ),

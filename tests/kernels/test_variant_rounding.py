@@ -48,42 +48,41 @@ def _mxfp4(g, e, out, fan_in):
 
 
 @pytest.fixture(scope="module")
-def tokens():
-    """16 bf16 tokens over 8 MXFP4 experts (top 2) at L = 512 (one gemv step of 512 columns), I = 256."""
+def modes():
+    """Each MoE mode's output for the same 6 bf16 tokens over 8 MXFP4 experts (top 2) at L = 128,
+    I = 64, now and (key "legacy_<mode>") with K3_LEGACY_ROUNDING=1, and the float64 oracle's."""
     g = torch.Generator().manual_seed(32)
-    t, e, k, l, i = 16, 8, 2, 512, 256
+    t, e, k, l, i = 6, 8, 2, 128, 64
     x = torch.randn(t, l, generator=g).bfloat16()
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
     weights = torch.rand(t, k, generator=g) + 0.1
-    return x, _mxfp4(g, e, 2 * i, l), _mxfp4(g, e, l, i), weights, ids
-
-
-def _run(tokens, mode, **kw):
-    x, w13, w2, weights, ids = tokens
-    return kernel.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0, linear_beta=25.0, mode=mode,
-                                  **kw)
+    w13, w2 = _mxfp4(g, e, 2 * i, l), _mxfp4(g, e, l, i)
+    kw = {"activation": "situ", "beta": 4.0, "linear_beta": 25.0}
+    out = {"oracle": ref.experts_forward(x.double(), w13, w2, weights.double(), ids, **kw)}
+    with pytest.MonkeyPatch.context() as mp:
+        for prefix in ("", "legacy_"):
+            if prefix:
+                mp.setenv("K3_LEGACY_ROUNDING", "1")
+            for mode in ("decode", "gemv", "dequant"):
+                out[prefix + mode] = kernel.experts_forward(x, w13, w2, weights, ids, mode=mode, **kw)
+    return out
 
 
 @pytest.mark.parametrize("mode", ["gemv", "dequant"])
-def test_moe_modes_agree_at_the_rounding_points(tokens, mode):
+def test_moe_modes_agree_at_the_rounding_points(modes, mode):
     """The gemv (decode batches of up to 16 tokens on the H200) and the grouped dequantised GEMMs
     (prefill chunks) against the in-kernel decode mode: within `compare.variants_agree`'s bound, and
     each within the usual bf16 tolerance of the float64 oracle."""
-    decode = _run(tokens, "decode")
-    got = _run(tokens, mode)
-    result = cmp.variants_agree(mode, got, decode)
+    result = cmp.variants_agree(mode, modes[mode], modes["decode"])
     assert result.passed, result.message
-    x, w13, w2, weights, ids = tokens
-    oracle = ref.experts_forward(x.double(), w13, w2, weights.double(), ids, activation="situ", beta=4.0,
-                                 linear_beta=25.0)
-    assert cmp.close("oracle", got, oracle, cmp.Tolerance(2e-2, 1e-3)).passed
+    assert cmp.close("oracle", modes[mode], modes["oracle"], cmp.Tolerance(2e-2, 1e-3)).passed
 
 
 @pytest.mark.parametrize("mode", ["gemv", "decode"])
-def test_moe_modes_as_they_were_fail_the_bound(tokens, mode, monkeypatch):
+def test_moe_modes_as_they_were_fail_the_bound(modes, mode):
     """Before issue 32: the gemv summed each group's products in fp16 (fp16x2) and, like the decode
     mode, kept the gate/up and down products in fp32 where the dequant mode's bf16 GEMMs round
     them: each differs from the dequant mode by more than the bound."""
-    monkeypatch.setenv("K3_LEGACY_ROUNDING", "1")
-    result = cmp.variants_agree(mode, _run(tokens, mode), _run(tokens, "dequant"))
+    assert torch.equal(modes["legacy_dequant"], modes["dequant"])          # the dequant mode did not change
+    result = cmp.variants_agree(mode, modes["legacy_" + mode], modes["dequant"])
     assert not result.passed, f"ratio {result.ratio}"
