@@ -33,6 +33,11 @@
 #     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
 #     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
 #     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
+#   bash bench/h200_session.sh company                     (about 9 minutes)
+#     issue 32 item 1: the variants conformance family on the served kernels (correctness first),
+#     then bench/bf16_batch_company.py on k3-slice: 20 greedy prompts alone vs among 40 others,
+#     bf16 and float32, served kernels and MoE kernels off, each before (K3_LEGACY_ROUNDING=1) and
+#     after; then bf16 with prefix caching and with n-gram speculation, before and after;
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -44,8 +49,8 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != company ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|company" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -127,6 +132,14 @@ moe-grouped)
         --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    ;;
+company)
+    step conformance-variants 120 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_variants" \
+        -k "variants"
+    rm -f "$OUT/conf_variants/report.md"
+    step company-plain 240 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json"
+    step company-cache-ngram 170 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_settings.json" \
+        --dtypes bfloat16 --kernels served --settings prefix_caching ngram
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

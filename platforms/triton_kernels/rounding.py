@@ -3,27 +3,20 @@ an entry (docs/batch-invariance.md, "Rounding points"): a token's result may dep
 company only through fp32 accumulation order, never through a variant that rounds elsewhere.
 
 `round_code(dtype)` is the constexpr the kernels take (0: keep fp32; 1: bf16; 2: fp16) and
-`round_to` applies it in a kernel. `legacy()` reads K3_LEGACY_ROUNDING: set to 1 it restores the
-variants as they rounded before issue 32 (the MoE gemv's fp16x2 group sums, the MoE tiles without
-the gate/up and down roundings, the MLA decode's split-relative softmax rounding, verification
-through the expanded MLA form), so one device run can measure the engine-level figure before and
-after (bench/bf16_batch_company.py). It exists for that measurement only.
+`round_to` applies it in a kernel. `legacy()` (`k3.dtypes.legacy_rounding`, K3_LEGACY_ROUNDING=1)
+restores the kernels' variants as they rounded before issue 32 (the MoE gemv's fp16x2 group sums,
+the MoE modes without the gate/up and down roundings, the MLA decode's split-relative softmax
+rounding), so one device run can measure the engine-level figure before and after
+(bench/bf16_batch_company.py). It exists for that measurement only.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-LEGACY_ENV = "K3_LEGACY_ROUNDING"
-
-
-def legacy() -> bool:
-    """Whether K3_LEGACY_ROUNDING asks for the pre-issue-32 rounding of the variants."""
-    return os.environ.get(LEGACY_ENV, "0") not in ("", "0")
+from k3.dtypes import legacy_rounding as legacy  # noqa: F401  (rounding.legacy)
 
 
 def round_code(dtype: torch.dtype) -> int:
