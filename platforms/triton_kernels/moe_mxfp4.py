@@ -22,11 +22,12 @@ nothing here but keeps batches off the "dequant" mode, which reads the expert co
 Four ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 32 weight rows (4 a
-    thread) on the CUDA cores, for decode steps where an expert sees a token or two; bf16
-    activations are scaled per 32 columns into fp16 and multiplied two at a time (fp16x2);
-  - "gemv_grouped" (bf16 activations): moe_mxfp4_gemv_grouped.py, the gemv's fp16x2 products with
-    each weight tile loaded and decoded once for up to `group_tokens` pairs of its expert (pairs
-    grouped by expert on the device, as below); equal bit for bit to "gemv";
+    thread) on the CUDA cores, for decode steps where an expert sees a token or two; products
+    summed in fp32 (its fp16x2 form, `half=True`, sums a group's products in fp16: issue 32);
+  - "gemv_grouped" (bf16 activations, experimental): moe_mxfp4_gemv_grouped.py, the gemv's fp16x2
+    products with each weight tile loaded and decoded once for up to `group_tokens` pairs of its
+    expert (pairs grouped by expert on the device, as below); equal bit for bit to the fp16x2 gemv
+    as served before issue 32, so it does not round where the other modes do;
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -231,12 +232,13 @@ PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: lar
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
     k3-slice dimensions (BENCHMARKS.md): gemv 32 rows (4 a thread) x 512 columns on 4 warps, the
-    fp16x2 form summing a group's four code words in fp16 (122 us at one token, 1,452 at 16; the
-    fp32-product form's best 147 / 1,697);
+    served in the fp32-product form (147 us at one token, 1,697 at 16, its best in the ninth
+    session; the fp16x2 form summing a group's four code words in fp16 took 122 / 1,452 but rounds
+    where no other mode does: issue 32);
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
     dot_scaled prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
-    if mode == "gemv":      # fp16x2 products (bf16 activations): fastest at 1-32 tokens, prefetch slower
+    if mode == "gemv":      # the fastest at 1-16 tokens (prefetch was slower for the fp16x2 form; not re-swept)
         return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False, chain=4)
     if mode == "gemv_grouped":      # the gemv's served form, group_tokens pairs a tile; slower than the served
         #                             modes at every swept batch (BENCHMARKS.md, 2026-12-04), so experimental only
@@ -259,7 +261,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth),
     row_split (gemv: weight rows each thread holds, sharing its activation loads), prefetch
     (gemv: each step's weights loaded one step ahead), half (gemv: fp16x2 products on scaled
-    fp16 activations; None: for bf16 activations), chain (gemv's fp16x2 form: code words summed in
+    fp16 activations; None: only under K3_LEGACY_ROUNDING, for bf16 activations), chain (gemv's fp16x2 form: code words summed in
     fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
     fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950),
     group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8):
