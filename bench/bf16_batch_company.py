@@ -1,8 +1,7 @@
 """Greedy outputs alone vs in a crowd (issue 32 item 1): the engine-level figure of batch company.
 
     python bench/bf16_batch_company.py --out bf16_batch_company.json                   # nvidia, k3-slice
-    python bench/bf16_batch_company.py --platform reference --preset k3-tiny --prompts 6 --others 10 \\
-        --tokens 12 --out /tmp/company.json                                            # CPU, tiny
+    python bench/bf16_batch_company.py --smoke --out /tmp/company.json                # CPU: k3-tiny, tiny sizes
 
 For each configuration, a fresh `k3.LLM` on random weights (`load_format="dummy"`, the same seed)
 generates `--tokens` greedy tokens (EOS ignored, logprobs=2) for `--prompts` prompts one at a time
@@ -114,7 +113,11 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", default=["served", "no_moe"], choices=list(KERNELS))
     parser.add_argument("--rounding", nargs="+", default=["after", "before"], choices=["after", "before"])
     parser.add_argument("--settings", nargs="+", default=["plain"], choices=list(SETTINGS))
+    parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform, tiny sizes")
     args = parser.parse_args()
+    if args.smoke:
+        args.platform, args.preset, args.prompts, args.others, args.tokens = "reference", "k3-tiny", 3, 4, 6
+        args.dtypes, args.kernels = ["bfloat16"], ["served"]
 
     from k3.checkpoint.writer import write_config
     from k3.config import K3Config
