@@ -134,11 +134,11 @@ moe-grouped)
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     ;;
 company)
-    step conformance-variants 120 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_variants" \
+    step conformance-variants 130 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_variants" \
         -k "variants"
     rm -f "$OUT/conf_variants/report.md"
-    step company-plain 240 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json"
-    step company-cache-ngram 170 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_settings.json" \
+    step company-plain 330 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json"
+    step company-cache-ngram 130 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_settings.json" \
         --dtypes bfloat16 --kernels served --settings prefix_caching ngram
     ;;
 tune)
