@@ -46,6 +46,11 @@
 #     code generation; then gfx950's tables under the model cases), and the IPC all-gather's
 #     device path (CUDA IPC handles, peer memory,
 #     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
+#   bash bench/h200_session.sh company                     (about 9 minutes)
+#     issue 32 item 1: the variants conformance family on the served kernels (correctness first),
+#     then bench/bf16_batch_company.py on k3-slice: 20 greedy prompts alone vs among 40 others,
+#     bf16 and float32, served kernels and MoE kernels off, each before (K3_LEGACY_ROUNDING=1) and
+#     after; then bf16 with prefix caching and with n-gram speculation, before and after;
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -63,8 +68,8 @@ set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
       && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
-      && $phase != amd ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd" >&2
+      && $phase != amd && $phase != company ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -167,6 +172,14 @@ amd)
     step amd-tables-gfx950 150 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
     step amd-tables-models 180 python3 bench/amd_tables_cuda.py --arch gfx950 --models --out "$OUT/amd_tables_models.json"
     step ipc-allgather 60 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
+    ;;
+company)
+    step conformance-variants 130 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_variants" \
+        -k "variants"
+    rm -f "$OUT/conf_variants/report.md"
+    step company-plain 330 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json"
+    step company-cache-ngram 130 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_settings.json" \
+        --dtypes bfloat16 --kernels served --settings prefix_caching ngram
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

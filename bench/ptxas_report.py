@@ -133,7 +133,7 @@ def variants():
     types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
                         "order_ptr": "*i32",
                         "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16"}, ("beta", "linear_beta"))
-    base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False)
+    base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1)
     for mode, block_n, block_t, block_k, warps in MOE_TILES:
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
@@ -147,20 +147,21 @@ def variants():
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
-               dict(L=3584, I=3072, MODE=mode, IEEE=False, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
+               dict(L=3584, I=3072, MODE=mode, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1, BLOCK_T=block_t,
+                    BLOCK_N=block_n, BLOCK_K=block_k), warps)
 
     for block_n, block_k, warps, stages, split, prefetch, chain in MOE_GEMV_TILES:
         name = (f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")
                 + (f"_fp16x2_c{chain}" if chain else ""))
         form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=bool(chain),
-                    CHAIN=chain or 4, ASM=True)
+                    CHAIN=chain or 4, ASM=True, ROUND_PRODUCTS=0 if chain else 1)    # fp16x2: the legacy form
         planes = "*i32" if chain else "*bf16"                       # fp16 pairs as int32 words, or bf16 planes
         fn = moe_mxfp4_gemv.gate_up_kernel
         types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*fp16" if chain else
                             "*bf16", "x_ptr": planes, "x_unscale_ptr": "*fp32", "act_unscale_ptr": "*fp32"},
                        ("beta", "linear_beta"))
         yield ("moe_gate_up", name, fn, types,
-               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, **form), warps)
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ROUND_ACT=1, **form), warps)
         fn = moe_mxfp4_gemv.down_kernel
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "ids_ptr": "*i64", "weight_ptr": "*fp32",
                             "y_ptr": "*fp32", "act_ptr": planes, "act_unscale_ptr": "*fp32"}, ())
@@ -176,7 +177,7 @@ def variants():
         types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "act_ptr": "*fp16", "x_ptr": "*i32",
                             "x_unscale_ptr": "*fp32", "act_unscale_ptr": "*fp32", **grouping}, ("beta", "linear_beta"))
         yield ("moe_gate_up", name, fn, types,
-               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ACT_BF16=True, TOKENS=tokens, **form), 4)
+               dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, ROUND_ACT=1, TOKENS=tokens, **form), 4)
         fn = moe_mxfp4_gemv_grouped.down_kernel
         types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "weight_ptr": "*fp32", "y_ptr": "*fp32",
                             "act_ptr": "*i32", "act_unscale_ptr": "*fp32", **grouping}, ())
@@ -250,7 +251,7 @@ def variants():
                                   ("*bf16", False, True), ("*fp8e4nv", False, True)):
         yield ("mla_decode", f"kv{cache[1:]}{'_dsa' if sparse else ''}{'_native' if native else ''}", fn,
                {**types, "kv_ptr": cache}, dict(PAGE=64, R=512, DR=64, BLOCK_H=16, BLOCK_N=32, SPLIT_LEN=256,
-                                                SPARSE=sparse, IEEE=False, NATIVE=native), 8)
+                                                SPARSE=sparse, IEEE=False, NATIVE=native, WHOLE_MAX=True), 8)
 
     fn = mla_decode._merge_splits_kernel                 # merge="triton" (experimental)
     for out, hi_lo in (("*bf16", True), ("*fp32", False)):

@@ -212,3 +212,36 @@ def dtype_check(name: str, out, expected: torch.dtype) -> OutputResult | None:
         if out.dtype != expected:
             return OutputResult(name, "dtype", False, message=f"dtype {out.dtype}, contract says {expected}")
     return None
+
+
+# Variants of one kernel entry (issue 32): picked by batch size or step kind, they must round a
+# 16-bit model's intermediates at the same points, so a row's result depends on its batch only
+# through fp32 accumulation order. Rounding one value to bf16 has an error ratio of about u / 2
+# (u = 2^-8, bf16's unit roundoff): each rounding point one variant has and another lacks (or
+# places elsewhere) adds a difference of that order to every element. Two variants that round at
+# the same points differ only where fp32 order moves a value across a rounding boundary: then by
+# one ulp (at most 2u relative), on a fraction f of the elements (about 0.2% for a k3-sized MoE
+# row, docs/batch-invariance.md), an error ratio of about 1.4 u sqrt(f). The bound u / 4 leaves
+# room for f up to ~3% and sits 2-4x below a single misplaced rounding point. An fp32 output has
+# no 16-bit rounding point: its variants may differ by accumulation order alone, u32 = 2^-24 times
+# sqrt(K) for K <= 2^12 terms and a modest cancellation, 2^-16.
+VARIANT_RATIO = {torch.bfloat16: 2.0 ** -10, torch.float16: 2.0 ** -13, torch.float32: 2.0 ** -16,
+                 torch.float64: 2.0 ** -40}
+
+
+def variants_agree(name: str, got: torch.Tensor, want: torch.Tensor, *,
+                   rounding: torch.dtype | None = None) -> OutputResult:
+    """Two variants' outputs for the same rows (`got` from the variant under test, `want` from the
+    row computed alone) within VARIANT_RATIO of their dtype, or of `rounding` (the dtype whose
+    rounding points an fp32 output inherits: a KDA state computed from bf16 q, k, v), as the
+    error ratio of `close` with no floor; the message also gives the fraction of elements that
+    differ at all."""
+    if got.dtype != want.dtype:
+        return OutputResult(name, "variants", False, message=f"dtype {got.dtype} vs {want.dtype}")
+    tol = Tolerance(VARIANT_RATIO[rounding or want.dtype], 0.0)
+    result = close(name, got, want, tol)
+    differ = (got.detach().cpu() != want.detach().cpu()).double().mean().item()
+    result.kind = "variants"
+    if not result.passed and not result.message.startswith(("shape", "expected")):
+        result.message += f"; {differ:.1%} of the elements differ"
+    return result

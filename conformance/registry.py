@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FAMILIES = ("kda", "mla", "indexer", "moe", "attn_res", "elementwise", "quant", "lora", "cache", "collectives",
-            "model")
+            "model", "variants")
 KERNEL_FAMILIES = FAMILIES[:8]
 TIERS = ("smoke", "full")
 DTYPES = ("float32", "bfloat16", "float64")

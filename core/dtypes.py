@@ -66,3 +66,17 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, activation_dtype: torch.dtype | 
     if isinstance(activation_dtype, str):
         activation_dtype = torch_dtype(activation_dtype)
     return _AUTO_LATENTS[activation_dtype]
+
+
+LEGACY_ROUNDING_ENV = "K3_LEGACY_ROUNDING"
+
+
+def legacy_rounding() -> bool:
+    """Whether K3_LEGACY_ROUNDING (set and not "0") asks for the variants as they rounded before
+    issue 32 (docs/batch-invariance.md, "Rounding points"): the MoE gemv's fp16 group sums and
+    unrounded products, the MLA decode's split-relative softmax rounding, verification on the
+    expanded MLA form and one-token prompt chunks on the decode paths. For the one device run that
+    measures the engine-level figure before and after (bench/bf16_batch_company.py) only."""
+    import os
+
+    return os.environ.get(LEGACY_ROUNDING_ENV, "0") not in ("", "0")

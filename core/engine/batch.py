@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k3.dtypes import legacy_rounding
 from k3.model.metadata import CheckpointMetadata, ForwardMetadata, LoRAMetadata, SpecMetadata, leading_one_token_steps
 
 from .prompt_logprobs import PromptSpan
@@ -121,7 +122,9 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
     spec = _record(uploaded, "spec.", SpecMetadata) if max_spec else None
     checkpoints = _record(uploaded, "checkpoints.", CheckpointMetadata) if max_ckpt else None
     lora = LoRAMetadata(uploaded.pop("lora.token_slots"), seq_slots) if "lora.token_slots" in uploaded else None
-    num_decodes = 0 if max_spec else leading_one_token_steps(lens)   # the scheduler puts them first
+    # the scheduler puts the decodes first; a one-token prompt chunk is not one (K3_LEGACY_ROUNDING: it was)
+    decodes = [n == 1 for n in lens] if legacy_rounding() else [s.decode for s in out.scheduled]
+    num_decodes = 0 if max_spec else leading_one_token_steps([1 if d else 2 for d in decodes])
     meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints, lora=lora,
                            **uploaded)
     token_starts = cu[:-1]                              # from the host values: no device read

@@ -80,7 +80,7 @@ class DecodeGraphs:
             block_table=torch.full((b, self.max_pages), self.scratch_row, dtype=torch.int32, device=dev),
             state_indices=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
             logits_indices=torch.arange(b, dtype=torch.long, device=dev),
-            max_q_len=1,
+            max_q_len=1, num_decodes=b,
         )
 
     def _capture(self, b: int) -> None:

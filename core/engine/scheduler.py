@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from k3.cache.block_pool import BlockPool
+from k3.dtypes import legacy_rounding
 from k3.cache.prefix import PrefixCache
 
 from .media import tokens_to_encode
@@ -86,6 +87,13 @@ class ScheduledRequest:
             return [0]
         start = self.request.num_computed_tokens
         return (self.request.all_token_ids + self.spec_tokens)[start: start + self.num_new_tokens]
+
+    @property
+    def decode(self) -> bool:
+        """One generated token (not a prompt chunk, not a verify step): a decode, which the layers
+        run on their decode path (`ForwardMetadata.num_decodes`)."""
+        r = self.request
+        return self.num_new_tokens == 1 and (self.lookahead or r.num_computed_tokens >= len(r.prompt_token_ids))
 
     @property
     def completes(self) -> bool:
@@ -269,9 +277,11 @@ class Scheduler:
         if self.prefix_cache is not None:
             for s in out.scheduled:
                 s.checkpoints = self._plan_checkpoints(s.request, s.num_new_tokens)
-        # one-token steps first (ForwardMetadata.num_decodes): layers run them on their decode
-        # path, so a decode's arithmetic does not depend on prefill chunks sharing its batch
-        out.scheduled.sort(key=lambda s: s.num_new_tokens != 1)
+        # decodes first (ForwardMetadata.num_decodes): layers run them on their decode path and the
+        # prompt chunks (of one token too) on the prefill path, so neither depends on the other
+        # sharing its batch (K3_LEGACY_ROUNDING: every one-token step first, as before issue 32)
+        legacy = legacy_rounding()
+        out.scheduled.sort(key=lambda s: not (s.decode or (legacy and s.num_new_tokens == 1)))
         return out
 
     # ----------------------------------------------------------------- prefix caching

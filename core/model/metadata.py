@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k3.dtypes import legacy_rounding
 from k3.plugin.types import KDA_STATE_LAYOUTS
 
 
@@ -118,13 +119,17 @@ class ForwardMetadata:
                     any valid page (reads past seq_lens are masked).
     state_indices:  [N] int64, KDA state row of each sequence.
     logits_indices: [M] int64, tokens whose logits are computed.
-    max_q_len:      host int, most new tokens of any sequence (1: a pure decode step).
-    num_decodes:    host int: the first num_decodes sequences each compute one token (a decode
-                    step, or a one-token prompt chunk) and verify no drafts, so a layer may run
-                    them on its decode path and the rest on its prefill path
-                    (`split_decodes`); 0 when the builder does not order them so. The engine
-                    schedules one-token steps first, so a decode's arithmetic does not depend
-                    on whether prefill chunks share its batch.
+    max_q_len:      host int, most new tokens of any sequence.
+    num_decodes:    host int: the first num_decodes sequences are decodes (each computes one
+                    generated token) and verify no drafts, so a layer runs them on its decode
+                    path and the rest, prompt chunks (of one token too), on its prefill path
+                    (`split_decodes`); a call is DECODE when every sequence is one. The engine
+                    schedules decodes first and a prompt's tokens never take the decode path, so
+                    neither a decode's nor a prompt token's arithmetic depends on what shares its
+                    batch (issue 32: a one-token prompt chunk, which prefix caching leaves, took
+                    the decode path in a crowd and the prefill path alone). Builders of
+                    one-token steps that are all decodes set it to N (`build`, decode graphs,
+                    the batch-invariant token steps).
     spec:           SpecMetadata, or None when no sequence verifies drafts.
     checkpoints:    CheckpointMetadata, or None when no KDA state is saved mid-call.
     lora:           LoRAMetadata, or None when no row of the call uses a LoRA adapter.
@@ -149,7 +154,7 @@ class ForwardMetadata:
     def mode(self) -> ForwardMode:
         if self.spec is not None:
             return ForwardMode.VERIFY
-        if self.max_q_len == 1:
+        if self.max_q_len == 1 and (self.num_decodes == self.num_seqs or legacy_rounding()):
             return ForwardMode.DECODE
         if 0 < self.num_decodes < self.num_seqs:
             return ForwardMode.MIXED
@@ -185,18 +190,18 @@ class ForwardMetadata:
         ckpt = self.checkpoints
         none = self.logits_indices[:0]
 
-        def part(cut: slice, cu: torch.Tensor, max_q_len: int) -> "ForwardMetadata":
+        def part(cut: slice, cu: torch.Tensor, max_q_len: int, decodes: int) -> "ForwardMetadata":
             return ForwardMetadata(
                 input_ids=self.input_ids[cut], positions=self.positions[cut], cu_seqlens=cu,
                 context_lens=self.context_lens[cut], slot_mapping=self.slot_mapping[cut],
                 block_table=self.block_table[cut], state_indices=self.state_indices[cut], logits_indices=none,
-                max_q_len=max_q_len, num_decodes=d if max_q_len == 1 else 0,
+                max_q_len=max_q_len, num_decodes=decodes,
                 checkpoints=None if ckpt is None else ckpt.rows(cut),
                 lora=None if self.lora is None else self.lora.rows(cut))
 
         head, tail = slice(0, d), slice(d, None)
-        return [(head, part(head, self.cu_seqlens[: d + 1], 1)),
-                (tail, part(tail, self.cu_seqlens[d:] - d, self.max_q_len))]
+        return [(head, part(head, self.cu_seqlens[: d + 1], 1, d)),
+                (tail, part(tail, self.cu_seqlens[d:] - d, self.max_q_len, 0))]
 
     def sequences(self, lo: int, hi: int) -> tuple[slice, "ForwardMetadata"]:
         """(tokens, metadata) of sequences lo .. hi - 1 of a call that verifies no drafts, for a
@@ -213,7 +218,7 @@ class ForwardMetadata:
             cu_seqlens=self.cu_seqlens[lo: hi + 1] - bounds[0], context_lens=self.context_lens[seqs],
             slot_mapping=self.slot_mapping[cut], block_table=self.block_table[seqs],
             state_indices=self.state_indices[seqs], logits_indices=self.logits_indices[:0], max_q_len=max(lens),
-            num_decodes=leading_one_token_steps(lens), checkpoints=None if ckpt is None else ckpt.rows(seqs),
+            num_decodes=max(0, min(self.num_decodes, hi) - lo), checkpoints=None if ckpt is None else ckpt.rows(seqs),
             lora=None if self.lora is None else LoRAMetadata(self.lora.token_slots[cut], self.lora.seq_slots[seqs]))
 
     @classmethod

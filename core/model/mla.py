@@ -2,8 +2,10 @@
 
 The latent `[c | k_pe]` (and the DSA index key) of each new token is written into the paged
 cache at its position, then queries attend over the cached context: the absorbed (MQA) form
-when every sequence brings one token (decode) and for every query under DSA (each reads its own
-selection of rows), the expanded (MHA) form for dense prefill and chunked prefill. A mixed batch
+when every sequence brings one generated token (decode), for speculative verification and for
+every query under DSA (each reads its own selection of rows), the expanded (MHA) form for dense
+prefill and chunked prefill. The two forms round a bf16 model's intermediates at different
+points, so the form follows a token's role, never its batch (issue 32). A mixed batch
 runs its decodes and its prefill chunks on their own paths (`ForwardMetadata.split_decodes`).
 Latents and index keys are replicated across tensor-parallel ranks. Under decode context
 parallelism each rank stores only its tokens' records and every query runs on
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
-from k3.dtypes import compute_dtype
+from k3.dtypes import compute_dtype, legacy_rounding
 from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
 from k3.plugin.tables import KernelSet
 
@@ -219,17 +221,21 @@ class MLAMixer(K3Module):
                                 keys_written=exchange is not None)
         scale = cfg.mla_softmax_scale
         decode = meta.mode is ForwardMode.DECODE
-        if decode or topk is not None:
-            # decode (no host sync), and DSA's sparse prefill and verify: absorbed MQA over the
-            # paged cache, reading each query's own selection (k rows, not the whole context), as
-            # DeepSeek V3.2's sparse attention does for prefill too
+        verify = meta.mode is ForwardMode.VERIFY and not legacy_rounding()
+        if decode or verify or topk is not None:
+            # decode (no host sync), verify, and DSA's sparse prefill: absorbed MQA over the paged
+            # cache (under DSA each query reads its own selection, k rows, not the whole context,
+            # as DeepSeek V3.2's sparse attention does for prefill too). Verify takes the decode
+            # path so that a sequence's token rounds the same whether or not another sequence of
+            # its batch verifies drafts (the expanded form rounds keys and values, the absorbed
+            # one the query: issue 32)
             w_uk, w_uv = self.absorbed_weights() if kv_b is None else ref.mla_absorb_weights(
                 kv_b, num_heads=self.num_heads, qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim)
             kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)
             return k.mla.decode(q[..., :dn], q[..., dn:], kv_pages, table, meta.seq_lens,
                                 w_uk, w_uv, scale=scale, cu_seqlens_q=None if decode else meta.cu_seqlens,
                                 kv_cache_scale=kv_scale, topk_indices=topk)
-        # dense prefill and verify: expanded MHA over each sequence's whole context
+        # dense prefill: expanded MHA over each sequence's whole context
         rows, cu_kv = gather_sequences(view.pages, meta.block_table, meta.seq_lens)
         if view.scale is not None:             # fp8 or nvfp4 rows
             rows = decode_latent_rows(k, view, rows, x.dtype)

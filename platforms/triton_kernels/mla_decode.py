@@ -16,6 +16,15 @@ first (the reference selects a position once). A split whose share is empty retu
 The number of splits depends only on the batch (enough programs to fill the device, at most
 MAX_SPLITS), not on the block table's width, so the partial results take t x H x splits x R
 floats however long max_model_len is (a CUDA graph captured for a padded table keeps them).
+
+The softmax runs in base 2 with its running maximum rounded up to a whole number: p =
+2^(s log2(e) - m) with m an integer, so every rescaling of the running sums is an exact power of
+two and the bf16 (or tf32) rounding of p before the product with the latents is the same
+whichever split a position falls in and whatever maximum that split has seen (a power of two
+commutes with rounding). With the maximum itself subtracted (the usual form) p was rounded
+relative to each split's own maximum, so a query's result changed with the split count, that is
+with its batch company (issue 32); now splits differ only in fp32 summation order. K3_LEGACY_ROUNDING
+(`rounding.legacy`) restores the split-relative form for the before/after measurement.
 """
 
 from __future__ import annotations
@@ -29,9 +38,12 @@ import triton.language as tl
 from k3.platforms.torch_kernels import mla_decode as torch_decode
 from k3.platforms.torch_kernels.mla_selection import query_positions, unique_selection
 
+from . import rounding
+
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 MAX_SPLITS = 64
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -41,6 +53,7 @@ def _mla_split_kernel(
     H, NUM_SEL, SPLITS, scale, kv_scale_ptr,
     PAGE: tl.constexpr, R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_LEN: tl.constexpr, SPARSE: tl.constexpr, IEEE: tl.constexpr, NATIVE: tl.constexpr,
+    WHOLE_MAX: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -97,11 +110,14 @@ def _mla_split_kernel(
                 else:
                     scores = tl.dot(q_lat, tl.trans(k_lat), input_precision="tf32")
                     scores += tl.dot(q_pe, tl.trans(k_pe), input_precision="tf32")
-            scores = tl.where(valid[None, :], scores * scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, 1))
+            scores = tl.where(valid[None, :], scores * scale, float("-inf"))             # in log2 units
+            block_max = tl.max(scores, 1)
+            if WHOLE_MAX:                   # a whole number: p rounds the same in every split (module docstring)
+                block_max = tl.ceil(block_max)
+            m_new = tl.maximum(m, block_max)
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)                        # nothing allowed yet
-            alpha = tl.exp(m - shift)
-            p = tl.exp(scores - shift[:, None])
+            alpha = tl.exp2(m - shift)
+            p = tl.exp2(scores - shift[:, None])
             total = total * alpha + tl.sum(p, 1)
             if NATIVE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k_lat) * kv_scale
@@ -112,14 +128,14 @@ def _mla_split_kernel(
             m = m_new
     safe = tl.where(total > 0, total, 1.0)
     tl.store(o_ptrs, acc / safe[:, None], mask=mask_h[:, None])
-    tl.store(lse_ptrs, tl.where(total > 0, m + tl.log(safe), float("-inf")), mask=mask_h)
+    tl.store(lse_ptrs, tl.where(total > 0, m + tl.log2(safe), float("-inf")), mask=mask_h)    # log2
 
 
 @triton.jit
 def _merge_splits_kernel(o_ptr, lse_ptr, out_ptr, s_ot, s_oh, s_os, s_lt, s_lh, T, SPLITS,
                          R: tl.constexpr, S_PAD: tl.constexpr, R_CHUNK: tl.constexpr, HI_LO: tl.constexpr):
-    """The splits of (query t, head h) = program (0, 1) merged by their log-sum-exp, as the torch
-    merge does (weights exp(lse - max), all-empty rows to zero): out [T, H, R] fp32, or with HI_LO
+    """The splits of (query t, head h) = program (0, 1) merged by their log-sum-exp (base 2), as the
+    torch merge does (weights 2^(lse - max), all-empty rows to zero): out [T, H, R] fp32, or with HI_LO
     the result as two 16-bit parts hi + lo (out's dtype) at out[h, t] and out[h, T + t] of an
     [H, 2T, R] operand, ready for one per-head product with w_uv."""
     t = tl.program_id(0).to(tl.int64)
@@ -129,7 +145,7 @@ def _merge_splits_kernel(o_ptr, lse_ptr, out_ptr, s_ot, s_oh, s_os, s_lt, s_lh, 
     lse = tl.load(lse_ptr + t * s_lt + h * s_lh + splits, mask=present, other=float("-inf"))
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)      # every split empty: all weights exp(-inf) = 0
-    weight = tl.exp(lse - top)                                                     # [S_PAD]
+    weight = tl.exp2(lse - top)                                                    # [S_PAD]
     inv_total = 1.0 / tl.maximum(tl.sum(weight, 0), 1.1754943508222875e-38)        # clamp_min(fp32 tiny)
     for c0 in tl.static_range(0, R, R_CHUNK):
         cols = c0 + tl.arange(0, R_CHUNK)
@@ -217,15 +233,16 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
             q_full, kv_cache, block_table, lens, seq_of, q_pos, selection if selection is not None else lens, o_part,
             lse, q_full.stride(0), q_full.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
             selection.stride(0) if selection is not None else 0, *o_part.stride()[:3], lse.stride(0), lse.stride(1),
-            h, positions, splits, float(scale), kv_scale,
+            h, positions, splits, float(scale) * LOG2E, kv_scale,
             PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=block_n, SPLIT_LEN=split_len, SPARSE=selection is not None,
             IEEE=q_nope.dtype == torch.float32 if ieee is None else bool(ieee), num_warps=8 if r >= 256 else 4,
             NATIVE=operands == "native" and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+            WHOLE_MAX=not rounding.legacy(),
         )
     if merge == "triton" and t:
         return _merge_then_absorb(o_part, lse, w_uv, q_nope.dtype)
     top = lse.amax(-1, keepdim=True)
-    weight = torch.exp(lse - torch.where(torch.isfinite(top), top, 0.0))                     # [T, H, S]
+    weight = torch.exp2(lse - torch.where(torch.isfinite(top), top, 0.0))                    # [T, H, S]
     out_lat = (weight[..., None] * o_part).sum(2) / weight.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
     if out_lat.dtype != w_uv.dtype and w_uv.dtype in (torch.bfloat16, torch.float16):
         # the fp32 latent as two 16-bit parts (hi + lo holds it to about 2^-16), each multiplied

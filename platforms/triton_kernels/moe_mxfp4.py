@@ -22,11 +22,12 @@ nothing here but keeps batches off the "dequant" mode, which reads the expert co
 Four ways to multiply (the `mode` launch option):
   - "gemv" (bf16 batches of up to GEMV_MAX_TOKENS tokens on a GPU, the default there; any
     activation dtype): moe_mxfp4_gemv.py, one program per (token, choice) and 32 weight rows (4 a
-    thread) on the CUDA cores, for decode steps where an expert sees a token or two; bf16
-    activations are scaled per 32 columns into fp16 and multiplied two at a time (fp16x2);
-  - "gemv_grouped" (bf16 activations): moe_mxfp4_gemv_grouped.py, the gemv's fp16x2 products with
-    each weight tile loaded and decoded once for up to `group_tokens` pairs of its expert (pairs
-    grouped by expert on the device, as below); equal bit for bit to "gemv";
+    thread) on the CUDA cores, for decode steps where an expert sees a token or two; products
+    summed in fp32 (its fp16x2 form, `half=True`, sums a group's products in fp16: issue 32);
+  - "gemv_grouped" (bf16 activations, experimental): moe_mxfp4_gemv_grouped.py, the gemv's fp16x2
+    products with each weight tile loaded and decoded once for up to `group_tokens` pairs of its
+    expert (pairs grouped by expert on the device, as below); equal bit for bit to the fp16x2 gemv
+    as served before issue 32, so it does not round where the other modes do;
   - "dot_scaled" (bf16 activations on a GPU, the default there above GEMV_MAX_TOKENS): `tl.dot_scaled` with the E2M1
     codes and E8M0 scales as they are stored; Triton upcasts them to bf16 in registers (exact:
     every MXFP4 value is a bf16) and multiplies on the tensor cores with fp32 accumulation;
@@ -52,7 +53,8 @@ import triton.language as tl
 from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, rounding
+from .rounding import round_to
 from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, expert_tile_grid, gated_activation
 from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_kernels.moe_mxfp4.expert_tiles)
 
@@ -124,7 +126,8 @@ def _gate_up_kernel(
     s_x, s_pe, s_pr, s_se, s_sr, s_act,
     TOPK, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, MODE: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, ROUND_ACT: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -140,7 +143,8 @@ def _gate_up_kernel(
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
         acc_u = _rows_times_tokens(p13_ptr, s13_ptr, e, I + col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_u,
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
-    out = gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA)      # [BLOCK_N, BLOCK_T]
+    acc_g, acc_u = round_to(acc_g, ROUND_PRODUCTS), round_to(acc_u, ROUND_PRODUCTS)    # the gate/up products
+    out = round_to(gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA), ROUND_ACT)
     tl.store(act_ptr + choice[None, :] * s_act + col[:, None], out.to(act_ptr.dtype.element_ty),
              mask=mask_t[None, :] & mask_n[:, None])
 
@@ -149,8 +153,8 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, p2_ptr, s2_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
     s_act, s_pe, s_pr, s_se, s_sr, s_y,
-    L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr, ROUND_ACT: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -163,6 +167,7 @@ def _down_kernel(
         acc = _rows_times_tokens(p2_ptr, s2_ptr, e, row, mask_n, act_ptr, choice, s_act, mask_t, k0, acc,
                                  s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
     w = tl.load(weight_ptr + choice, mask=mask_t, other=0.0)
+    acc = round_to(acc, ROUND_PRODUCTS)                                                # the down product
     tl.store(y_ptr + choice[None, :] * s_y + row[:, None], acc * w[None, :], mask=mask_t[None, :] & mask_n[:, None])
 
 
@@ -227,12 +232,13 @@ PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: lar
 def launch_options(t: int, mode: str) -> dict:
     """Tile sizes by batch and mode: the fastest of bench/moe_mxfp4.py's sweep on the H200 at
     k3-slice dimensions (BENCHMARKS.md): gemv 32 rows (4 a thread) x 512 columns on 4 warps, the
-    fp16x2 form summing a group's four code words in fp16 (122 us at one token, 1,452 at 16; the
-    fp32-product form's best 147 / 1,697);
+    served in the fp32-product form (147 us at one token, 1,697 at 16, its best in the ninth
+    session; the fp16x2 form summing a group's four code words in fp16 took 122 / 1,452 but rounds
+    where no other mode does: issue 32);
     for the tensor-core modes 64 rows x 128 columns for one token, 128 x 64 on 8 warps above;
     dot_scaled prefill batches (PREFILL_TOKENS and up) 64 tokens x 128 rows a tile on 4 warps, 4 stages
     (T=1024: 10.1 ms vs 18.1 ms with the 16-token tiles; T=8192: 66.3 vs 136.8 ms)."""
-    if mode == "gemv":      # fp16x2 products (bf16 activations): fastest at 1-32 tokens, prefetch slower
+    if mode == "gemv":      # the fastest at 1-16 tokens (prefetch was slower for the fp16x2 form; not re-swept)
         return dict(block_t=1, block_n=32, block_k=512, num_warps=4, stages=1, row_split=4, prefetch=False, chain=4)
     if mode == "gemv_grouped":      # the gemv's served form, group_tokens pairs a tile; slower than the served
         #                             modes at every swept batch (BENCHMARKS.md, 2026-12-04), so experimental only
@@ -255,7 +261,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     of two, halved until it divides L and I), num_warps, stages (the software-pipeline depth),
     row_split (gemv: weight rows each thread holds, sharing its activation loads), prefetch
     (gemv: each step's weights loaded one step ahead), half (gemv: fp16x2 products on scaled
-    fp16 activations; None: for bf16 activations), chain (gemv's fp16x2 form: code words summed in
+    fp16 activations; None: only under K3_LEGACY_ROUNDING, for bf16 activations), chain (gemv's fp16x2 form: code words summed in
     fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
     fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950),
     group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8):
@@ -309,8 +315,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
-    common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k,
-                  num_warps=num_warps, **({"num_stages": stages} if stages else {}))
+    legacy = rounding.legacy()
+    common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
+                  ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
+                  BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     tiles = tile_expert.numel()
     _gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
         x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act,

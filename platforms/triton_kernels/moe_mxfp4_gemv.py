@@ -42,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreted
+from . import interpreted, rounding
+from .rounding import round_to
 from .moe_mxfp4_common import e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, gated_activation, half_group_scales
 from .moe_mxfp4_gemv_half import _half_planes_kernel, _half_step_sums, _pair_plane_index
 
@@ -168,9 +169,9 @@ def gate_up_kernel(
     x_ptr, x_unscale_ptr, p13_ptr, s13_ptr, ids_ptr, act_ptr, act_unscale_ptr,
     s_x, s_xu, s_pe, s_pr, s_se, s_sr, s_act, s_au,
     TOPK, expert_start, E_LOCAL, beta, linear_beta,
-    L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
+    L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ROUND_ACT: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     if local:
@@ -180,19 +181,20 @@ def gate_up_kernel(
                             STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
         u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
                             s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
+        g, u = round_to(g, ROUND_PRODUCTS), round_to(u, ROUND_PRODUCTS)                  # the gate/up products
         store_activation_row(gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA), col0,
                              act_ptr + n * s_act, act_unscale_ptr + n * s_au, n >= 0, I, BLOCK_N, SPLIT, HALF,
-                             ACT_BF16)
+                             ROUND_ACT)
 
 
 @triton.jit
 def store_activation_row(out, col0, row_ptr, unscale_ptr, valid, I: tl.constexpr, BLOCK_N: tl.constexpr,
-                         SPLIT: tl.constexpr, HALF: tl.constexpr, ACT_BF16: tl.constexpr):
-    """A program's gate/up activations out [RB, U] (columns col0 + `_block_rows`) stored as the
-    down kernel reads them, at row_ptr (and, with HALF, the group unscales at unscale_ptr);
+                         SPLIT: tl.constexpr, HALF: tl.constexpr, ROUND_ACT: tl.constexpr):
+    """A program's gate/up activations out [RB, U] (columns col0 + `_block_rows`), rounded to the
+    model's 16-bit dtype (ROUND_ACT, `rounding.round_to`: where every variant rounds them), stored
+    as the down kernel reads them, at row_ptr (and, with HALF, the group unscales at unscale_ptr);
     nothing is stored unless valid (a scalar)."""
-    if ACT_BF16:                                          # as the reference rounds them in a bf16 model
-        out = out.to(tl.bfloat16).to(tl.float32)
+    out = round_to(out, ROUND_ACT)
     col = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
     if HALF:            # the down kernel's input: fp16 pair planes, a power-of-two scale per 32 columns
         group = (col - col0) // 32
@@ -215,6 +217,7 @@ def down_kernel(
     expert_start, E_LOCAL,
     L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
     SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     row = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
@@ -223,6 +226,7 @@ def down_kernel(
         out = _rows_dot_token(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, L, act_ptr + n * s_act,
                               act_unscale_ptr + n * s_au, I, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N,
                               PREFETCH, HALF, CHAIN, ASM)
+        out = round_to(out, ROUND_PRODUCTS)                                               # the down product
         tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
     else:                                                 # another rank's expert: contributes nothing
         tl.store(y_ptr + n * s_y + row, tl.zeros(row.shape, dtype=tl.float32), mask=mask_n)
@@ -260,18 +264,26 @@ def word_aligned(w13, w2) -> bool:
 
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
-                    block_n, block_k, num_warps, stages=1, split=1, prefetch=False, half=None, chain=4):
+                    block_n, block_k, num_warps, stages=1, split=1, prefetch=False, half=None, chain=4,
+                    legacy=None):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
     launches and the sum over choices (one launch, cast included).
 
-    half (None: bf16 activations): fp16x2 products on scaled fp16 pair planes
-    (`_half_step_sums`; block_n a multiple of 32), chain its words per fp32 sum (1 or 4);
-    else fp32 products on activation planes in x's dtype (bf16 / fp16) or fp32."""
+    A 16-bit model's gate/up products, activations and down products are rounded to its dtype,
+    where every variant of the entry rounds them (`rounding`), and products are summed in fp32.
+    half (None: only under `legacy`, for bf16 activations): fp16x2 products on scaled fp16 pair
+    planes (`_half_step_sums`; block_n a multiple of 32), chain its words per fp32 sum (1 or 4):
+    the products are exact but each half's 16 products of a group are summed in fp16, a rounding
+    no other variant makes (issue 32); else fp32 products on activation planes in x's dtype
+    (bf16 / fp16) or fp32.
+    legacy (None: `rounding.legacy()`): the pre-issue-32 rounding (fp16x2 by default for bf16,
+    only the activations rounded, to bf16 only)."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
-    half = x.dtype == torch.bfloat16 if half is None else half
+    legacy = rounding.legacy() if legacy is None else legacy
+    half = (legacy and x.dtype == torch.bfloat16) if half is None else half
     if half and (block_n % 32 or chain not in (1, 4)):
         raise ValueError(f"gemv: the fp16x2 form needs block_n a multiple of 32 (got {block_n}) and chain 1 or 4 "
                          f"(got {chain})")
@@ -287,22 +299,24 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
         act_words = act.view(torch.int32)
     else:
         # Planes in the narrowest dtype that holds them exactly: a bf16 / fp16 model's x as it is, and
-        # the activation rows in bf16 when the kernel rounds them to bf16 (a bf16 model), else fp32.
+        # the activation rows in the dtype the kernel rounds them to (a 16-bit model's), else fp32.
         plane_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16) else torch.float32
         x_planes = x.to(plane_dtype).view(t, l // 8, 8).transpose(1, 2).contiguous()   # [T, 8, L/8]
         x_unscale = x_planes                                                            # (not read)
-        act_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+        rounded = x.dtype == torch.bfloat16 if legacy else rounding.round_code(x.dtype) > 0
+        act_dtype = x.dtype if rounded else torch.float32
         act = act_words = torch.empty(t * topk, 8, inter // 8, dtype=act_dtype, device=x.device)
         act_unscale = act                                                               # (not read)
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
+    code = rounding.round_code(x.dtype)
     form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=half,
-                CHAIN=chain, ASM=not interpreted(), num_warps=num_warps)
+                CHAIN=chain, ASM=not interpreted(), ROUND_PRODUCTS=0 if legacy else code, num_warps=num_warps)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
         x_planes, x_unscale, w13.packed, w13.scales, ids, act, act_unscale,
         x_planes.stride(0), x_unscale.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
         act_unscale.stride(0), topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
-        ACT_BF16=x.dtype == torch.bfloat16, **form,
+        ROUND_ACT=(1 if x.dtype == torch.bfloat16 else 0) if legacy else code, **form,
     )
     down_kernel[(t * topk, triton.cdiv(l, block_n))](
         act_words, act_unscale, w2.packed, w2.scales, ids, weights, y,

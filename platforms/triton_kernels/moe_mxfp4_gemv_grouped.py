@@ -110,19 +110,19 @@ def _rows_dot_pairs(packed_ptr, scales_ptr, e, row0, N, src_ptr, s_src, unscale_
 @triton.jit
 def _store_gated(g, u, i: tl.constexpr, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au,
                  beta, linear_beta, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr,
-                 ACT_BF16: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+                 ROUND_ACT: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     """Slot i's gated activations into its pair's activation row (if the slot holds a pair)."""
     n = _pair(order_ptr, first, n_valid, i)
     store_activation_row(gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA), col0,
                          act_ptr + n * s_act, act_unscale_ptr + n * s_au, i < n_valid, I, BLOCK_N, SPLIT, True,
-                         ACT_BF16)
+                         ROUND_ACT)
 
 
 @triton.jit
 def gate_up_kernel(
     x_ptr, x_unscale_ptr, p13_ptr, s13_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
     act_ptr, act_unscale_ptr, s_x, s_xu, s_pe, s_pr, s_se, s_sr, s_act, s_au, TOPK, beta, linear_beta,
-    L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ACT_BF16: tl.constexpr,
+    L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ROUND_ACT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SPLIT: tl.constexpr, CHAIN: tl.constexpr,
     ASM: tl.constexpr, TOKENS: tl.constexpr,
 ):
@@ -136,24 +136,24 @@ def gate_up_kernel(
             p13_ptr, s13_ptr, e, I + col0, 2 * I, x_ptr, s_x, x_unscale_ptr, s_xu, order_ptr, first, n_valid, TOPK,
             L, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N, CHAIN, ASM, TOKENS)
         _store_gated(g0, u0, 0, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                     linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                     linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
         if TOKENS > 1:
             _store_gated(g1, u1, 1, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
         if TOKENS > 2:
             _store_gated(g2, u2, 2, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
             _store_gated(g3, u3, 3, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
         if TOKENS > 4:
             _store_gated(g4, u4, 4, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
             _store_gated(g5, u5, 5, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
             _store_gated(g6, u6, 6, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
             _store_gated(g7, u7, 7, order_ptr, first, n_valid, col0, act_ptr, act_unscale_ptr, s_act, s_au, beta,
-                         linear_beta, I, SITU, HAS_LINEAR_BETA, ACT_BF16, BLOCK_N, SPLIT)
+                         linear_beta, I, SITU, HAS_LINEAR_BETA, ROUND_ACT, BLOCK_N, SPLIT)
 
 
 @triton.jit
@@ -223,7 +223,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
         x_planes, x_unscale, w13.packed, w13.scales, *grouping, act, act_unscale,      # act: stored as fp16
         x_planes.stride(0), x_unscale.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2],
         act.stride(0), act_unscale.stride(0), topk, float(beta or 1.0), float(linear_beta or 1.0),
-        L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None, ACT_BF16=True, **form,
+        L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None, ROUND_ACT=1, **form,
     )
     down_kernel[(tiles, triton.cdiv(l, block_n))](
         act_words, act_unscale, w2.packed, w2.scales, *grouping, weights, y,

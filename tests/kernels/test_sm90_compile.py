@@ -40,8 +40,8 @@ def test_every_kernel_compiles_for_sm90():
         assert {(kernel, "dot_scaled_n64_k128_t16"), (kernel, "dot_scaled_n128_k64_t16")} <= set(compiled)
     assert compiled[("moe_down", "dot_scaled_n128_k64_t16")] == 0
     assert compiled[("moe_dequant", "bf16_L3584")] == 0
-    for tile in ("gemv_n32_k512_w4_s1_u4_fp16x2_c4", "gemv_n32_k512_w4_s1_u4"):    # the gemv tiles served (bf16,
-        assert compiled[("moe_gate_up", tile)] == 0 and compiled[("moe_down", tile)] == 0   # fp32 / fp16)
+    for tile in ("gemv_n32_k512_w4_s1_u4", "gemv_n32_k512_w4_s1_u4_fp16x2_c4"):    # the gemv tile served, and its
+        assert compiled[("moe_gate_up", tile)] == 0 and compiled[("moe_down", tile)] == 0   # fp16x2 form (legacy)
     assert compiled[("kda_recurrent", "verify_states_u_bv32")] == 0
     assert compiled[("kda_chunked_recurrence", "C64_K128_bv32_w8")] == 0        # the launched tile: no spills
     assert compiled[("kda_intra_chunk", "C64_K128_w4_s16_d16")] <= 64             # the launched tile: 24 B

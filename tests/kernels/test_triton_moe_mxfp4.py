@@ -457,7 +457,8 @@ def test_gemv_fp16x2_form_holds_groups_of_any_magnitude(chain, monkeypatch):
     x = x.bfloat16()
     kw = {"activation": "silu"}
     _nan_poisoned_empty(monkeypatch, gemv)
-    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="gemv", block_n=64, block_k=64, chain=chain, **kw)
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="gemv", block_n=64, block_k=64, chain=chain, half=True,
+                                 **kw)
     monkeypatch.undo()
     want = ref.experts_forward(x.double(), w13, w2, weights.double(), ids, **kw)
     assert got.isfinite().all()
@@ -471,12 +472,13 @@ def test_gemv_fp16x2_form_propagates_nan_and_checks_its_options():
     w13, w2 = _experts(2, 32, 64, g)
     x, ids, weights = torch.randn(2, 64, generator=g).bfloat16(), torch.tensor([[0], [1]]), torch.ones(2, 1)
     x[1, 5] = float("nan")
-    got = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_k=64)
+    got = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_k=64, half=True)
     assert got[0].isfinite().all() and got[1].isnan().any()
     with pytest.raises(ValueError, match="multiple of 32"):
-        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_n=16, row_split=1)
+        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", block_n=16, row_split=1,
+                               half=True)
     with pytest.raises(ValueError, match="chain 1 or 4"):
-        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", chain=2)
+        kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode="gemv", chain=2, half=True)
 
 
 def test_hfma2_emulation_rounds_as_the_instruction():
@@ -499,8 +501,8 @@ def test_hfma2_emulation_rounds_as_the_instruction():
 
 def test_gemv_grouped_equals_the_gemv_bit_for_bit(monkeypatch):
     """The gemv_grouped mode decodes each weight tile once for up to 8 pairs of its expert and must
-    give exactly the gemv mode's fp16x2 result (same steps, same order: issue 32's variants that
-    round at the same points). 10 tokens all name expert 1 (a tile of 8 and a part-filled one:
+    give exactly the gemv mode's fp16x2 result as it was served before issue 32 (same steps, same
+    order; K3_LEGACY_ROUNDING restores that form of the gemv). 10 tokens all name expert 1 (a tile of 8 and a part-filled one:
     every slot of the unrolled kernel and the masked ones), one token names expert 2 twice, and
     this rank holds experts 1-3 of 4 (expert 0's pairs belong to no tile: their rows stay zero).
     NaN-poisoned buffers: every activation row a tile owns is written."""
@@ -516,7 +518,9 @@ def test_gemv_grouped_equals_the_gemv_bit_for_bit(monkeypatch):
     x = torch.randn(t, l, generator=g).bfloat16()
     kw = {"activation": "situ", "beta": 4.0, "linear_beta": 8.0, "expert_start": 1, "block_n": 32, "block_k": 32,
           "row_split": 4, "chain": 4}
+    monkeypatch.setenv("K3_LEGACY_ROUNDING", "1")
     want = kernel.experts_forward(x, local13, local2, weights, ids, mode="gemv", **kw)
+    monkeypatch.delenv("K3_LEGACY_ROUNDING")
     _nan_poisoned_empty(monkeypatch, grouped)
     got = kernel.experts_forward(x, local13, local2, weights, ids, mode="gemv_grouped", group_tokens=8, **kw)
     monkeypatch.undo()

@@ -61,10 +61,17 @@ def test_every_device_session_phase_fits_one_call():
     body = text[text.index('case $phase in'):]
     phases = re.findall(r"^(\w+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
     assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
-                                            "tune", "vision", "collectives"}
+                                            "tune", "vision", "collectives", "amd", "company"}
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
         assert limits and sum(limits) < 600, (name, limits)
+
+
+def test_bf16_batch_company_smoke(tmp_path):
+    """Alone vs in a crowd, before and after (K3_LEGACY_ROUNDING): every run reports its splits."""
+    result = _smoke("bf16_batch_company.py", tmp_path)
+    assert [(r["rounding"], r["of"]) for r in result["runs"]] == [("after", 3), ("before", 3)]
+    assert all("error" not in r and r["differing"] == len(r["splits"]) <= 3 for r in result["runs"])
 
 
 def test_ep_all_to_all_smoke(tmp_path):

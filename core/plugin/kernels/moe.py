@@ -57,7 +57,10 @@ class Experts(Protocol):
     E_local): other ids contribute nothing, so the ranks' outputs sum to the full result.
     activation "situ" (beta required, linear_beta optional) or "silu". Matmuls, activation and
     the weighted sum in the compute dtype, one cast at the end: returns `[T, L]` x.dtype, this
-    rank's partial sum. dense_dispatch=False may read the used experts on the host;
+    rank's partial sum. A kernel for a 16-bit model may also round the gate/up products, the
+    activation and each choice's down product to x.dtype (as the dense FFN does; grouped 16-bit
+    GEMMs must), but then in every variant it picks (batch size, dispatch): a token's result may
+    depend on its batch only through fp32 accumulation order (docs/batch-invariance.md). dense_dispatch=False may read the used experts on the host;
     dense_dispatch=True must not synchronise with the host (decode, graph capture); same result.
     """
 
