@@ -94,11 +94,24 @@ def executed_on(platform, entry: str) -> str:
 
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     impl = implementation(platform, entry)
-    triton = not impl.startswith(("reference", "torch_kernels")) and impl != "engine (every served entry)"
     if impl == "engine (every served entry)":
-        triton = any(not implementation(platform, e).startswith(("reference", "torch_kernels"))
+        triton = any(_k3_triton_served(platform, e)
                      for e, plugin in platform.kernels.providers.items() if plugin != "reference")
+    else:
+        triton = _k3_triton_served(platform, entry)
     return platform.info.device + (" (Triton interpreter)" if interpreted and triton else "")
+
+
+def _k3_triton_served(platform, entry: str) -> bool:
+    """Whether a k3 Triton kernel (k3.platforms.triton_kernels or a vendor's wrapper) serves the
+    entry: a k3.platforms function outside torch_kernels. A third-party plugin's own function
+    is not assumed to be Triton."""
+    try:
+        fn = resolve_entry(platform.kernels, entry)
+    except AttributeError:
+        return False
+    module = getattr(getattr(fn, "func", fn), "__module__", "") or ""
+    return module.startswith("k3.platforms.") and not module.startswith("k3.platforms.torch_kernels")
 
 
 def named_outputs(case, result, inputs: Inputs) -> dict[str, Any]:
