@@ -14,8 +14,8 @@ import importlib
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels,
-                       hookimpl)
+from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels, MLAKernels,
+                       MoEKernels, hookimpl)
 
 from . import capabilities, detect, experimental
 
@@ -100,3 +100,8 @@ def k3_attn_res_kernels():
 @hookimpl
 def k3_elementwise_kernels():
     return _kernel_table("elementwise", ElementwiseKernels)
+
+
+@hookimpl
+def k3_lora_kernels():
+    return _kernel_table("lora", LoRAKernels)
