@@ -4,8 +4,10 @@ Backs detection, capabilities, serving defaults, conformance expectations, CUDA-
 the symmetric-memory all-reduce (symm_mem.py, opt-in) and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
-falls back to the reference plugin's pure-torch kernels on device "cuda". A platform plugin's
-hooks are asked only while its platform is selected, so none checks the platform name.
+falls back to the reference plugin's pure-torch kernels on device "cuda". In the batch-invariant
+mode every kernel hook serves a full table marked batch invariant (invariant.py: its invariant
+Triton kernels and the torch invariant set). A platform plugin's hooks are asked only while its
+platform is selected, so none checks the platform name.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import importlib
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels, MLAKernels,
-                       MoEKernels, hookimpl)
+from k3.plugin import (AttnResKernels, DenseKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels,
+                       MLAKernels, MoEKernels, QuantKernels, hookimpl)
 
 from . import capabilities, detect, experimental
 
@@ -72,36 +74,56 @@ def _kernel_table(family: str, table):
     return table(**entries) if entries else None
 
 
-@hookimpl
-def k3_kda_kernels():
-    return _kernel_table("kda", KDAKernels)
+def _tables(family: str, table, batch_invariant: bool):
+    """The family's table: in the batch-invariant mode every entry, marked (invariant.py), else
+    `_kernel_table`'s."""
+    if batch_invariant:
+        from . import invariant
+
+        return invariant.table(family)
+    return _kernel_table(family, table)
 
 
 @hookimpl
-def k3_moe_kernels():
-    return _kernel_table("moe", MoEKernels)
+def k3_kda_kernels(batch_invariant):
+    return _tables("kda", KDAKernels, batch_invariant)
 
 
 @hookimpl
-def k3_mla_kernels():
-    return _kernel_table("mla", MLAKernels)
+def k3_moe_kernels(batch_invariant):
+    return _tables("moe", MoEKernels, batch_invariant)
 
 
 @hookimpl
-def k3_indexer_kernels():
-    return _kernel_table("indexer", IndexerKernels)
+def k3_mla_kernels(batch_invariant):
+    return _tables("mla", MLAKernels, batch_invariant)
 
 
 @hookimpl
-def k3_attn_res_kernels():
-    return _kernel_table("attn_res", AttnResKernels)
+def k3_indexer_kernels(batch_invariant):
+    return _tables("indexer", IndexerKernels, batch_invariant)
 
 
 @hookimpl
-def k3_elementwise_kernels():
-    return _kernel_table("elementwise", ElementwiseKernels)
+def k3_attn_res_kernels(batch_invariant):
+    return _tables("attn_res", AttnResKernels, batch_invariant)
 
 
 @hookimpl
-def k3_lora_kernels():
-    return _kernel_table("lora", LoRAKernels)
+def k3_elementwise_kernels(batch_invariant):
+    return _tables("elementwise", ElementwiseKernels, batch_invariant)
+
+
+@hookimpl
+def k3_lora_kernels(batch_invariant):
+    return _tables("lora", LoRAKernels, batch_invariant)
+
+
+@hookimpl
+def k3_quant_kernels(batch_invariant):
+    return _tables("quant", QuantKernels, batch_invariant)
+
+
+@hookimpl
+def k3_dense_kernels(batch_invariant):
+    return _tables("dense", DenseKernels, batch_invariant)
