@@ -26,17 +26,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv >> "$log" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$log" 2>&1
 
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
-        return
-    fi
-    echo "::: $name" | tee -a "$log"
-    local start=$SECONDS
-    timeout "$limit" "$@" >> "$log" 2>&1
-    echo "::: $name exit $? after $((SECONDS - start)) s" | tee -a "$log"
-}
+source bench/device_steps.sh
 
 step conformance-bitwise 170 python3 -m k3 conformance --platform nvidia --tier full -k batch_invariance_bitwise \
     --report "$OUT/conf_bi"

@@ -84,46 +84,20 @@ def _tables(family: str, table, batch_invariant: bool):
     return _kernel_table(family, table)
 
 
-@hookimpl
-def k3_kda_kernels(batch_invariant):
-    return _tables("kda", KDAKernels, batch_invariant)
+def _hook(family: str, table):
+    @hookimpl
+    def hook(batch_invariant):
+        return _tables(family, table, batch_invariant)
+
+    return hook
 
 
-@hookimpl
-def k3_moe_kernels(batch_invariant):
-    return _tables("moe", MoEKernels, batch_invariant)
-
-
-@hookimpl
-def k3_mla_kernels(batch_invariant):
-    return _tables("mla", MLAKernels, batch_invariant)
-
-
-@hookimpl
-def k3_indexer_kernels(batch_invariant):
-    return _tables("indexer", IndexerKernels, batch_invariant)
-
-
-@hookimpl
-def k3_attn_res_kernels(batch_invariant):
-    return _tables("attn_res", AttnResKernels, batch_invariant)
-
-
-@hookimpl
-def k3_elementwise_kernels(batch_invariant):
-    return _tables("elementwise", ElementwiseKernels, batch_invariant)
-
-
-@hookimpl
-def k3_lora_kernels(batch_invariant):
-    return _tables("lora", LoRAKernels, batch_invariant)
-
-
-@hookimpl
-def k3_quant_kernels(batch_invariant):
-    return _tables("quant", QuantKernels, batch_invariant)
-
-
-@hookimpl
-def k3_dense_kernels(batch_invariant):
-    return _tables("dense", DenseKernels, batch_invariant)
+k3_kda_kernels = _hook("kda", KDAKernels)
+k3_moe_kernels = _hook("moe", MoEKernels)
+k3_mla_kernels = _hook("mla", MLAKernels)
+k3_indexer_kernels = _hook("indexer", IndexerKernels)
+k3_attn_res_kernels = _hook("attn_res", AttnResKernels)
+k3_elementwise_kernels = _hook("elementwise", ElementwiseKernels)
+k3_lora_kernels = _hook("lora", LoRAKernels)
+k3_quant_kernels = _hook("quant", QuantKernels)
+k3_dense_kernels = _hook("dense", DenseKernels)

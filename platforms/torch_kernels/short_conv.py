@@ -37,23 +37,10 @@ def short_conv(
     cu_seqlens: torch.Tensor | None = None,
     activation: str | None = "silu",
     checkpoint_offsets: Sequence[int] | torch.Tensor | None = None,
+    silu: Callable[[torch.Tensor], torch.Tensor] = F.silu,
 ) -> ShortConvOut:
-    """`ShortConv`: every window as W shifted slices of the history and the inputs."""
-    return short_conv_with(F.silu, x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
-                           checkpoint_offsets=checkpoint_offsets)
-
-
-def short_conv_with(
-    silu: Callable[[torch.Tensor], torch.Tensor],
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    conv_state: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    activation: str | None = "silu",
-    checkpoint_offsets: Sequence[int] | torch.Tensor | None = None,
-) -> ShortConvOut:
-    """`short_conv` with `silu` as the SiLU (the batch-invariant kernels pass their own)."""
+    """`ShortConv`: every window as W shifted slices of the history and the inputs. silu: the
+    SiLU to apply (an option: the batch-invariant kernels pass their own)."""
     checked = check_conv_inputs("short_conv", x, weight, conv_state, cu_seqlens, activation, checkpoint_offsets)
     weight, bounds, offsets = checked.weight, checked.bounds, checked.offsets               # weight [C, W]
     (B, T, C), N, W = x.shape, len(bounds), weight.shape[1]

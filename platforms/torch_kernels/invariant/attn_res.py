@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from k3.dtypes import compute_dtype
+from k3.reference.attn_res import attn_res_with
 from k3.plugin.kernels import AttnResOut
 
 from k3.ops_helpers import invariant as p
@@ -29,16 +30,7 @@ def mix(sources: torch.Tensor, query: torch.Tensor, *, eps: float) -> torch.Tens
 def step(prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor, *, query: torch.Tensor,
          num_visible_blocks: int, write_index: int | None, eps: float, out_norm_weight: torch.Tensor | None,
          out_eps: float) -> AttnResOut:
-    """`AttnResStep`: add, write the block, mix, norm (the reference's four steps)."""
-    if delta is not None:
-        prefix = (prefix + delta).to(prefix.dtype)
-    if write_index is not None:
-        blocks[:, write_index] = prefix
-    if num_visible_blocks == 0:
-        h = prefix
-    else:
-        sources = torch.cat([blocks[:, :num_visible_blocks].transpose(0, 1), prefix.unsqueeze(0)], dim=0)
-        h = mix(sources, query, eps=eps)
-    if out_norm_weight is not None:
-        h = rms_norm(h, out_norm_weight, out_eps)
-    return AttnResOut(h, prefix)
+    """`AttnResStep`: the reference's four steps (add, write the block, mix, norm) with this
+    module's mix and the invariant RMSNorm."""
+    return attn_res_with(mix, rms_norm, prefix, delta, blocks, query=query, num_visible_blocks=num_visible_blocks,
+                         write_index=write_index, eps=eps, out_norm_weight=out_norm_weight, out_eps=out_eps)

@@ -24,7 +24,7 @@ from k3.dtypes import compute_dtype, upcast
 from k3.ops_helpers import checkpoint_offsets_per_sequence, prepare_kda_inputs
 from k3.plugin.kernels import KDAChunkedOut, KDARecurrentOut, ShortConvOut
 
-from ..short_conv import short_conv_with
+from ..short_conv import short_conv as torch_short_conv
 from k3.ops_helpers import invariant as p
 from .elementwise import gated_rms_norm, l2_norm
 
@@ -50,8 +50,8 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, *, conv_state: torch.Tenso
                cu_seqlens: torch.Tensor | None = None, activation: str | None = "silu",
                checkpoint_offsets: Sequence[int] | torch.Tensor | None = None) -> ShortConvOut:
     """`ShortConv`: each window's taps summed in tap order (elementwise), `pointwise` SiLU."""
-    return short_conv_with(p.silu, x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
-                           checkpoint_offsets=checkpoint_offsets)
+    return torch_short_conv(x, weight, conv_state=conv_state, cu_seqlens=cu_seqlens, activation=activation,
+                            checkpoint_offsets=checkpoint_offsets, silu=p.silu)
 
 
 def _step(S, q, k, v, g, beta):
