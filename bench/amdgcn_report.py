@@ -37,7 +37,7 @@ STAGES = ("ttir", "ttgir", "llir", "amdgcn", "hsaco")
 # 3xTF32 tensor-core recurrence are NVIDIA's)
 SERVED = {"kda_decode", "kda_recurrent", "kda_chunked_recurrence", "kda_intra_chunk", "short_conv", "moe_gate_up",
           "moe_down", "moe_dequant", "router", "attn_res", "mla_decode", "mla_merge", "indexer_decode",
-          "indexer_prefill", "rms_norm", "glu"}
+          "indexer_decode_mxfp4", "indexer_prefill", "rms_norm", "glu"}
 METADATA = {"vgprs": "vgpr_count", "sgprs": "sgpr_count", "agprs": "agpr_count", "vgpr_spills": "vgpr_spill_count",
             "sgpr_spills": "sgpr_spill_count", "scratch_bytes": "private_segment_fixed_size"}
 
@@ -47,7 +47,8 @@ METADATA = {"vgprs": "vgpr_count", "sgprs": "sgpr_count", "agprs": "agpr_count",
 LAUNCHED = {
     "kda_decode": {"w4_statefirst1_bv16"}, "kda_chunked_recurrence": {"C64_K128_bv16_w8"},
     "kda_intra_chunk": {"C64_K128_w4_s16_d16"},
-    "mla_decode": {"kvbf16_native", "kvfp8e4nv_native", "kvfp8e4b8_native"},
+    # 16 positions a step (archs.py): gfx942's fp8 pages are FNUZ, which the reference op serves
+    "mla_decode": {"gfx950": {"kvbf16_native_n16", "kvfp8e4nv_native_n16"}, "gfx942": {"kvbf16_native_n16"}},
     "moe_gate_up": {"gfx950": {"dot_scaled_n64_k128_t16", "dot_scaled_n128_k64_t16", "dot_scaled_n128_k64_t64",
                                "decode_n64_k128_t16", "decode_n128_k64_t16"},
                     "gfx942": {"decode_n64_k128_t16", "decode_n128_k64_t16"}},
@@ -89,6 +90,8 @@ def for_target(arch_name: str, name: str, variant: str, fn, types: dict, constex
     if name in ("moe_gate_up", "moe_down") and cx.get("MODE") == 1:      # fp32 / fp16 batches (gfx942: all)
         return [(name, f"decode_n{n}_k{k}_t{t}", fn, types, dict(cx, BLOCK_N=n, BLOCK_T=t, BLOCK_K=k), w)
                 for n, t, k, w in DECODE_TILES]
+    if name == "mla_decode" and cx.get("NATIVE"):                       # the AMD launch table's BLOCK_N too
+        return [(name, variant, fn, types, cx, warps), (name, f"{variant}_n16", fn, types, dict(cx, BLOCK_N=16), warps)]
     return [(name, variant, fn, types, cx, warps)]
 
 

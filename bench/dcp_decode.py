@@ -21,7 +21,10 @@ And, in one process over simulated ranks (`wire`: the DSA indexer's top-`--wire-
 query over `--wire-context` tokens, fp32 scores from a normal distribution, `--wire-rows` rows),
 for W = 2, 4, 8, the bytes one rank sends per query: the lossless two-word format
 (`k3.model.dcp_topk`: 8 bytes a candidate) against the one-word format (4 bytes), round 1 alone
-and with the resend and exact rounds, and how many rows took each round.
+and with the resend and exact rounds, and how many rows took each round; for normal scores and
+for the tie worst case (`scores` "allequal": every score equal; "halfequal": half the tokens
+tied at the cut-off), where every rank resends and the one-word format's exact round sends
+`topk` lossless words a row.
 
 Run: python3 bench/dcp_decode.py --out bench/results/dcp-decode-cpu-DATE.json
 Smoke (CI): python3 bench/dcp_decode.py --smoke --out /tmp/dcp.json (W = 1, 2; 40 tokens).
@@ -103,13 +106,17 @@ def run(world: int, args: dict, work: Path) -> list[dict]:
     return [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(world)]
 
 
-def wire_rows(topk: int, context: int, rows: int, worlds=(2, 4, 8)) -> list[dict]:
+def wire_rows(topk: int, context: int, rows: int, worlds=(2, 4, 8), scores_kind: str = "normal") -> list[dict]:
     """The top-k's bytes per query per rank, lossless two-word against one-word candidates
-    (simulated ranks in one process; fp32 scores, seed 0)."""
+    (simulated ranks in one process; fp32 scores, seed 0): "normal" scores, or the tie worst
+    case ("allequal", "halfequal": `tie_worst_case_scores`, every score at the cut-off tied
+    across ranks)."""
     from k3.model.dcp_topk import candidate_count, simulate_distributed_topk
-    from k3.model.dcp_topk_packed import gathered_selection, simulate_packed_topk
+    from k3.model.dcp_topk_packed import gathered_selection, simulate_packed_topk, tie_worst_case_scores
 
-    scores = torch.randn(rows, context, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    scores = (torch.randn(rows, context, generator=g) if scores_kind == "normal"
+              else tie_worst_case_scores(scores_kind, rows, context, topk, g).float())
     out = []
     for world in worlds:
         lossless = simulate_distributed_topk(scores, topk=topk, world=world)
@@ -119,7 +126,7 @@ def wire_rows(topk: int, context: int, rows: int, worlds=(2, 4, 8)) -> list[dict
         out.append({"dcp": world, "candidates": c, "round1_lossless_bytes": c * 8, "round1_packed_bytes":
                     packed[0].round1_bytes / rows, "total_lossless_bytes": lossless.wire_bytes / rows,
                     "total_packed_bytes": packed[0].wire_bytes / rows, "resent_rows": packed[0].resent_rows,
-                    "tie_rows": packed[0].tie_rows, "rows": rows})
+                    "tie_rows": packed[0].tie_rows, "rows": rows, "scores": scores_kind})
     return out
 
 
@@ -167,14 +174,16 @@ def main() -> None:
               "context": ns.context, "steps": ns.steps, "batch": ns.batch, "device": "cpu (gloo)",
               "planner_bytes_per_token": planner, "runs": runs,
               "wire": {"topk": ns.wire_topk, "context": ns.wire_context,
-                       "rows": wire_rows(ns.wire_topk, ns.wire_context, ns.wire_rows)}}
+                       "rows": [r for kind in ("normal", "allequal", "halfequal")
+                                for r in wire_rows(ns.wire_topk, ns.wire_context, ns.wire_rows, scores_kind=kind)]}}
     Path(ns.out).write_text(json.dumps(result, indent=1))
     for r in runs:
         print(f"DCP {r['dcp']}: decode step {r['decode_step_ms']:.2f} ms, stored "
               f"{r['stored_bytes_per_token_per_rank']:.1f} B/token/rank (planner {r['planner_bytes_per_token_per_rank']:.1f}), "
               f"resent rows {r['resent_rows']}, tokens equal DCP 1: {r['tokens_equal_dcp1']}", file=sys.stderr)
     for r in result["wire"]["rows"]:
-        print(f"top-{ns.wire_topk} of {ns.wire_context} at DCP {r['dcp']}: round 1 {r['round1_lossless_bytes']} -> "
+        print(f"top-{ns.wire_topk} of {ns.wire_context} ({r['scores']} scores) at DCP {r['dcp']}: round 1 "
+              f"{r['round1_lossless_bytes']} -> "
               f"{r['round1_packed_bytes']:.0f} B/query/rank; all rounds {r['total_lossless_bytes']:.0f} -> "
               f"{r['total_packed_bytes']:.0f} B (rows resent {r['resent_rows']}, exact-round rows {r['tie_rows']} "
               f"of {r['rows']})", file=sys.stderr)

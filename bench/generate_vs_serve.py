@@ -56,6 +56,15 @@ def start_server(checkpoint: Path, args) -> tuple[subprocess.Popen, str]:
     raise SystemExit("k3 serve did not start within 300 s")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a server start_server started (SIGINT, then kill after 30 s)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def serve_tpot(url: str, max_tokens: int) -> tuple[float, int]:
     body = {"model": "m", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "logprobs": 0}
@@ -118,11 +127,7 @@ def main() -> int:
                 print(f"repeat {i + 1}/{args.repeats}: generate {gen[-1] * 1000:.2f} ms, serve {srv[-1] * 1000:.2f} ms "
                       "a token", file=sys.stderr)
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
     g, s = statistics.median(gen), statistics.median(srv)
     report = {"benchmark": "generate_vs_serve", "preset": args.preset, "dtype": args.dtype,
               "platform": platform_name, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

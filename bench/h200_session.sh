@@ -33,9 +33,27 @@
 #     gemv, tensor-core tiles), the moe and model conformance cases with it switched on
 #     (experimental moe_experts_grouped), and k3-slice decode at 1 / 4 / 16 / 64 requests with the
 #     served set and with it (ONLY="k3-slice-served k3-slice-grouped" for the second half alone);
+#   bash bench/h200_session.sh vision                       (about 5 minutes)
+#     issue 30: image chat through the OpenAI client against `k3 serve` on the nvidia platform
+#     (a random k3-tiny checkpoint with its tiny tower; bench/vision_serve_check.py exits 1 and
+#     names the failed check otherwise), then TTFT with one 448 px and one 896 px image on
+#     k3-slice with the full K3 tower (random weights drawn on the GPU) against the same prompt
+#     without the image and a text prompt of the same length (bench/vision_ttft.py). Needs the
+#     server's wheels in `.whl` (docs/vision.md lists them);
+#   bash bench/h200_session.sh amd                          (about 5 minutes)
+#     issue 25: the amd plugin's kernel tables with gfx942's and gfx950's launch options run on the
+#     H200 against the reference (bench/amd_tables_cuda.py: the configurations' numerics, not AMD
+#     code generation; then gfx950's tables under the model cases), and the IPC all-gather's
+#     device path (CUDA IPC handles, peer memory,
+#     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
+#   bash bench/h200_session.sh collectives                  (about 2 minutes; every GPU of the machine)
+#     the NVIDIA plugin's symmetric-memory all-reduce and all-gather against NCCL
+#     (bench/symm_mem_allreduce.py: answers checked first, exit 1 on a difference; with one GPU
+#     an API check, with 2-8 the speed against NCCL), then the conformance collectives cases
+#     through them (K3_NVIDIA_SYMM_MEM=1; skipped by `multi_device` with one GPU).
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
@@ -44,8 +62,9 @@
 set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped" >&2
+      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
+      && $phase != amd ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -117,6 +136,27 @@ moe-grouped)
         --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    ;;
+vision)
+    step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \
+        --out "$OUT/vision_serve-h200.json"
+    step vision-ttft-k3-slice 200 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia --dtype bfloat16 \
+        --side 448 --repeats 5 --out "$OUT/vision_ttft-k3slice-448-h200.json"
+    step vision-ttft-k3-slice-896 150 python3 bench/vision_ttft.py --preset k3-slice --platform nvidia \
+        --dtype bfloat16 --side 896 --repeats 5 --out "$OUT/vision_ttft-k3slice-896-h200.json"
+    ;;
+collectives)
+    gpus=$(nvidia-smi -L | wc -l)
+    step symm-mem 240 python3 bench/symm_mem_allreduce.py --out "$OUT/symm-mem-h200x$gpus-$(date +%F).json"
+    step conformance-collectives 240 env K3_NVIDIA_SYMM_MEM=1 \
+        python3 -m k3 conformance --platform nvidia -k collectives --report "$OUT/conf_collectives"
+    rm -f "$OUT/conf_collectives/report.md"
+    ;;
+amd)
+    step amd-tables-gfx942 150 python3 bench/amd_tables_cuda.py --arch gfx942 --out "$OUT/amd_tables_gfx942.json"
+    step amd-tables-gfx950 150 python3 bench/amd_tables_cuda.py --arch gfx950 --out "$OUT/amd_tables_gfx950.json"
+    step amd-tables-models 180 python3 bench/amd_tables_cuda.py --arch gfx950 --models --out "$OUT/amd_tables_models.json"
+    step ipc-allgather 60 python3 bench/ipc_allgather.py --ranks-per-gpu 2 --out "$OUT/ipc_allgather.json"
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

@@ -4,10 +4,18 @@
 #   bash bench/ppu_h200.sh conformance     (k3 conformance --platform ppu, forced on cuda: the
 #                                           compiled entries and model.graph_decode run there)
 #     -> $OUT/ppu-h200/report.json, report.md: commit as conformance/reports/ppu-h200/
-#   bash bench/ppu_h200.sh bench           (bench/ppu_backend.py: about 6 minutes, progress on stderr)
-#     -> $OUT/ppu_backend-h200.json: bench/results/, rows in BENCHMARKS.md
-# PPU_BENCH_ARGS adds arguments to the bench (e.g. "--no-compile", "--compile-step",
-# "--variants ppu nvidia"). The bench stops starting phases after --budget-s (330 s).
+#   bash bench/ppu_h200.sh bench           (bench/ppu_backend.py: the MoE microbenchmark, then the
+#                                           ppu / nvidia / naive engines; about 7 minutes)
+#     -> $OUT/ppu_backend-h200.json, bench.log: bench/results/, rows in BENCHMARKS.md
+#   bash bench/ppu_h200.sh profile         (bench/ppu_profile.py: kernel times by name and by
+#                                           module of decode steps at 1 and 64 requests and of
+#                                           one 8K prefill, one ppu engine; about 3 minutes)
+#     -> $OUT/ppu_profile-h200.json, profile.log
+#   bash bench/ppu_h200.sh variants        (optional: ppu_eager (nothing compiled, what a PPU
+#                                           runs), ppu_mxfp4 (expert cache off), reference_table)
+#     -> $OUT/ppu_variants-h200.json, variants.log
+# PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
+# The bench starts no phase after --budget-s (480 s) and rewrites its JSON after every phase.
 set -uo pipefail
 phase=${1:-}
 : "${OUT:=./ppu-h200-out}"
@@ -25,8 +33,19 @@ bench)
     timeout 560 python3 bench/ppu_backend.py --out "$OUT/ppu_backend-h200.json" ${PPU_BENCH_ARGS:-} \
         2>&1 | tee "$OUT/bench.log" | grep -E '^\[|Error|error'
     ;;
+profile)
+    # shellcheck disable=SC2086
+    timeout 560 python3 bench/ppu_profile.py --out "$OUT/ppu_profile-h200.json" ${PPU_PROFILE_ARGS:-} \
+        2>&1 | tee "$OUT/profile.log" | grep -E '^==|^ +[0-9.]+ us|expert cache|Error|error' | head -150
+    ;;
+variants)
+    # shellcheck disable=SC2086
+    timeout 560 python3 bench/ppu_backend.py --no-moe --variants ppu_eager ppu_mxfp4 reference_table \
+        --concurrency 1 16 64 --out "$OUT/ppu_variants-h200.json" ${PPU_BENCH_ARGS:-} \
+        2>&1 | tee "$OUT/variants.log" | grep -E '^\[|Error|error'
+    ;;
 *)
-    echo "usage: bash bench/ppu_h200.sh conformance|bench" >&2
+    echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,7 @@
 """Decode throughput with and without a JSON-schema constraint (issue 29), k3-tiny, CPU or GPU.
 
     python bench/structured_output.py [--batches 1,16,64 --tokens 32 --dtype float32 --validate]
+        [--backend xgrammar|guidance] [--async-scheduling auto|on|off] [--speculative-config JSON]
 
 For each batch size B: B free requests (sampled, EOS ignored, `--tokens` each) and B requests
 constrained by a JSON schema (an array of at least `--tokens` digits, so none ends before
@@ -9,6 +10,13 @@ tokens/s of each and their ratio (the constraint's overhead: the host fills each
 bitmask after launching the forward; the device unpacks and applies it). `--validate` also
 runs the 200-request check of tests/unit/structured (20 schemas x 10 seeds: every output
 validates with jsonschema and finishes with "stop"). `--smoke`: one small batch.
+
+`--backend` picks the grammar backend (`guidance`: llguidance), `--async-scheduling` the
+engine's scheduling (auto: on where decode graphs are captured without speculation), and
+`--speculative-config` (vLLM's JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 3}')
+runs both kinds under speculative decoding, constrained requests drafted for and verified
+against their grammar; the speculation counters of the timed runs are reported per batch.
+`--validate` then also checks the 200 requests under that configuration.
 """
 
 from __future__ import annotations
@@ -32,6 +40,16 @@ def rate(llm, params) -> tuple[float, int]:
     seconds = time.perf_counter() - start
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return tokens / seconds, tokens
+
+
+def spec_delta(before: dict, after: dict) -> dict:
+    """Speculation counters between two snapshots: verify steps, drafted, accepted and
+    grammar-refused tokens, and the accepted tokens per verify step."""
+    keys = ("spec_verify_steps_total", "spec_draft_tokens_total", "spec_accepted_tokens_total",
+            "spec_grammar_refused_drafts_total")
+    d = {k.removeprefix("spec_").removesuffix("_total"): after[k] - before[k] for k in keys}
+    d["accepted_per_verify"] = round(d["accepted_tokens"] / d["verify_steps"], 3) if d["verify_steps"] else 0.0
+    return d
 
 
 def validate(llm) -> dict:
@@ -67,6 +85,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--validate", action="store_true")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per kind (the best is reported)")
+    ap.add_argument("--backend", default="xgrammar", help="grammar backend: xgrammar, guidance (llguidance)")
+    ap.add_argument("--async-scheduling", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--speculative-config", default=None, metavar="JSON")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -77,7 +98,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = init_checkpoint(args.preset, Path(tmp) / "ckpt", progress=False)
         llm = k3.LLM(str(ckpt), dtype=args.dtype, load_progress=False, max_num_seqs=max(batches),
-                     kv_cache_memory_gib=0.25)
+                     kv_cache_memory_gib=0.25, structured_outputs_backend=args.backend,
+                     async_scheduling={"auto": None, "on": True, "off": False}[args.async_scheduling],
+                     speculative_config=args.speculative_config)
         schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
                   "minItems": tokens}
         so = k3.StructuredOutputsParams(json=schema)
@@ -91,14 +114,20 @@ def main() -> None:
             # size compiles kernels / captures graphs), then the best of `--repeats` timed runs
             rate(llm, free)
             rate(llm, constrained)
+            before = llm.engine.spec_stats()
             free_rate, free_tokens = max(rate(llm, free) for _ in range(args.repeats))
+            between = llm.engine.spec_stats()
             so_rate, so_tokens = max(rate(llm, constrained) for _ in range(args.repeats))
             rows.append({"batch": b, "free_tokens_per_s": round(free_rate, 1),
                          "constrained_tokens_per_s": round(so_rate, 1), "ratio": round(so_rate / free_rate, 3),
                          "free_tokens": free_tokens, "constrained_tokens": so_tokens})
+            if before:
+                rows[-1]["spec_free"] = spec_delta(before, between)
+                rows[-1]["spec_constrained"] = spec_delta(between, llm.engine.spec_stats())
             print(json.dumps(rows[-1]), flush=True)
         result = {"preset": args.preset, "dtype": args.dtype, "device": str(llm.engine.device), "tokens": tokens,
-                  "rows": rows}
+                  "backend": args.backend, "async_scheduling": llm.engine.async_scheduling,
+                  "speculative_config": args.speculative_config, "rows": rows}
         if args.validate:
             result["validate"] = validate(llm)
             print(json.dumps(result["validate"]), flush=True)

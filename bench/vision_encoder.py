@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 
+from k3.presets import K3_VISION_CONFIG as _K3_TOWER
 from k3.presets import TINY_VISION_CONFIG
 from k3.vision import MoonViTConfig, MoonViTTower, init_vision_params
 from k3.vision.preprocess import image_to_patches
 
-# the published K3 vision tower (KimiK3VisionConfig defaults) feeding K3's 7168-wide text model
-K3_VISION_CONFIG = {**TINY_VISION_CONFIG, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
-                    "vt_num_attention_heads": 12, "vt_num_hidden_layers": 27, "vt_hidden_size": 1024,
-                    "vt_intermediate_size": 4096, "qkv_hidden_size": 1536, "text_hidden_size": 7168}
+# the published K3 vision tower feeding K3's 7168-wide text model
+K3_VISION_CONFIG = {**_K3_TOWER, "text_hidden_size": 7168}
 
 
 def tower_flops(c: MoonViTConfig, n: int) -> float:

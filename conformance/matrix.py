@@ -23,6 +23,17 @@ def cell(cases: list[dict]) -> str:
     return text + (f" ({', '.join(notes)})" if notes else "")
 
 
+def executed_on(cases: list[dict]) -> str:
+    """Where a report's items ran, with counts ("cpu (Triton interpreter): 280, cpu: 140"), from
+    the cases' `executed_on` (skipped items left out; reports older than that field: "not recorded")."""
+    counts: dict[str, int] = {}
+    for c in cases:
+        if c["status"] != "skipped":
+            where = c.get("executed_on") or "not recorded"
+            counts[where] = counts.get(where, 0) + 1
+    return ", ".join(f"{where}: {n}" for where, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "nothing ran"
+
+
 def _label(report: dict) -> str:
     device = report["device"]["name"] or report["platform"]["device"]
     return f"{report['platform']['name']} ({device}, {report['tier']})"
@@ -60,5 +71,6 @@ def merge(reports: list[dict]) -> str:
             lines.append(f"- stale expectation: `{e['case']}` dtype `{e['dtype']}` ({e['source']})")
         if not noted and not r.get("stale_expectations"):
             lines.append("- no failures, no expected failures")
+        lines.append(f"- executed on: {executed_on(r['cases'])}")
         lines.append("")
     return "\n".join(lines)

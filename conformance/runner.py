@@ -66,9 +66,24 @@ def implementation(platform, entry: str) -> str:
         return "engine (every served entry)"
     options = getattr(fn, "keywords", None)
     inner = getattr(fn, "func", fn)
-    name = f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
-    name = name.removeprefix("k3.platforms.").removeprefix("k3.")
-    return name + (f" [{', '.join(f'{k}={v!r}' for k, v in options.items())}]" if options else "")
+    name = _function_name(inner)
+    return name + (f" [{', '.join(f'{k}={_option(v)}' for k, v in options.items())}]" if options else "")
+
+
+def _function_name(fn) -> str:
+    """"module:qualname" of a function, without the k3 / k3.platforms prefix."""
+    name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return name.removeprefix("k3.platforms.").removeprefix("k3.")
+
+
+def _option(value) -> str:
+    """A bound launch option as the report shows it: a function by its name (an opt-in kernel's
+    `fallback`, with its own options), anything else by repr."""
+    if not callable(value):
+        return repr(value)
+    inner = getattr(value, "func", value)
+    options = getattr(value, "keywords", None)
+    return _function_name(inner) + (f"({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else "")
 
 
 def executed_on(platform, entry: str) -> str:

@@ -96,6 +96,16 @@ TINY_VISION_CONFIG: dict[str, Any] = {
 }
 
 
+# the published K3 tower (MoonViT-V2: 27 layers, width 1024, 12 heads of 128, MLP 4096, ~0.4B
+# parameters; the values third-party checks of the released config.json pin), in the same spelling;
+# `_nest` adds text_hidden_size (the text model's width)
+K3_VISION_CONFIG: dict[str, Any] = {
+    **TINY_VISION_CONFIG, "init_pos_emb_height": 64, "init_pos_emb_width": 64, "vt_num_attention_heads": 12,
+    "vt_num_hidden_layers": 27, "vt_hidden_size": 1024, "vt_intermediate_size": 4096, "qkv_hidden_size": 1536,
+    "mm_hidden_size": 1024,
+}
+
+
 def _nest(text: dict[str, Any], *, media_placeholder: int, vision: bool = True,
           vision_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wrap a text config as the published nested `kimi_k3` config."""
@@ -111,12 +121,8 @@ def _nest(text: dict[str, Any], *, media_placeholder: int, vision: bool = True,
     }
     if vision_config is not None:
         top["vision_config"] = {**copy.deepcopy(vision_config), "text_hidden_size": text["hidden_size"]}
-    elif vision:  # MoonViT tower (k3.vision builds it)
-        top["vision_config"] = {"model_type": "moonvit", "patch_size": 14, "init_pos_emb_height": 64,
-                                "init_pos_emb_width": 64, "num_attention_heads": 16,
-                                "num_hidden_layers": 27, "hidden_size": 1152,
-                                "intermediate_size": 4304, "merge_kernel_size": [2, 2],
-                                "text_hidden_size": text["hidden_size"]}
+    elif vision:  # K3's MoonViT tower (k3.vision builds it)
+        top["vision_config"] = {**copy.deepcopy(K3_VISION_CONFIG), "text_hidden_size": text["hidden_size"]}
     if top["quantization_config"] is None:
         del top["quantization_config"]
     return top

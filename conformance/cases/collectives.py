@@ -1,6 +1,8 @@
 """Collectives: the platform's `collectives()` (its ordered backends, torch.distributed last)
 against plain torch.distributed, in 2 processes on the platform's dist backend (gloo on the
-CPU). Every item of a session runs in one launch of the two workers (`launch`); all_gather
+CPU; on GPUs they need two devices, `multi_device`, and the report's provider names the backend
+that served each item, e.g. the NVIDIA plugin's symmetric-memory ones under
+K3_NVIDIA_SYMM_MEM=1). Every item of a session runs in one launch of the two workers (`launch`); all_gather
 and all_to_all_single (expert-parallel dispatch, against the rows each rank must receive) must
 be exact, all_reduce within the dtype's tolerance (summation order may differ), and every
 rank must get the same sum.
@@ -99,7 +101,8 @@ register(Case(
     "collectives.all_gather", "collectives", "collectives.all_gather", requires_for=_requires,
     samples=(Sample("2ranks_T33_D65_dim0", params={"shape": [33, 65], "dim": 0}),
              Sample("2ranks_T9_D64_dim-1", params={"shape": [9, 64], "dim": -1}),
-             Sample("2ranks_B2_T3_D16_dim1", params={"shape": [2, 3, 16], "dim": 1})),
+             Sample("2ranks_B2_T3_D16_dim1", params={"shape": [2, 3, 16], "dim": 1}),
+             Sample("2ranks_T8_D7168_dim0", params={"shape": [8, 7168], "dim": 0})),       # decode-sized
     doc="Concatenation in rank order: exact."))
 
 register(Case(

@@ -1,5 +1,5 @@
-"""Norms and activations (`ElementwiseKernels`): rms_norm, gated_rms_norm, layer_norm, l2_norm,
-glu_activation, sigmoid. Small-magnitude samples make eps matter; large ones saturate SiTU's caps."""
+"""Norms and activations (`ElementwiseKernels`): rms_norm, add_rms_norm, gated_rms_norm, layer_norm,
+l2_norm, glu_activation, sigmoid. Small-magnitude samples make eps matter; large ones saturate SiTU's caps."""
 
 from __future__ import annotations
 
@@ -32,6 +32,26 @@ register(Case(
         Sample("T1_D33_odd", _rms((1, 33))),
     ),
     doc="K3's RMSNorm: normalise in fp32, cast, then multiply by the weight."))
+
+
+def _add_rms(shape, *, scale=1.0):
+    def make(g, dtype):
+        x, residual = randn(g, shape, dtype, scale), randn(g, shape, dtype, 2.0 * scale)
+        return Inputs((x, residual, _weight(g, shape[-1], dtype), 1e-5))
+    return make
+
+
+register(Case(
+    "elementwise.add_rms_norm", "elementwise", "elementwise.add_rms_norm", reference=ref.add_rms_norm,
+    tolerances=TOL,
+    samples=(
+        Sample("T37_D64", _add_rms((37, 64))),
+        Sample("T9_D96_small_rms_eps_dominant", _add_rms((9, 96), scale=3e-3)),
+        Sample("T1_D33_odd", _add_rms((1, 33))),
+        Sample("T4_D2304_kimi_linear_width", _add_rms((4, 2304))),
+    ),
+    doc="The plain residual stream's add + RMSNorm (Kimi-Linear): the sum rounded to the residual's "
+        "dtype, then K3's RMSNorm; returns (normed, new residual)."))
 
 
 def _gated(shape, activation):

@@ -174,6 +174,8 @@ register(Case(
         Sample("fp8_N2_page8_lens3-17_Hi4_D32_few_heads", _paged_decode_scores((3, 17), 8, 4, 32, "fp8"),
                requires=("fp8",)),
         Sample("mxfp4_N2_page16_lens9-33_Hi4_D64", _paged_decode_scores((9, 33), 16, 4, 64, "mxfp4")),
+        # 68-byte MXFP4 keys at K3.1 Pro's width, heads the Triton kernel takes (indexer_decode_mxfp4.covers)
+        Sample("mxfp4_N2_page16_lens9-40_Hi16_D128_poisoned", _paged_decode_scores((9, 40), 16, 16, 128, "mxfp4")),
     ),
     doc="Decode scores over the index-key cache pages (fp8 or MXFP4) through the block table; "
         "poisoned slots past each sequence must be masked."))

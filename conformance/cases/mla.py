@@ -97,5 +97,8 @@ register(Case(
                _decode(seq_lens=(70, 130), page_size=64, h=2, r=512, dn=128, dr=64, dv=128)),
         Sample("dsa_topk128_N4_ps64_lens300-65-129-1_H4_R512_Dr64",
                _decode(seq_lens=(300, 65, 129, 1), page_size=64, topk=128, h=4, r=512, dn=128, dr=64, dv=128)),
+        # AMD's AITER MLA decode takes 16 or 128 heads: runs where it serves
+        Sample("aiter_dsa_topk64_N2_ps64_lens100-70_H16_R512_Dr64", _decode(
+            seq_lens=(100, 70), page_size=64, topk=64, h=16, r=512, dn=128, dr=64, dv=128), requires=("aiter",)),
     ),
     doc="Absorbed (MQA) MLA over a paged latent cache, no host sync; poisoned pages must not leak."))

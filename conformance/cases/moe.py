@@ -106,6 +106,9 @@ SAMPLES = [
     Sample("T1_E8_k3_L64_I64_mxfp4_single_token", _experts(1, 8, 3, 64, 64, mxfp4=True)),
     # a prefill chunk's size: plugins may switch strategy there (nvidia: dequantise each expert, cuBLAS)
     Sample("T8192_E8_k2_L64_I32_mxfp4_prefill_chunk", _experts(8192, 8, 2, 64, 32, mxfp4=True)),
+    # what AMD's AITER fused MoE takes (MXFP4 SiLU-GLU at widths of its tiles): runs where it serves
+    Sample("aiter_T4_E8_k2_L512_I256_mxfp4_silu", _experts(4, 8, 2, 512, 256, mxfp4=True, activation="silu"),
+           requires=("aiter",)),
 ]
 if "dense_dispatch" in inspect.signature(ref.experts_forward).parameters:
     SAMPLES.append(Sample("T6_E8_k2_L64_I32_mxfp4_dense_dispatch",

@@ -3,7 +3,8 @@
 usable = HBM per GPU x gpu_memory_utilization
 cache  = usable - weights per GPU (from the config and its quantisation, exact per rank;
                   `WeightTerms`: attention, routed experts, shared experts / dense,
-                  embedding + lm_head, other)
+                  embedding + lm_head, other; with the expert cache the routed MXFP4 experts
+                  count as the dense stacks `MoE.hold_experts_dense` holds, their planes freed)
                 - workspace (fixed 2 GiB + the prefill activations of the largest forward
                   the scheduler may run: max(max_num_batched_tokens, the adaptive limit of a
                   lone request), the AttnRes block bank included)
@@ -51,7 +52,8 @@ class WeightTerms:
     attention:         KDA and MLA mixers (the DSA indexer included) and MLA's absorbed decode
                        weights folded at load; sharded over TP (latent / index-key projections
                        replicated, as the model holds them)
-    routed_experts:    experts_per_rank routed experts (MXFP4 planes and their scales)
+    routed_experts:    experts_per_rank routed experts (MXFP4 planes and their scales, or the
+                       dense stacks of the expert cache)
     shared_dense:      the shared experts and the dense layers' MLPs; sharded over TP
     embedding_lm_head: the embedding and lm_head, vocabulary-sharded over TP
     other:             the router (fp32 gate, correction bias), the LatentMoE down / up
@@ -112,6 +114,7 @@ class CapacityReport:
     fits: bool = False                             # FITS_CRITERION
     fits_criterion: str = FITS_CRITERION
     suggested: dict | None = None                  # when it does not fit: the smallest fitting topology
+    expert_cache: bool = False                     # routed MXFP4 experts counted dense (the expert cache)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -125,12 +128,15 @@ class CapacityReport:
                         gpus_per_node=self.gpus_per_node)
 
 
-def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None) -> int:
+def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None, *,
+                         expert_cache_dtype: torch.dtype | None = None) -> int:
     """Exact bytes of one GPU's parameters and buffers once loaded (W4A16 experts dense, their
     packed planes freed), plus the weights the engine folds from them at load
     (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights); the sum of
-    `weight_terms_per_gpu`. expert_parallel_size: None, the experts split over TP."""
-    return weight_terms_per_gpu(cfg, tensor_parallel_size, expert_parallel_size).total
+    `weight_terms_per_gpu`. expert_parallel_size: None, the experts split over TP.
+    expert_cache_dtype: MXFP4 routed experts held dense in this dtype (the expert cache)."""
+    return weight_terms_per_gpu(cfg, tensor_parallel_size, expert_parallel_size,
+                                expert_cache_dtype=expert_cache_dtype).total
 
 
 _ROUTED = ("w13", "w13_packed", "w13_scale", "w2", "w2_packed", "w2_scale")
@@ -150,9 +156,10 @@ def _term_of(name: str) -> str:
     return "other"
 
 
-def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, int], int]:
-    """(bytes by part, routed experts held) of TP rank 0 as the model builds it, on the meta
-    device (nothing is allocated); memoised, the topology search asks for few TP sizes."""
+def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, int], int, int]:
+    """(bytes by part, routed experts held a layer, layers holding routed experts) of TP rank 0
+    as the model builds it, on the meta device (nothing is allocated); memoised, the topology
+    search asks for few TP sizes."""
     import json
 
     key = (json.dumps(cfg.to_dict(), sort_keys=True, default=str), tensor_parallel_size)
@@ -172,23 +179,29 @@ def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, 
         terms["attention"] += absorbed
         terms["other"] += model.model.folded_weight_bytes() - absorbed
         held = cfg.num_experts // tensor_parallel_size if cfg.num_experts else 0
-        _TP_TERMS[key] = (terms, held)
-    terms, held = _TP_TERMS[key]
-    return dict(terms), held
+        stack = ".block_sparse_moe.w2" + ("_packed" if cfg.experts_mxfp4 else "")      # one a routed-expert layer
+        layers = sum(name.endswith(stack) for name, _ in named)
+        _TP_TERMS[key] = (terms, held, layers)
+    terms, held, layers = _TP_TERMS[key]
+    return dict(terms), held, layers
 
 
-def weight_terms_per_gpu(cfg: K3Config, tensor_parallel_size: int,
-                         expert_parallel_size: int | None = None) -> WeightTerms:
+def weight_terms_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None, *,
+                         expert_cache_dtype: torch.dtype | None = None) -> WeightTerms:
     """One GPU's weights by part (see WeightTerms): everything but the routed experts as TP
     rank 0 holds it (every TP rank holds the same bytes), the routed experts num_experts / TP
-    of them without expert parallelism, num_experts / EP with it (every expert the same size)."""
+    of them without expert parallelism, num_experts / EP with it (every expert the same size).
+    expert_cache_dtype: MXFP4 experts held dense in this dtype (`MoE.hold_experts_dense`), 3 I L
+    elements each, instead of their planes."""
     topology = Topology(tensor_parallel_size=tensor_parallel_size, data_parallel_size=1,
                         expert_parallel_size=expert_parallel_size)
     per_rank = topology.experts_per_rank(cfg.num_experts)
-    terms, held = _tp_rank_terms(cfg, tensor_parallel_size)
+    terms, held, layers = _tp_rank_terms(cfg, tensor_parallel_size)
     if held:
-        per_expert, rest = divmod(terms["routed_experts"], held)
+        per_expert, rest = divmod(terms["routed_experts"], held)       # one expert of every MoE layer
         assert not rest, "routed experts of unequal sizes"
+        if expert_cache_dtype is not None and cfg.experts_mxfp4:
+            per_expert = layers * 3 * cfg.moe_intermediate_size * cfg.expert_hidden_size * expert_cache_dtype.itemsize
         terms["routed_experts"] = per_expert * per_rank
     return WeightTerms(**terms, experts_per_rank=per_rank)
 
@@ -250,9 +263,12 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                   max_model_len: int | None = None, block_size: int | None = None,
                   max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, num_speculative_tokens: int = 0,
                   kda_rollback: str = "states", prefix_caching: bool = False, kda_checkpoint_interval: int = 0,
-                  activation_dtype: str | None = None, alignment: int = 256) -> CapacityReport:
+                  activation_dtype: str | None = None, alignment: int = 256,
+                  expert_cache: bool = False) -> CapacityReport:
     """One GPU's and one engine's cache capacity under a topology (module docstring: every
     term). expert_parallel_size: None, off (experts split over TP); it must divide TP x DP.
+    expert_cache: the routed MXFP4 experts held dense in the activation dtype (the expert
+    cache, `k3.engine.expert_cache`), their planes freed.
     suggest: when the plan does not fit, search the smallest topology that does
     (`smallest_fitting_topology`, same memory per GPU, max-model-len and cache settings)."""
     tp, dcp = tensor_parallel_size, decode_context_parallel_size
@@ -276,7 +292,8 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         notes.append(f"block size {block_size} leaves attention rows {layout.state_bytes - layout.attention_bytes:,} "
                      "bytes short of a state: rows are sized for the state")
     usable = int(gpu_memory_bytes * gpu_memory_utilization)
-    terms = weight_terms_per_gpu(cfg, tp, topology.expert_parallel_size)
+    cache_dtype = torch_dtype(activation_dtype or cfg.dtype) if expert_cache else None
+    terms = weight_terms_per_gpu(cfg, tp, topology.expert_parallel_size, expert_cache_dtype=cache_dtype)
     weights = terms.total
     workspace = workspace_bytes(cfg, max_num_batched_tokens)
     cache = usable - weights - workspace
@@ -313,7 +330,8 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_len, block_size=block_size_arg,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             num_speculative_tokens=num_speculative_tokens, kda_rollback=kda_rollback, prefix_caching=prefix_caching,
-            kda_checkpoint_interval=kda_checkpoint_interval, activation_dtype=activation_dtype, alignment=alignment)
+            kda_checkpoint_interval=kda_checkpoint_interval, activation_dtype=activation_dtype, alignment=alignment,
+            expert_cache=expert_cache)
         suggested = found.to_dict() if found else None
     return CapacityReport(
         bytes_per_token_per_gpu=attention_bytes_per_token(cfg, kv_cache_dtype=kv_cache_dtype,
@@ -331,7 +349,8 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         notes=notes, data_parallel_size=topology.data_parallel_size,
         expert_parallel_size=topology.expert_parallel_size, nnodes=topology.nnodes,
         gpus_per_node=topology.gpus_per_node, world_size=topology.world_size, weight_terms=terms,
-        capacity_tokens_total=capacity * topology.data_parallel_size, fits=fits, suggested=suggested)
+        capacity_tokens_total=capacity * topology.data_parallel_size, fits=fits, suggested=suggested,
+        expert_cache=bool(cache_dtype is not None and cfg.experts_mxfp4))
 
 
 # The search stops here: no K3-architecture model needs more (K3 fits on 16 H200s).

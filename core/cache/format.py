@@ -30,6 +30,8 @@ class CacheFormat:
     block_size:        tokens per row (a power of two).
     alignment:         bytes every region and row is aligned to (the platform's).
     kda_state_layout:  "hkv" (canonical) or "hvk", how state rows store each head.
+    fp8_flavour:       the fp8 encoding of "fp8" latents: "e4m3fn" (OCP), or "e4m3fnuz" where the
+                       platform's matrix cores take that one (AMD gfx942).
     """
 
     activation_dtype: torch.dtype
@@ -39,6 +41,7 @@ class CacheFormat:
     block_size: int
     alignment: int = 256
     kda_state_layout: str = "hkv"
+    fp8_flavour: str = "e4m3fn"
 
     @classmethod
     def build(cls, cfg: K3Config, *, activation_dtype: torch.dtype | None = None, kv_cache_dtype: str = "auto",
@@ -46,7 +49,7 @@ class CacheFormat:
               platform=None) -> "CacheFormat":
         """Resolve the options (None / "auto": the checkpoint's dtype, latents as wide as the
         activations, the smallest block whose attention row holds a state); `platform` gives
-        the alignment and KDA state layout (default: 256 bytes, "hkv")."""
+        the alignment, KDA state layout and fp8 flavour (default: 256 bytes, "hkv", "e4m3fn")."""
         if index_cache_dtype not in INDEX_CACHE_DTYPES:
             raise ValueError(f"index cache dtype {index_cache_dtype!r}: expected one of "
                              f"{', '.join(INDEX_CACHE_DTYPES)}")
@@ -55,7 +58,8 @@ class CacheFormat:
         block = block_size or default_block_size(cfg, tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv,
                                                  index_cache_dtype=index_cache_dtype, activation_dtype=dtype_name(act))
         extra = {} if platform is None else {"alignment": platform.cache_alignment,
-                                             "kda_state_layout": platform.kda_state_layout}
+                                             "kda_state_layout": platform.kda_state_layout,
+                                             "fp8_flavour": _fp8_flavour(platform)}
         return cls(activation_dtype=act, kv_cache_dtype=kv, index_cache_dtype=index_cache_dtype,
                    tensor_parallel_size=tensor_parallel_size, block_size=block, **extra)
 
@@ -75,3 +79,9 @@ class CacheFormat:
     def state_dtype(self) -> torch.dtype:
         """KDA recurrent states and records: float32, float64 for a float64 model."""
         return torch.float64 if self.activation_dtype == torch.float64 else torch.float32
+
+
+def _fp8_flavour(platform) -> str:
+    """The fp8 encoding a platform's capabilities name ("e4m3fn" when they name none)."""
+    capabilities = getattr(platform, "capabilities", None)
+    return getattr(capabilities, "fp8_dtype", None) or "e4m3fn"

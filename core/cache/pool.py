@@ -110,7 +110,8 @@ class CachePool:
         return CacheViews(kda=kda, latent=latent, index_keys=index_keys)
 
     def _latent_view(self, offset: int, nbytes: int) -> LatentCacheView:
-        """One layer's latent region: [rows, block, R + Dr] elements of the latent dtype, or
+        """One layer's latent region: [rows, block, R + Dr] elements of the latent dtype (fp8 in
+        the format's flavour: E4M3FNUZ on AMD gfx942, OCP E4M3FN elsewhere), or
         for nvfp4 [rows, block, R/2 + R/16 + Dr] bytes of `k3.quant.nvfp4_latent` records
         (token-major) with a global scale of 1 (the fp8 latents' per-tensor scale too)."""
         cfg, b, block, kv = self.cfg, self.backing, self.layout.block_size, self.format.kv_cache_dtype
@@ -118,8 +119,8 @@ class CachePool:
             rec = nvfp4_latent_record_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim or 0)
             return LatentCacheView(pages=_view(b, offset, nbytes, torch.uint8, (block, rec)),
                                    scale=torch.ones((), device=b.device), fmt="nvfp4", kv_lora_rank=cfg.kv_lora_rank)
-        dtype = LATENT_DTYPES[kv]
-        scale = torch.ones((), device=b.device) if dtype == torch.float8_e4m3fn else None
+        dtype = torch.float8_e4m3fnuz if kv == "fp8" and self.format.fp8_flavour == "e4m3fnuz" else LATENT_DTYPES[kv]
+        scale = torch.ones((), device=b.device) if kv == "fp8" else None
         return LatentCacheView(pages=_view(b, offset, nbytes, dtype, (block, cfg.mla_latent_size)), scale=scale)
 
     def _index_key_view(self, offset: int) -> IndexKeyCacheView:

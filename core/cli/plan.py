@@ -49,6 +49,10 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kda-checkpoint-interval", type=int, default=0, metavar="N",
                         help="prefix caching: also save KDA states every N prompt tokens, a multiple of the unit "
                              "(default 0: at the end of each prompt's last full unit only)")
+    parser.add_argument("--expert-cache", choices=["auto", "on", "off"], default=None,
+                        help="hold MXFP4 routed experts dequantised in the model dtype (read at 2 bytes a weight by "
+                             "kernels without an MXFP4 path; the cache is planned after them): auto: when the plan "
+                             "still fits with them; serving's default: the platform's (ppu: auto, else off)")
     parser.add_argument("--speculative-config", "-sc", metavar="JSON", default=None,
                         help="speculative decoding, vLLM's JSON shape (docs/speculative.md); the plan reserves "
                              "its scratch state rows")
@@ -127,7 +131,7 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
         spec = SpeculativeConfig.parse(args.speculative_config)
     except SpeculativeConfigError as e:
         raise CliError(f"--speculative-config: {e}") from None
-    try:
+    def plan(expert_cache: bool) -> CapacityReport:
         return plan_capacity(cfg, kv_cache_dtype=kv, index_cache_dtype=args.index_cache_dtype,
                              tensor_parallel_size=topology.tensor_parallel_size,
                              data_parallel_size=topology.data_parallel_size,
@@ -140,7 +144,15 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
                              num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                              kda_rollback=spec.kda_rollback if spec else "states",
                              prefix_caching=resolve_prefix_caching(args),
-                             kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype)
+                             kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype,
+                             expert_cache=expert_cache)
+
+    mode = getattr(args, "expert_cache", None) or "off"
+    try:
+        if mode == "auto":                   # as the engine decides it (k3.engine.expert_cache)
+            with_cache = plan(True)
+            return with_cache if with_cache.fits else plan(False)
+        return plan(mode == "on")
     except ValueError as e:
         raise CliError(str(e)) from None
 
@@ -187,7 +199,8 @@ def render(r: CapacityReport, family: str) -> str:
         f"  - weights per GPU:  {g(r.weight_bytes_per_gpu)}",
         f"      attention:            {g(w.attention)} (KDA, MLA + absorbed decode weights, any DSA indexer; heads "
         f"sharded over TP {r.tensor_parallel_size})",
-        f"      routed experts:       {g(w.routed_experts)} ({w.experts_per_rank:,} experts per GPU, "
+        f"      routed experts:       {g(w.routed_experts)} ({w.experts_per_rank:,} experts per GPU"
+        + (" held dense, the expert cache, " if r.expert_cache else ", ")
         + (f"split over EP {r.expert_parallel_size})" if r.expert_parallel_size is not None
            else f"split over TP {r.tensor_parallel_size}, replicated over DP)"),
         f"      shared experts/dense: {g(w.shared_dense)} (sharded over TP)",

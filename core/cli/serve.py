@@ -94,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=["kimi_k3"], default=None, help="tool call parser")
     parser.add_argument("--reasoning-parser", choices=["kimi_k3"], default=None,
                         help="split the think channel into reasoning_content")
+    parser.add_argument("--structured-outputs-config", type=values.json_object, default=None, metavar="JSON",
+                        help='the grammar backend, vLLM\'s JSON: {"backend": "xgrammar"} (also "auto", the '
+                             'default) or {"backend": "guidance"} (llguidance; "llguidance" is accepted too); '
+                             "docs/serving.md#structured-outputs")
+    parser.add_argument("--guided-decoding-backend", default=None, metavar="NAME",
+                        help="vLLM's older spelling of --structured-outputs-config's backend")
     parser.add_argument("--generation-config", default="auto", metavar="{auto,vllm,DIR}",
                         help="request defaults (temperature, top_p, top_k, min_p, repetition_penalty): auto: "
                              "from the checkpoint's generation_config.json; DIR: from DIR/generation_config.json; "
@@ -174,10 +180,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-num-encoder-tokens", type=values.positive_int, default=None, metavar="N",
                        help="image tokens the vision encoder may encode in one step (default: the larger of "
                             "--max-num-batched-tokens and the largest image's tokens)")
-    group.add_argument("--mm-encoder-tp-mode", choices=["data", "weights"], default="data",
-                       help="with tensor parallelism: 'data' splits each step's images over the TP ranks "
-                            "(each holds the whole tower) and gathers the outputs; 'weights' (a sharded "
-                            "tower) is not implemented")
+    group.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
+                       help="with tensor parallelism: 'weights' shards the vision tower's heads and MLP "
+                            "columns over the TP ranks (vLLM's default; 'data' when they do not divide); "
+                            "'data' splits each step's images over the ranks (each holds the whole tower) "
+                            "and gathers the outputs")
+    group.add_argument("--mm-processor-cache-gb", type=values.non_negative_float, default=4.0, metavar="GIB",
+                       help="GiB of preprocessed images (patches) kept by content hash: an image seen again "
+                            "skips resizing and patchifying (vLLM's processor cache; 0: off)")
     group.add_argument("--limit-mm-per-prompt", type=values.limit_mm_per_prompt, default=None, metavar="JSON",
                        help='vLLM\'s shape, \'{"image": N}\': at most N images a request (0: text only, no '
                             'tower loaded)')
@@ -298,6 +308,16 @@ def lora_modules(values: list[str] | None) -> dict[str, str] | None:
     return out
 
 
+def _structured_outputs_backend(args: argparse.Namespace) -> str:
+    """The grammar backend --structured-outputs-config / --guided-decoding-backend name."""
+    from k3.structured.config import StructuredOutputsConfigError, parse_structured_outputs_config
+
+    try:
+        return parse_structured_outputs_config(args.structured_outputs_config, args.guided_decoding_backend)
+    except StructuredOutputsConfigError as e:
+        raise CliError(str(e)) from None
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse what is not implemented or inconsistent before anything loads."""
     if args.lora_modules and not args.enable_lora:
@@ -313,6 +333,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             SpeculativeConfig.parse(args.speculative_config)
         except SpeculativeConfigError as e:
             raise CliError(f"--speculative-config: {e}") from None
+    _structured_outputs_backend(args)
     if args.kv_transfer_config is not None:
         from k3.engine.kv_transfer.config import KVTransferConfig, KVTransferConfigError
 
@@ -426,6 +447,7 @@ def engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, index_cache_dtype=args.index_cache_dtype,
         kv_cache_memory_gib=args.kv_cache_memory, gpu_memory_utilization=args.gpu_memory_utilization,
+        expert_cache=getattr(args, "expert_cache", None),
         seed=args.seed, enable_prefix_caching=args.enable_prefix_caching,
         prefix_match_unit=args.prefix_match_unit, kda_checkpoint_interval=args.kda_checkpoint_interval,
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
@@ -435,7 +457,8 @@ def engine_config(args: argparse.Namespace):
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-        limit_mm_per_prompt=args.limit_mm_per_prompt)
+        mm_processor_cache_gb=args.mm_processor_cache_gb,
+        limit_mm_per_prompt=args.limit_mm_per_prompt, structured_outputs_backend=_structured_outputs_backend(args))
     model_config = K3Config.from_pretrained(args.model, args.hf_overrides)
     _check_quantization(args.quantization, model_config)
     problems = platform.validate_config(model_config, vars(args))

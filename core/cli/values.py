@@ -77,6 +77,17 @@ def positive_int(value: str) -> int:
     return n
 
 
+def non_negative_float(value: str) -> float:
+    """A float of at least 0 (sizes in GiB: --mm-processor-cache-gb)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a number") from None
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at least 0")
+    return x
+
+
 def limit_mm_per_prompt(value: str) -> dict:
     """--limit-mm-per-prompt: vLLM's JSON '{"image": N}' (N >= 0; 0: text only)."""
     obj = json_object(value)

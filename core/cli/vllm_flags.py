@@ -22,7 +22,8 @@ VLLM_SPELLINGS = (
     "--enforce-eager", "--cudagraph-capture-sizes", "--cuda-graph-sizes", "--async-scheduling",
     "--no-async-scheduling", "--speculative-config", "-sc", "--kv-transfer-config",
     "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser", "--chat-template",
-    "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-encoder-tp-mode",
+    "--allowed-local-media-path", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--mm-processor-cache-gb",
+    "--structured-outputs-config", "--guided-decoding-backend",
 )
 
 _PP = ("pipeline parallelism is not implemented: use --tensor-parallel-size, --data-parallel-size, "

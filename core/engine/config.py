@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 GIB = 1024 ** 3
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-MM_ENCODER_TP_MODES = ("data", "weights")
+EXPERT_CACHE_MODES = ("auto", "on", "off")
+MM_ENCODER_TP_MODES = ("weights", "data")
 
 
 @dataclass
@@ -35,6 +36,11 @@ class EngineConfig:
     index_cache_dtype: str = "fp8"
     kv_cache_memory_gib: float | None = None  # CPU: cache memory (default: min(2 GiB, RAM / 8))
     gpu_memory_utilization: float = 0.9
+    # the expert cache (k3.engine.expert_cache): MXFP4 routed experts dequantised once at load and
+    # held dense in the model's dtype, counted by the capacity plan; "auto" holds them so when the
+    # cache still fits max_num_seqs max-length requests. None: the platform's default
+    # (`k3_config_defaults`, "expert_cache"), else "off"
+    expert_cache: str | None = None
     seed: int = 0                             # seeds the draws of requests without a seed
     enable_prefix_caching: bool = False
     prefix_match_unit: int | None = None      # tokens per hashed unit (default: min(64, block))
@@ -56,11 +62,14 @@ class EngineConfig:
     kv_transfer_config: str | dict | None = None
     # images (a checkpoint with a vision tower; k3.engine.media): placeholder tokens the encoder may
     # encode in one step (None: max(max_num_batched_tokens, the largest image's tokens)); under
-    # tensor parallelism "data" splits a step's images over the TP ranks (each has the whole
-    # tower) and all-gathers the outputs ("weights", a tower sharded over the ranks, is not
-    # implemented)
+    # tensor parallelism "weights" (vLLM's default) shards the tower's heads and MLP columns over
+    # the TP ranks, "data" splits a step's images over them (each has the whole tower) and
+    # all-gathers the outputs (k3.vision.tensor_parallel)
     max_num_encoder_tokens: int | None = None
-    mm_encoder_tp_mode: str = "data"
+    mm_encoder_tp_mode: str = "weights"
+    # vLLM's mm_processor_cache_gb: GiB of preprocessed images (patches) kept by content hash, so
+    # an image seen again skips preprocessing (k3.engine.media_cache); 0: off
+    mm_processor_cache_gb: float = 4.0
     # vLLM's limit_mm_per_prompt {"image": N}: at most N images a prompt (0: no vision tower is
     # loaded, text only); None: no limit
     limit_mm_per_prompt: dict | None = None
@@ -105,11 +114,10 @@ class EngineConfig:
                              "yet (docs/context-parallel.md)")
         if self.token_sharded_prefill_min_tokens:
             self._validate_token_sharded()
+        if not self.mm_processor_cache_gb >= 0:
+            raise ValueError(f"mm_processor_cache_gb must be >= 0, got {self.mm_processor_cache_gb!r}")
         if self.mm_encoder_tp_mode not in MM_ENCODER_TP_MODES:
-            raise ValueError(f"mm_encoder_tp_mode must be data or weights, got {self.mm_encoder_tp_mode!r}")
-        if self.mm_encoder_tp_mode == "weights" and self.tensor_parallel_size > 1:
-            raise ValueError("mm_encoder_tp_mode 'weights' (the vision tower sharded over the TP ranks) is not "
-                             "implemented: use 'data' (the TP leader runs the whole tower)")
+            raise ValueError(f"mm_encoder_tp_mode must be weights or data, got {self.mm_encoder_tp_mode!r}")
         limit = self.limit_mm_per_prompt or {}
         if set(limit) - {"image"} or not all(isinstance(v, int) and v >= 0 for v in limit.values()):
             raise ValueError(f"limit_mm_per_prompt takes {{\"image\": N}} with N >= 0, got {limit!r}")
@@ -119,17 +127,18 @@ class EngineConfig:
             self._validate_lora()
         if self.batch_invariant:
             self._validate_batch_invariant()
+        if self.expert_cache is not None and self.expert_cache not in EXPERT_CACHE_MODES:
+            raise ValueError(f"expert_cache must be auto, on or off, got {self.expert_cache!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
         if self.kv_transfer_config is not None:
             from .kv_transfer.config import KVTransferConfig
 
             KVTransferConfig.parse(self.kv_transfer_config)       # a malformed one fails here, named
-            if self.tensor_parallel_size > 1 or self.data_parallel_size > 1 or self.speculative_config:
-                raise ValueError("kv_transfer_config (prefill/decode disaggregation) needs tensor_parallel_size 1, "
-                                 "data_parallel_size 1 and no speculative decoding (got tensor_parallel_size "
-                                 f"{self.tensor_parallel_size}, data_parallel_size {self.data_parallel_size}, "
-                                 f"speculative_config {self.speculative_config!r})")
+            if self.decode_context_parallel_size > 1:
+                raise ValueError("kv_transfer_config (prefill/decode disaggregation) does not combine with "
+                                 f"decode_context_parallel_size {self.decode_context_parallel_size} yet: a DCP rank's "
+                                 "rows hold every DCP-th token (docs/disaggregation.md)")
 
     def _validate_lora(self) -> None:
         if not self.enable_lora:

@@ -39,6 +39,7 @@ class LLMEngine:
         self.kv_producer, self.kv_consumer = parts.kv_producer, parts.kv_consumer
         self.media = parts.media
         self.lora = parts.lora                  # k3.lora.LoRARegistry, None without enable_lora
+        self.expert_cache = parts.expert_cache  # k3.engine.expert_cache.ExpertCacheDecision
         self._on_shutdown = on_shutdown
 
     # ------------------------------------------------------------------ requests

@@ -29,6 +29,8 @@ from k3.structured import StructuredOutputs
 from k3.tokenizer import load_tokenizer
 
 from .config import GIB, EngineConfig, default_cpu_cache_bytes
+from .expert_cache import ExpertCacheDecision
+from .expert_cache import apply as apply_expert_cache
 from .lookahead import LookaheadStep
 from .outputs import OutputProcessor
 from .runner import ModelRunner
@@ -60,6 +62,7 @@ class EngineParts:
     kv_consumer: object = None          # k3.engine.kv_transfer.consumer.KVConsumer
     media: object = None                # k3.engine.media.MediaEncoder (a checkpoint with a vision tower)
     lora: object = None                 # k3.lora.LoRARegistry (enable_lora)
+    expert_cache: ExpertCacheDecision | None = None   # routed MXFP4 experts held dense (k3.engine.expert_cache)
 
 
 def _sharded_prefill(config: EngineConfig, model, page_size: int):
@@ -95,7 +98,9 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     fmt = CacheFormat.build(cfg, activation_dtype=model.dtype, kv_cache_dtype=config.kv_cache_dtype,
                             index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp,
                             block_size=config.block_size, platform=platform)
-    budget = cache_bytes(config, cfg, fmt, platform)
+    expert_cache = apply_expert_cache(config, cfg, platform, model,
+                                      lambda: capacity_report(config, cfg, fmt, platform, expert_cache=True))
+    budget = cache_bytes(config, cfg, fmt, platform, expert_cache=expert_cache.on)
     if spec is not None and spec.method == "mtp":
         # the MTP layer's own cache comes out of the same budget (as big as the target's token rows)
         from .spec.mtp import target_cache_share
@@ -165,7 +170,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     return EngineParts(platform=platform, model=model, tokenizer=tokenizer, plan=plan, cache=cache, pool=pool,
                        prefix_cache=prefix_cache, scheduler=scheduler, runner=runner, outputs=outputs,
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
-                       kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora)
+                       kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora,
+                       expert_cache=expert_cache)
 
 
 def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
@@ -193,7 +199,8 @@ def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
     tower.p = {name: t.to(device) for name, t in tower.p.items()}
     encoder = MediaEncoder(tower, cfg.media_placeholder_token_id, dtype=model.dtype, device=device,
                            in_patch_limit=int(vision.get("in_patch_limit", IN_PATCH_LIMIT)),
-                           patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)))
+                           patch_limit_on_one_side=int(vision.get("patch_limit_on_one_side", PATCH_LIMIT_ON_ONE_SIDE)),
+                           cache_bytes=int(config.mm_processor_cache_gb * GIB))
     encoder.max_images = config.max_images_per_prompt
     return encoder
 
@@ -269,19 +276,27 @@ def _allocate_cache(platform, cfg: K3Config, fmt: CacheFormat, plan, config: Eng
                          f"{config.gpu_memory_utilization:g}) or free the device") from None
 
 
-def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform) -> int:
+def capacity_report(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False):
+    """The capacity plan of this engine on the platform's device memory (`plan_capacity`);
+    expert_cache: the routed MXFP4 experts counted dense (`k3.engine.expert_cache`)."""
+    return plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
+                         tensor_parallel_size=fmt.tensor_parallel_size,
+                         gpu_memory_bytes=platform.capabilities.memory_bytes,
+                         gpu_memory_utilization=config.gpu_memory_utilization,
+                         max_num_batched_tokens=config.max_num_batched_tokens, block_size=fmt.block_size,
+                         max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                         activation_dtype=dtype_name(fmt.activation_dtype), alignment=fmt.alignment,
+                         suggest=False, expert_cache=expert_cache)
+
+
+def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False) -> int:
     """The cache's memory: on the CPU, or a device that reports no memory size (PJRT's CPU device
     under XLA), kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an accelerator what the
-    capacity plan leaves after the weights and the workspace."""
+    capacity plan leaves after the weights (the routed experts dense with `expert_cache`) and
+    the workspace."""
     if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
         return int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib else default_cpu_cache_bytes()
-    report = plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
-                           tensor_parallel_size=fmt.tensor_parallel_size,
-                           gpu_memory_bytes=platform.capabilities.memory_bytes,
-                           gpu_memory_utilization=config.gpu_memory_utilization,
-                           max_num_batched_tokens=config.max_num_batched_tokens, block_size=fmt.block_size,
-                           activation_dtype=dtype_name(fmt.activation_dtype), alignment=fmt.alignment)
-    return report.cache_bytes
+    return capacity_report(config, cfg, fmt, platform, expert_cache=expert_cache).cache_bytes
 
 
 def _prefix_cache(config: EngineConfig, cfg: K3Config, pool: BlockPool, block: int) -> PrefixCache | None:

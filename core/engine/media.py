@@ -25,6 +25,8 @@ from k3.vision.moonvit import MoonViTTower
 from k3.vision.preprocess import image_to_patches, plan_resize
 from k3.vision.prompt import expand_media_placeholders
 
+from .media_cache import PreprocessedImageCache
+
 # The K3 image processor's navit limits (media_proc_cfg); a vision_config may override them.
 IN_PATCH_LIMIT = 16384
 PATCH_LIMIT_ON_ONE_SIDE = 512
@@ -120,17 +122,22 @@ class MediaEncoder:
 
     tower: the MoonViT tower (its parameters on `device`, in `dtype`); placeholder_id: the
     model's media_placeholder_token_id; in_patch_limit / patch_limit_on_one_side: the navit
-    resize limits."""
+    resize limits; cache_bytes: the preprocessed-image cache's budget (0: off)."""
 
     def __init__(self, tower: MoonViTTower, placeholder_id: int, *, dtype: torch.dtype, device,
-                 in_patch_limit: int = IN_PATCH_LIMIT, patch_limit_on_one_side: int = PATCH_LIMIT_ON_ONE_SIDE):
+                 in_patch_limit: int = IN_PATCH_LIMIT, patch_limit_on_one_side: int = PATCH_LIMIT_ON_ONE_SIDE,
+                 cache_bytes: int = 0):
         self.tower, self.placeholder_id, self.dtype, self.device = tower, placeholder_id, dtype, device
         self.in_patch_limit, self.patch_limit_on_one_side = in_patch_limit, patch_limit_on_one_side
+        # images seen before skip preprocessing (vLLM's mm processor cache; None: off)
+        self.cache = PreprocessedImageCache(cache_bytes) if cache_bytes > 0 else None
         self.max_images: int | None = None          # images a prompt may carry (None: no limit)
         # encode(patches, grids) -> one output per image: the tower, or under tensor parallelism
-        # the TP ranks' data-parallel run (k3.engine.distributed.tp.TPSender.encode)
+        # the TP ranks' run (k3.engine.distributed.tp.TPSender.encode)
         self.encode_fn = None
-        self.stats = {"mm_images_total": 0, "mm_encoder_runs_total": 0, "mm_encoder_tokens_total": 0}
+        self.tp_mode = "weights"        # the resolved mm_encoder_tp_mode under TP (k3.vision.tensor_parallel)
+        self.stats = {"mm_images_total": 0, "mm_encoder_runs_total": 0, "mm_encoder_tokens_total": 0,
+                      "mm_cache_queries_total": 0, "mm_cache_hits_total": 0}
 
     @property
     def max_tokens_per_image(self) -> int:
@@ -156,11 +163,10 @@ class MediaEncoder:
         items, counts = [], []
         for image in images:
             pixels = pixels_of(image)
-            patches, grid = image_to_patches(pixels, patch_size=cfg.patch_size, merge_kernel=cfg.merge_kernel[0],
-                                             in_patch_limit=self.in_patch_limit,
-                                             patch_limit_on_one_side=self.patch_limit_on_one_side)
+            key = image_content_hash(pixels)
+            patches, grid = self._patches(pixels, key)
             counts.append(self.tower.tokens_for_grid(*grid))
-            items.append(MediaItem(0, counts[-1], image_content_hash(pixels), patches, grid))
+            items.append(MediaItem(0, counts[-1], key, patches, grid))
         ids = expand_media_placeholders(list(prompt_ids), counts, self.placeholder_id)
         # placeholders of consecutive images touch: walk the expanded prompt image by image
         pos = 0
@@ -170,6 +176,22 @@ class MediaEncoder:
             item.offset = pos
             pos += item.num_tokens
         return ids, RequestMedia(items)
+
+    def _patches(self, pixels: torch.Tensor, key: bytes) -> tuple[torch.Tensor, tuple[int, int]]:
+        """An image's patches and grid: from the preprocessed cache when it holds the image."""
+        cfg = self.tower.cfg
+        if self.cache is not None:
+            self.stats["mm_cache_queries_total"] += 1
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.stats["mm_cache_hits_total"] += 1
+                return hit
+        patches, grid = image_to_patches(pixels, patch_size=cfg.patch_size, merge_kernel=cfg.merge_kernel[0],
+                                         in_patch_limit=self.in_patch_limit,
+                                         patch_limit_on_one_side=self.patch_limit_on_one_side)
+        if self.cache is not None:
+            self.cache.put(key, patches, grid)
+        return patches, grid
 
     def encode_step(self, scheduled) -> None:
         """Encode, in one packed tower call, every image the scheduled chunks reach that their

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.model.metadata import ForwardMetadata
-from k3.structured.backend import fill_bitmasks
 from k3.structured.bitmask import bitmask_width
+from k3.structured.request_state import fill_rows
 
 from .batch import build_metadata, build_sampling
 from .prompt_logprobs import PromptScores, score_prompt_rows
@@ -170,20 +170,21 @@ class ModelRunner:
         None when no row is constrained this step (rows without a grammar allow everything)."""
         if not any(g is not None and g.active for g in grammars):
             return None
-        pin = self.pinned_uploads and self.device.type != "cpu"
-        host = torch.full((len(grammars), bitmask_width(self.vocab_size)), -1, dtype=torch.int32, pin_memory=pin)
-        in_grammar = []                                   # (row, grammar): rows the backend fills in one call
-        for row, g in enumerate(grammars):
-            if g is not None and g.active:
-                if g.grammar_matcher is None:
-                    g.fill_outside_grammar(host, row)
-                else:
-                    in_grammar.append((row, g))
-        if in_grammar:
-            fill_bitmasks([g.grammar_matcher for _, g in in_grammar], host, [row for row, _ in in_grammar])
-            for row, g in in_grammar:
-                g.finish_grammar_fill(host, row)
-        return host.to(self.device, non_blocking=pin)
+        host = self.host_bitmask(len(grammars))
+        fill_rows(grammars, host, list(range(len(grammars))))
+        return self.upload_bitmask(host)
+
+    def host_bitmask(self, rows: int) -> torch.Tensor:
+        """An int32 CPU bitmask [rows, W] allowing every token, page-locked with pinned uploads."""
+        return torch.full((rows, bitmask_width(self.vocab_size)), -1, dtype=torch.int32, pin_memory=self._pin_bitmask)
+
+    def upload_bitmask(self, host: torch.Tensor) -> torch.Tensor:
+        """`host_bitmask`'s tensor on the device (queued without a host wait when page-locked)."""
+        return host.to(self.device, non_blocking=self._pin_bitmask)
+
+    @property
+    def _pin_bitmask(self) -> bool:
+        return self.pinned_uploads and self.device.type != "cpu"
 
     def _not_yet(self, s) -> set[int]:
         """The token ids a scheduled request must not sample yet (min_tokens)."""

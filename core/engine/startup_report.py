@@ -4,8 +4,9 @@
 scheduler, platform kernel set, decode graphs): the resolved max_model_len, the cache's capacity
 in tokens and in concurrent max-length requests (`k3.cache.capacity.request_capacity`, the
 arithmetic `k3 plan` uses), the block size, the kernel serving each kernel-table entry and the
-plugin it comes from, the captured decode-graph batch sizes. `log_startup_report` logs it as
-one INFO record of the `k3.engine.startup_report` logger (`k3 serve` does, before it listens).
+plugin it comes from, the captured decode-graph batch sizes, whether the routed experts are held
+dense (the expert cache). `log_startup_report` logs it as one INFO record of the
+`k3.engine.startup_report` logger (`k3 serve` does, before it listens).
 """
 
 from __future__ import annotations
@@ -60,7 +61,14 @@ def startup_report(engine) -> dict[str, Any]:
         "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
         "prefix_caching": engine.prefix_cache is not None, "async_scheduling": bool(engine.async_scheduling),
         "graph_batch_sizes": graph_sizes, "kernels": kernels(engine.platform),
+        "expert_cache": _expert_cache(engine),
     }
+
+
+def _expert_cache(engine) -> str:
+    """The expert cache's decision (`k3.engine.expert_cache`) in words."""
+    decision = getattr(engine, "expert_cache", None)
+    return "off" if decision is None else f"{'on' if decision.on else 'off'} ({decision.reason})"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -74,6 +82,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"  scheduler: max_num_seqs {r['max_num_seqs']}, max_num_batched_tokens {r['max_num_batched_tokens']:,}, "
         f"prefix caching {'on' if r['prefix_caching'] else 'off'}, "
         f"async scheduling {'on' if r['async_scheduling'] else 'off'}",
+        f"  expert cache: {r['expert_cache']}",
         "  decode graphs: " + (", ".join(map(str, r["graph_batch_sizes"])) if isinstance(r["graph_batch_sizes"], list)
                                else r["graph_batch_sizes"]),
         "  kernels:",

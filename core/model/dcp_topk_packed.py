@@ -271,5 +271,22 @@ def gathered_selection(results: list[PackedTopK], scores: torch.Tensor, topk: in
     return ordered_topk(s, idx, topk)[1]
 
 
+def tie_worst_case_scores(kind: str, rows: int, length: int, topk: int, g: torch.Generator) -> torch.Tensor:
+    """[rows, length] float64 scores whose top-`topk` cut-off falls inside one tied value, spread
+    over every rank (tests, benchmarks: the exact round's worst case): "allequal" (every score
+    1.0), or "halfequal" (half the tokens, at random positions, exactly 0.0; topk / 2 others
+    above it, the rest below)."""
+    if kind == "allequal":
+        return torch.ones(rows, length, dtype=torch.float64)
+    scores = torch.empty(rows, length, dtype=torch.float64)
+    for r in range(rows):
+        perm = torch.randperm(length, generator=g)
+        tied, above, below = perm[: length // 2], perm[length // 2: length // 2 + topk // 2], perm[length // 2 + topk // 2:]
+        scores[r, tied] = 0.0
+        scores[r, above] = torch.rand(above.numel(), generator=g, dtype=torch.float64) + 1
+        scores[r, below] = -torch.rand(below.numel(), generator=g, dtype=torch.float64) - 1
+    return scores
+
+
 __all__ = ("KeyCut", "PackedTopK", "gathered_selection", "key_cut", "pack_words", "packed_topk", "resend_flags",
-           "score_key", "simulate_packed_topk", "unpack_words")
+           "score_key", "simulate_packed_topk", "tie_worst_case_scores", "unpack_words")

@@ -124,10 +124,30 @@ class MoE(K3Module):
 
     def expert_weights(self):
         """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks (W4A16
-        experts are dense once loaded)."""
-        if self.cfg.experts_mxfp4:
+        experts are dense once loaded, MXFP4 experts once `hold_experts_dense` ran)."""
+        if self.cfg.experts_mxfp4 and "w13_packed" in self._buffers:
             return MXFP4Tensor(self.w13_packed, self.w13_scale), MXFP4Tensor(self.w2_packed, self.w2_scale)
         return self.w13, self.w2
+
+    @torch.no_grad()
+    def hold_experts_dense(self) -> int:
+        """The expert cache (`k3.engine.expert_cache`): MXFP4 routed experts dequantised once
+        (`MXFP4Tensor.dequantize`: exact in bf16 / fp32) into dense stacks w13 [E_local, 2I, L]
+        and w2 [E_local, L, I] in the model's dtype, one expert at a time, each weight's planes
+        freed once its stack is full; every kernel then sees dense experts. Returns the bytes
+        the stacks hold (0: nothing to do, not MXFP4 or done already)."""
+        if not self.cfg.experts_mxfp4 or "w13_packed" not in self._buffers:
+            return 0
+        held = 0
+        for param in ("w13", "w2"):
+            planes = MXFP4Tensor(self._buffers[f"{param}_packed"], self._buffers[f"{param}_scale"])
+            dense = torch.empty(planes.shape, dtype=self.dtype, device=planes.device)    # [E_local, out, in]
+            for e in range(dense.shape[0]):
+                dense[e] = planes.dequantize(self.dtype, index=e)
+            del self._buffers[f"{param}_packed"], self._buffers[f"{param}_scale"], planes
+            setattr(self, param, torch.nn.Parameter(dense, requires_grad=False))
+            held += dense.numel() * dense.element_size()
+        return held
 
     @torch.no_grad()
     def dequantize_int4_experts(self) -> None:

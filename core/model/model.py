@@ -179,13 +179,25 @@ class K3Model(K3Module):
         query = self._attn_res_query(self.output_attn_res_norm, self.output_attn_res_proj)
         return attn_res.mix(sources, query, eps=eps), taps, states
 
+    def _fused_add_norm(self):
+        """`elementwise.add_rms_norm` when a plugin backs it with a fused kernel; None when only the
+        reference composition serves it, which the loop then runs with the served rms_norm (one
+        kernel on GPUs) instead of the reference's."""
+        if self.kernels.providers.get("elementwise.add_rms_norm", "reference") == "reference":
+            return None
+        return self.kernels.elementwise.add_rms_norm
+
     def _residual_layers(self, x0, meta, cache, tap_layers, per_position, ffn, mixer):
         eps, norm = self.cfg.rms_norm_eps, self.kernels.elementwise.rms_norm
+        add_norm = self._fused_add_norm()
         residual, taps, states = x0, {}, {}
         for layer in self.layers:
             a = mixer(layer, norm(residual, layer.input_layernorm, eps), meta, cache, per_position, states)
-            residual = (residual + a).to(x0.dtype)
-            h = norm(residual, layer.post_attention_layernorm, eps)
+            if add_norm is not None:
+                h, residual = add_norm(a, residual, layer.post_attention_layernorm, eps)
+            else:
+                residual = (residual + a).to(x0.dtype)
+                h = norm(residual, layer.post_attention_layernorm, eps)
             residual = (residual + layer.ffn(h, **ffn)).to(x0.dtype)
             if layer.layer in tap_layers:
                 taps[layer.layer] = residual

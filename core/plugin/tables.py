@@ -105,6 +105,7 @@ class ElementwiseKernels(KernelTable):
 
     FAMILY = "elementwise"
     rms_norm: p.RMSNorm | None = _op(p.RMSNorm, "rms_norm")
+    add_rms_norm: p.AddRMSNorm | None = _op(p.AddRMSNorm, "add_rms_norm")
     gated_rms_norm: p.GatedRMSNorm | None = _op(p.GatedRMSNorm, "gated_rms_norm")
     layer_norm: p.LayerNorm | None = _op(p.LayerNorm, "layer_norm")
     l2_norm: p.L2Norm | None = _op(p.L2Norm, "l2_norm")

@@ -68,12 +68,13 @@ class Capabilities:
     graph_capture: bool = False
     symmetric_memory: bool = False
     hip_ipc: bool = False
+    aiter: bool = False                  # AMD's AITER fused ops serve (imports on a ROCm device, opted in)
     dcp: bool = False
     pd_transfer: bool = False
     cache_alignment_bytes: int = 1       # alignment the backing cache tensor's rows need
 
     REQUIREMENTS = ("bf16", "fp16", "fp64", "fp8", "mxfp4_native", "nvfp4_native", "triton", "graph_capture",
-                    "symmetric_memory", "hip_ipc", "dcp", "pd_transfer", "multi_device")
+                    "symmetric_memory", "hip_ipc", "aiter", "dcp", "pd_transfer", "multi_device")
 
     def has(self, requirement: str) -> bool:
         """True when the device meets a named requirement (see REQUIREMENTS)."""
@@ -81,7 +82,7 @@ class Capabilities:
             "bf16": "bfloat16" in self.dtypes, "fp16": "float16" in self.dtypes, "fp64": "float64" in self.dtypes,
             "fp8": self.fp8_dtype is not None, "mxfp4_native": self.native_mxfp4,
             "nvfp4_native": self.native_nvfp4, "triton": self.triton, "graph_capture": self.graph_capture,
-            "symmetric_memory": self.symmetric_memory, "hip_ipc": self.hip_ipc, "dcp": self.dcp,
+            "symmetric_memory": self.symmetric_memory, "hip_ipc": self.hip_ipc, "aiter": self.aiter, "dcp": self.dcp,
             "pd_transfer": self.pd_transfer, "multi_device": self.device_count >= 2,
         }
         if requirement not in checks:

@@ -34,12 +34,12 @@ from .kda_decode import kda_decode_step
 from .lora import lora_delta, lora_experts_forward
 from .mla import mla_absorb_weights, mla_decode, mla_expand_kv, mla_prefill
 from .moe import experts_forward, glu_mlp, latent_moe, latent_moe_finish, latent_moe_routed_partial
-from .norms import gated_rms_norm, l2_norm, layer_norm, rms_norm
+from .norms import add_rms_norm, gated_rms_norm, l2_norm, layer_norm, rms_norm
 from .router import router_logits, select_experts
 from .sampling import filtered_logits, sample, sampling_probs
 
 __all__ = [
-    "MXFP4Tensor", "attn_res", "attn_res_mix", "experts_forward", "filtered_logits", "fold_attn_res_query",
+    "MXFP4Tensor", "add_rms_norm", "attn_res", "attn_res_mix", "experts_forward", "filtered_logits", "fold_attn_res_query",
     "fp8_dequantize", "fp8_quantize", "gated_rms_norm", "glu_activation", "glu_mlp", "hadamard_transform",
     "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_paged_decode_scores",
     "indexer_quantize_keys",

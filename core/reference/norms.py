@@ -1,9 +1,11 @@
-"""Normalisations: RMSNorm (K3 convention), gated RMSNorm, LayerNorm, L2 norm."""
+"""Normalisations: RMSNorm (K3 convention), add + RMSNorm, gated RMSNorm, LayerNorm, L2 norm."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from k3.plugin.kernels import NormedResidual
 
 from ..dtypes import compute_dtype
 
@@ -14,6 +16,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     xf = x.to(cd)
     y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     return y if weight is None else y * weight.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> NormedResidual:
+    """Oracle of `AddRMSNorm`: the residual sum rounded to residual.dtype (the model's rounding
+    point), then `rms_norm` of it. Returns (normed, residual')."""
+    total = (residual + x).to(residual.dtype)
+    return NormedResidual(rms_norm(total, weight, eps), total)
 
 
 def gated_rms_norm(

@@ -62,6 +62,16 @@ class _EngineCollector:
         yield GaugeMetricFamily("k3:spec_decode_mean_acceptance_length",
                                 "tokens per verify step (accepted drafts + 1)",
                                 value=s.get("spec_mean_acceptance_length", 0.0))
+        if "mm_images_total" in s:          # a model with a vision tower (k3.engine.media)
+            yield CounterMetricFamily("k3:mm_images", "images received in prompts", value=s["mm_images_total"])
+            yield CounterMetricFamily("k3:mm_encoder_runs", "vision encoder runs (one packed tower call a step)",
+                                      value=s["mm_encoder_runs_total"])
+            yield CounterMetricFamily("k3:mm_encoder_tokens", "image tokens the vision encoder produced (images "
+                                      "the prefix cache covered are not encoded)", value=s["mm_encoder_tokens_total"])
+            yield CounterMetricFamily("k3:mm_cache_queries", "preprocessed-image cache lookups (images)",
+                                      value=s["mm_cache_queries_total"])
+            yield CounterMetricFamily("k3:mm_cache_hits", "images whose preprocessing came from the cache",
+                                      value=s["mm_cache_hits_total"])
         per_position = GaugeMetricFamily("k3:spec_decode_acceptance_rate_per_position",
                                          "acceptance rate of draft position i", labels=["position"])
         for i, rate in enumerate(s.get("spec_acceptance_per_position", [])):

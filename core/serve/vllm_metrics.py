@@ -7,7 +7,8 @@ They follow vLLM V1's meanings, which differ from some `k3:` ones: the prefix-ca
 count tokens (k3's count lookups), a request is one engine request (one choice of one prompt;
 k3 counts finished choices too), `time_per_output_token_seconds` is the deprecated alias of
 `inter_token_latency_seconds` (one observation per token after the first; k3's is a mean per
-API request).
+API request). `vllm:mm_cache_*` count images looked up in and found in the preprocessed-image
+cache (`--mm-processor-cache-gb`), as vLLM's processor cache counts items.
 
 `VllmMetrics` owns the per-request histograms (observed by `k3.serve.metrics.RequestTimer`);
 its collector renders the engine-wide figures from `AsyncEngine.stats()` at scrape time.
@@ -147,6 +148,11 @@ class _EngineCollector:
                 buckets.append((bound if bound == "+Inf" else f"{float(bound)}", cumulative))
             h.add_metric(self.labels, buckets, steps["sum"])
             yield h
+        if "mm_cache_queries_total" in s:   # a model with a vision tower: the processor cache, in images
+            yield self._counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried "
+                                "items.", s["mm_cache_queries_total"])
+            yield self._counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
+                                s["mm_cache_hits_total"])
         if "spec_verify_steps_total" in s:
             yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
                                 s["spec_verify_steps_total"])

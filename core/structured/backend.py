@@ -6,7 +6,8 @@ compiles a `StructuredOutputsParams` into an opaque compiled grammar (raising
 `StructuredOutputError` for a spec it cannot compile) and makes per-request matchers from it.
 A matcher follows the tokens of one request and fills that request's row of a packed int32
 bitmask (`k3.structured.bitmask`). Backends register by name (`register_backend`); xgrammar is
-the default and is imported only when a request first needs it.
+the default, llguidance ("guidance", vLLM's name) the second; each is imported only when a
+request first needs it.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ class GrammarBackend(Protocol):
 
 _BACKENDS: dict[str, str | Callable[[VocabInfo], GrammarBackend]] = {
     "xgrammar": "k3.structured.xgrammar_backend:XGrammarBackend",
+    "auto": "k3.structured.xgrammar_backend:XGrammarBackend",                # vLLM's default: xgrammar here
+    "guidance": "k3.structured.llguidance_backend:LLGuidanceBackend",       # vLLM's name for llguidance
+    "llguidance": "k3.structured.llguidance_backend:LLGuidanceBackend",
 }
 
 

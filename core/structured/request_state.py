@@ -6,12 +6,20 @@ spec's sequence of forced runs and grammars), the `suffix` tokens, then only a s
 Where a grammar may end, the bitmask allows the stop ids; when forced tokens follow, those
 bits move to the first of them instead, so the grammar ends by entering them. Forced tokens
 go through the same bitmask (one bit set), so the sampler needs nothing else.
+
+Speculative decoding follows drafted tokens and undoes them: `checkpoint`, then
+`accept_draft` per draft (False where the program refuses one), then `restore`, which rolls
+the backend matcher back by the tokens it accepted (`GrammarMatcher.rollback`);
+`k3.structured.speculation` builds the verify pass's bitmask rows this way.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from .backend import fill_bitmasks
 from .program import Constrained, Forced
 
 
@@ -61,6 +69,7 @@ class RequestGrammar:
         self._pos = 0                       # next index into a Forced segment
         self._text = b""                    # what the current grammar segment produced
         self._matcher = None
+        self._log: list | None = None       # matchers that accepted a token since `checkpoint`
         self.phase = "trigger" if self.trigger else "run"
         if not self.trigger:
             self._advance()
@@ -134,35 +143,102 @@ class RequestGrammar:
                 add_ids(bitmask, row, [exit_token])
 
     def accept(self, token: int) -> None:
-        """Follow one sampled token."""
-        token = int(token)
+        """Follow one sampled token (the bitmask allowed it; a token the program refuses leaves
+        the state as it was and counts in `rejected`)."""
+        if not self._consume(int(token), check_end=False):
+            self.rejected += 1
+
+    def accept_draft(self, token: int) -> bool:
+        """Follow one drafted token if the program allows it here (False: refused, state as it
+        was). Unlike `accept`, nothing vouches for the token, so the end of a grammar is checked
+        too: its exit token only where the grammar may end (one bitmask row, as the sampler's)."""
+        return self._consume(int(token), check_end=True)
+
+    def _consume(self, token: int, *, check_end: bool) -> bool:
         if self.phase == "trigger":
             self.history.append(token)
             n = len(self.trigger)
             if len(self.history) >= n and tuple(self.history[-n:]) == self.trigger:
                 self.phase = "run"
                 self._advance()
-            return
+            return True
         seg = self.current
         if seg is None:
-            if token not in self.stop_ids:
-                self.rejected += 1
-            return
+            return token in self.stop_ids
         if isinstance(seg, Forced):
             if token != seg.ids[self._pos]:
-                self.rejected += 1
+                return False
             self._pos += 1
             if self._pos >= len(seg.ids):
                 self._advance()
-            return
-        if token not in self.stop_ids and token == self._exit_token():
+            return True
+        exit_token = self._exit_token()
+        if token not in self.stop_ids and token == exit_token:
+            if check_end and not self._may_end():
+                return False
             self.queue = self._next_after_grammar()
             self._advance()
-            self.accept(token)              # the first forced token of what follows
-            return
+            return self._consume(token, check_end=check_end)     # the first forced token of what follows
+        if token in self.stop_ids and exit_token is not None:
+            return False                    # forced tokens follow: the stop ids are not allowed here
+        if not self.token_bytes[token] and token not in self.stop_ids:
+            return False                    # a special id: no grammar text (the backend is not asked)
         if not self._matcher.accept_token(token):
-            self.rejected += 1
-            return
+            return False
+        if self._log is not None:
+            self._log.append(self._matcher)
         self._text += self.token_bytes[token]
         if self._matcher.is_terminated():
             self.current = None
+        return True
+
+    def _may_end(self) -> bool:
+        """Whether the current grammar may end here (its bitmask row allows the stop ids)."""
+        row = torch.zeros(1, (len(self.token_bytes) + 31) // 32, dtype=torch.int32)
+        self._matcher.fill_bitmask(row, 0)
+        return has_any(row, 0, self.stop_ids)
+
+    # ------------------------------------------------------------------ speculation
+    def checkpoint(self) -> "_Saved":
+        """The state to `restore` after following drafted tokens (speculative decoding): the
+        tokens a matcher accepts from now on are logged, so restoring rolls them back."""
+        self._log = []
+        return _Saved(list(self.queue), self.current, self._pos, self._text, self._matcher, self.phase,
+                      len(self.history))
+
+    def restore(self, saved: "_Saved") -> None:
+        """Back to `saved`: the matcher of that state rolls back the tokens it accepted since;
+        matchers made since (later grammar segments) are dropped."""
+        if saved.matcher is not None:
+            saved.matcher.rollback(sum(m is saved.matcher for m in self._log))
+        self._log = None
+        self.queue, self.current, self._pos, self._text = saved.queue, saved.current, saved.pos, saved.text
+        self._matcher, self.phase = saved.matcher, saved.phase
+        del self.history[saved.history_len:]
+
+
+@dataclass(frozen=True)
+class _Saved:
+    queue: list
+    current: object
+    pos: int
+    text: bytes
+    matcher: object
+    phase: str
+    history_len: int
+
+
+def fill_rows(grammars: list, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Row rows[i] of the int32 CPU bitmask from grammars[i] (None or not yet active: left as it
+    is); the rows inside a grammar are filled in one backend call (`fill_bitmasks`)."""
+    in_grammar = []
+    for row, g in zip(rows, grammars):
+        if g is not None and g.active:
+            if g.grammar_matcher is None:
+                g.fill_outside_grammar(bitmask, row)
+            else:
+                in_grammar.append((row, g))
+    if in_grammar:
+        fill_bitmasks([g.grammar_matcher for _, g in in_grammar], bitmask, [row for row, _ in in_grammar])
+        for row, g in in_grammar:
+            g.finish_grammar_fill(bitmask, row)

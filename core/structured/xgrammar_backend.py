@@ -36,17 +36,21 @@ def _batch_matcher() -> xgr.BatchGrammarMatcher:
         return _batch
 
 from .backend import VocabInfo
-from .errors import StructuredOutputError
+from .errors import StructuredOutputError, first_line
 from .spec import StructuredOutputsParams
 
 
 class XGrammarMatcher:
-    def __init__(self, compiled: Any, keep: torch.Tensor | None = None):
+    def __init__(self, compiled: Any, keep: torch.Tensor | None = None, cleared: frozenset[int] = frozenset()):
         self._m = xgr.GrammarMatcher(compiled)
         self._keep = keep            # int32 [W]: a bitmask row ANDed in (JSON: no control bytes)
+        self._cleared = cleared      # the ids `keep` clears
 
     def accept_token(self, token_id: int) -> bool:
-        return bool(self._m.accept_token(int(token_id)))
+        """As xgrammar's, and False for a token the keep mask clears (the bitmask never allows
+        it either: a drafted token is checked by this)."""
+        t = int(token_id)
+        return t not in self._cleared and bool(self._m.accept_token(t))
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
@@ -86,6 +90,9 @@ class XGrammarBackend:
                                  stop_token_ids=list(vocab.stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
         self._json_safe = _json_safe(vocab)
+        stops = set(vocab.stop_token_ids)
+        self._json_cleared = frozenset(i for i, raw in enumerate(vocab.encoded_vocab)
+                                       if i not in stops and any(b < 0x20 for b in raw))
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
         c = self._compiler
@@ -101,12 +108,12 @@ class XGrammarBackend:
                 return c.compile_grammar(f"root ::= {body}")
             return c.compile_grammar(spec.grammar)
         except (RuntimeError, ValueError, TypeError) as e:   # xgrammar's parse and schema errors
-            raise StructuredOutputError(f"the {spec.kind} constraint cannot be compiled: {_first_line(e)}",
+            raise StructuredOutputError(f"the {spec.kind} constraint cannot be compiled: {first_line(e)}",
                                         field=spec.kind) from None
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         if isinstance(compiled, _Json):
-            return XGrammarMatcher(compiled.grammar, self._json_safe)
+            return XGrammarMatcher(compiled.grammar, self._json_safe, self._json_cleared)
         return XGrammarMatcher(compiled)
 
 
@@ -133,7 +140,3 @@ def _ebnf_string(text: str) -> str:
 
     return json.dumps(text, ensure_ascii=False)
 
-
-def _first_line(e: BaseException) -> str:
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(e).__name__

@@ -163,6 +163,10 @@ class MoonViTTower:
                 raise ValueError(f"vision weight {name!r} has shape {tuple(params[name].shape)}, expected {shape}")
         self.cfg, self.p = cfg, dict(params)
         self._pos_cache: dict[tuple, torch.Tensor] = {}
+        # tensor parallelism (k3.vision.tensor_parallel.shard_tower): the attention heads this
+        # process holds, and the sum over the TP ranks of a block's partial outputs (None: whole)
+        self.local_heads = cfg.num_heads
+        self.reduce = None
 
     def tokens_for_grid(self, h: int, w: int) -> int:
         """Placeholder tokens one image of h x w patches takes in the text stream."""
@@ -187,16 +191,20 @@ class MoonViTTower:
     def _block(self, x: torch.Tensor, i: int, angles: torch.Tensor) -> torch.Tensor:
         c, p, b = self.cfg, self.p, f"vision_tower.encoder.blocks.{i}."
         y = _rms_norm(x, p[b + "norm0.weight"].to(x.dtype), None)
-        q, k, v = (y @ p[b + "wqkv.weight"].to(x.dtype).T).unflatten(-1, (3, c.num_heads, c.head_dim)).unbind(-3)
+        q, k, v = (y @ p[b + "wqkv.weight"].to(x.dtype).T).unflatten(-1, (3, self.local_heads, c.head_dim)).unbind(-3)
         q, k = _apply_rope(q, angles), _apply_rope(k, angles)
         # [1, heads, n, head_dim]: with a batch dimension SDPA can take its fused backends (a 3-D call
         # falls back to the math path, which runs in float32 on CUDA)
         q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
         attn = F.scaled_dot_product_attention(q, k, v, scale=c.head_dim ** -0.5)[0]
-        x = x + attn.transpose(0, 1).reshape(x.shape[0], -1) @ p[b + "wo.weight"].to(x.dtype).T
+        x = x + self._sum(attn.transpose(0, 1).reshape(x.shape[0], -1) @ p[b + "wo.weight"].to(x.dtype).T)
         y = _rms_norm(x, p[b + "norm1.weight"].to(x.dtype), None)
         y = F.gelu(y @ p[b + "mlp.fc0.weight"].to(x.dtype).T, approximate="tanh")
-        return x + y @ p[b + "mlp.fc1.weight"].to(x.dtype).T
+        return x + self._sum(y @ p[b + "mlp.fc1.weight"].to(x.dtype).T)
+
+    def _sum(self, partial: torch.Tensor) -> torch.Tensor:
+        """A row-parallel projection's output: this rank's partial sum, summed over the TP ranks."""
+        return partial if self.reduce is None else self.reduce(partial)
 
     def encode_one(self, patches: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """One image: patches [h*w, 3, P, P] -> embeddings [tokens_for_grid(h, w), text_hidden_size]."""

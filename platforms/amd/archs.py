@@ -49,7 +49,8 @@ class Arch:
 # occupancy of one wave per SIMD for AMD (bench/amdgcn_report.py, docs/amd.md), the row gives a
 # smaller tile: the KDA decode step walks its state row 16 columns at a time (the whole row, the
 # default, takes 512 VGPRs + 256 AGPRs and spills 157; 16 columns: 148 VGPRs, no spill, 3 waves)
-# and the chunked recurrence 16 columns a program (32: 58-62 registers spilled). The other
+# and the chunked recurrence 16 columns a program (32: 58-62 registers spilled); the MLA decode
+# steps 16 positions at a time (32 spills 19-41 registers at 8 waves; 16: 204-214 VGPRs, none). The other
 # kernels keep the defaults the NVIDIA path uses (their compiled reports show no spill).
 _COMMON = {
     "kda_decode_step": {"block_v": 16},
@@ -63,7 +64,7 @@ ARCHS = {
                    launch={**_COMMON,
                            # fp32 dots: XF32 (Triton "tf32") as NVIDIA's TF32; 3xTF32 has no AMD form
                            "indexer_prefill_scores": {"block_s": 64, "precisions": ("tf32", "ieee")},
-                           "mla_decode": {"operands": "native"},
+                           "mla_decode": {"operands": "native", "block_n": 16},
                            # no native MXFP4: Triton's dot_scaled would upcast to bf16 on CDNA3, so
                            # the in-kernel E2M1 decoding serves decode batches (dequant from 1,024)
                            "moe_experts": {"prefer": "decode", "tf32": True},
@@ -73,7 +74,7 @@ ARCHS = {
                    launch={**_COMMON,
                            "indexer_prefill_scores": {"block_s": 64, "precisions": ("ieee", "ieee")},
                            "indexer_decode_scores": {"block_l": 64, "ieee": True},
-                           "mla_decode": {"operands": "native", "ieee": True},
+                           "mla_decode": {"operands": "native", "ieee": True, "block_n": 16},
                            # native MXFP4 matrix-core operands for bf16 batches (tl.dot_scaled)
                            "moe_experts": {"prefer": "dot_scaled", "tf32": False},
                            "kda_chunked": {"precision": "ieee", "block_v": 16}}),

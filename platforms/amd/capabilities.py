@@ -1,7 +1,8 @@
 """AMD capabilities, read from the device (torch.cuda on a ROCm build) and the installed packages,
 or those of the simulated target (K3_AMD_SIMULATE, simulate.py) on the CPU. Claims only what
-the plugin implements: no HIP graph runner and no HIP-IPC collective exist yet, so
-`graph_capture` and `hip_ipc` stay False."""
+the plugin implements and can run here: no HIP graph runner exists, so `graph_capture` stays
+False; `hip_ipc` (the IPC all-gather) and `aiter` only when opted in and runnable (neither has
+executed on AMD hardware)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import platform as host
 
 from k3.plugin.types import Capabilities
 
-from . import archs
+from . import aiter_ops, archs, ipc_allgather
 from .simulate import triton_runs
 
 # fp8 flavour of the matrix cores: MI300 (gfx942) uses the FNUZ encoding, MI350 (gfx950) OCP's.
@@ -27,7 +28,9 @@ def _imports(module: str) -> bool:
 
 def read(device_index: int = 0) -> Capabilities:
     """Capabilities of ROCm device `device_index`: gfx arch, fp8 flavour, native MXFP4, RCCL,
-    triton when it imports; graph capture and HIP IPC not claimed (not implemented)."""
+    triton when it imports, aiter when K3_AMD_AITER=1 and AITER imports (aiter_ops.status),
+    hip_ipc when K3_AMD_HIP_IPC=1 and two GPUs are visible (ipc_allgather); graph capture not
+    claimed (not implemented)."""
     import torch
 
     props = torch.cuda.get_device_properties(device_index)
@@ -36,7 +39,8 @@ def read(device_index: int = 0) -> Capabilities:
         vendor="amd", arch=arch, device_name=props.name, memory_bytes=props.total_memory,
         device_count=torch.cuda.device_count(), dist_backend="rccl",
         dtypes=frozenset({"bfloat16", "float16", "float32", "float64"}), fp8_dtype=FP8_BY_ARCH.get(arch),
-        native_mxfp4=arch in NATIVE_MXFP4_ARCHS, triton=_imports("triton"),
+        native_mxfp4=arch in NATIVE_MXFP4_ARCHS, triton=_imports("triton"), aiter=aiter_ops.status()[0],
+        hip_ipc=ipc_allgather.enabled_by_env() and torch.cuda.device_count() >= 2,
     )
 
 

@@ -7,6 +7,12 @@ Not served on AMD: the MoE `gemv` mode (inline PTX: `fma.rn.f16x2`), 3xTF32 dots
 NVIDIA's; the chunked KDA prefill and the indexer prefill run IEEE fp32 dots instead) and
 fla-core's chunked prefill (experimental on NVIDIA too). Nothing here has executed on AMD
 hardware (docs/platforms.md, conformance/reports/amd-simulated-cpu/).
+
+FlyDSL kernels (k3.platforms.amd.fly_kernels: W4A16 MXFP4 experts for decode batches, sparse
+MLA decode over bf16 pages) and AITER's fused ops (k3.platforms.amd.aiter_ops) are opt-in:
+served only when K3_AMD_FLYDSL=1 / K3_AMD_AITER=1 and they can run (a ROCm device; AITER
+importing), in place of the entry of the same kernel-table slot, which keeps every input they
+do not cover. They have never executed (the FlyDSL kernels are lowered to AMDGCN in CI only).
 """
 
 from __future__ import annotations
@@ -20,18 +26,30 @@ from dataclasses import dataclass
 from . import archs
 
 DISABLE_ENV = "K3_AMD_DISABLE"
+FLYDSL_ENV = "K3_AMD_FLYDSL"
+AITER_ENV = "K3_AMD_AITER"
 
 
 @dataclass(frozen=True)
 class Kernel:
     """One kernel the plugin serves: the kernel-table entry it backs ("family.entry"), the
     function ("module:function" under k3.platforms), what it is, and the modules it needs
-    installed (looked up, not imported, until the kernel is served)."""
+    installed (looked up, not imported, until the kernel is served). opt_in: the environment
+    variable that must be set ("1") for it to serve (never-executed FlyDSL and AITER paths), in
+    place of the entry's default, which it takes as `fallback` for the inputs it does not cover
+    (the reference op when none serves)."""
 
     entry: str
     target: str
     about: str
     needs: tuple[str, ...] = ("triton",)
+    opt_in: str | None = None
+
+
+def _unverified(library: str, entry: str, target: str, about: str) -> Kernel:
+    """An opt-in kernel of `library` ("flydsl": K3_AMD_FLYDSL, "aiter": K3_AMD_AITER) that has never executed."""
+    return Kernel(entry, target, f"{about} (unverified: never executed)", needs=(library,),
+                  opt_in={"flydsl": FLYDSL_ENV, "aiter": AITER_ENV}[library])
 
 
 SERVED = {
@@ -64,6 +82,16 @@ SERVED = {
     "rms_norm": Kernel("elementwise.rms_norm", "triton_kernels.rms_norm:rms_norm", "K3's RMSNorm in one launch"),
     "glu_activation": Kernel("elementwise.glu_activation", "triton_kernels.glu:glu_activation",
                              "SiTU-GLU / SiLU-GLU of the dense FFNs in one launch"),
+    "flydsl_moe_experts": _unverified("flydsl", "moe.experts", "amd.fly_kernels.moe_w4a16:experts_forward",
+                                      "FlyDSL W4A16 MXFP4 experts for decode batches"),
+    "flydsl_sparse_mla_decode": _unverified("flydsl", "mla.decode", "amd.fly_kernels.sparse_mla:mla_decode",
+                                            "FlyDSL sparse (DSA) MLA decode over bf16 pages"),
+    "aiter_add_rms_norm": _unverified("aiter", "elementwise.add_rms_norm", "amd.aiter_ops:add_rms_norm",
+                                      "AITER's fused add + RMSNorm"),
+    "aiter_moe_experts": _unverified("aiter", "moe.experts", "amd.aiter_ops:experts_forward",
+                                     "AITER's fused MoE over MXFP4 experts, SiLU-GLU"),
+    "aiter_mla_decode": _unverified("aiter", "mla.decode", "amd.aiter_ops:mla_decode",
+                                    "AITER's MLA decode over bf16 pages"),
 }
 
 
@@ -75,6 +103,11 @@ def disabled() -> set[str]:
         warnings.warn(f"{DISABLE_ENV}: unknown kernel name(s) {sorted(unknown)} ignored; known: "
                       f"{', '.join(sorted(SERVED))}, or all", stacklevel=3)
     return set(SERVED) if "all" in names else names
+
+
+def opted_in(env: str) -> bool:
+    """Whether the opt-in variable `env` (K3_AMD_FLYDSL, K3_AMD_AITER) is set ("1", "true", "yes", "on")."""
+    return os.environ.get(env, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def implementation(name: str, target: archs.Arch):
@@ -93,11 +126,27 @@ def implementation(name: str, target: archs.Arch):
 
 def table_entries(family: str, target: archs.Arch, has_module) -> dict:
     """entry name -> callable of every served kernel of `family` that is not disabled and whose
-    modules are installed (`has_module(name)`)."""
+    modules are installed (`has_module(name)`); opt-in kernels (their variable set) then replace
+    the entry, each with what served it before (or the reference op) bound as its `fallback`."""
     off = disabled()
     entries = {}
-    for name, kernel in SERVED.items():
-        kernel_family, entry = kernel.entry.split(".")
-        if kernel_family == family and name not in off and all(has_module(m) for m in kernel.needs):
-            entries[entry] = implementation(name, target)
+    for opt_in in (False, True):
+        for name, kernel in SERVED.items():
+            kernel_family, entry = kernel.entry.split(".")
+            if (bool(kernel.opt_in) != opt_in or kernel_family != family or name in off
+                    or (kernel.opt_in and not opted_in(kernel.opt_in))
+                    or not all(has_module(m) for m in kernel.needs)):
+                continue
+            fn = implementation(name, target)
+            if opt_in:
+                fn = functools.partial(fn, fallback=entries.get(entry) or _reference(kernel.entry))
+            entries[entry] = fn
     return entries
+
+
+def _reference(entry: str):
+    """The reference platform's kernel of `entry` ("family.entry"): its pure-torch table's."""
+    from k3.platforms.torch_kernels.tables import torch_tables
+
+    family, name = entry.split(".")
+    return getattr(torch_tables()[family], name)

@@ -19,7 +19,7 @@ from k3.platforms._probe import has_module
 from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels,
                        hookimpl)
 
-from . import archs, capabilities, detect, kernels
+from . import aiter_ops, archs, capabilities, detect, kernels
 from .simulate import requested_arch, triton_runs
 
 K3_HOOKSPEC_VERSIONS = (1,)
@@ -56,6 +56,20 @@ def k3_config_defaults():
 
 
 @hookimpl
+def k3_collective_backends(platform, group):
+    """The IPC all-gather (ipc_allgather.py) where `hip_ipc` is claimed and the group has peers."""
+    if platform.device != "cuda" or not capabilities.read().hip_ipc:
+        return []
+    import torch.distributed as dist
+
+    if dist.get_world_size(group if group is not None else dist.group.WORLD) < 2:
+        return []
+    from .ipc_allgather import IpcAllGather
+
+    return [IpcAllGather(group)]
+
+
+@hookimpl
 def k3_conformance_expectations():
     return str(CONFORMANCE)
 
@@ -64,7 +78,13 @@ def _kernel_table(platform, family: str, table):
     """The `table` (a KernelTable class) of `family` with the served kernels of kernels.py
     bound to the target's launch options; None when none serves (the reference plugin serves
     every entry)."""
-    can_run = lambda module: has_module(module) and (module != "triton" or triton_runs(platform.device))  # noqa: E731
+    def can_run(module: str) -> bool:          # FlyDSL and AITER run on a ROCm device only (no interpreter)
+        if module in ("flydsl", "aiter") and platform.device != "cuda":
+            return False
+        if module == "aiter":
+            return aiter_ops.status()[0]
+        return has_module(module) and (module != "triton" or triton_runs(platform.device))
+
     entries = kernels.table_entries(family, target(platform), can_run)
     return table(**entries) if entries else None
 

@@ -11,6 +11,7 @@ which is how it is tested without a PPU.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from k3.plugin import hookimpl
@@ -20,6 +21,7 @@ from . import capabilities, detect
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME
 CONFORMANCE = Path(__file__).with_name("conformance.toml")
+EXPERT_CACHE_ENV = "K3_PPU_EXPERT_CACHE"       # auto | on | off: the default of --expert-cache on ppu
 
 
 @hookimpl
@@ -34,7 +36,10 @@ def k3_capabilities(platform):
 
 @hookimpl
 def k3_config_defaults():
-    return {"gpu_memory_utilization": 0.9}
+    # the expert cache (k3.engine.expert_cache): the torch-native experts read dense bf16 experts at
+    # 2 bytes a weight, MXFP4 ones dequantised on the fly at 6.5+ (README.md); auto holds them dense
+    # when the capacity plan still fits
+    return {"gpu_memory_utilization": 0.9, "expert_cache": os.environ.get(EXPERT_CACHE_ENV, "auto")}
 
 
 @hookimpl

@@ -20,7 +20,9 @@ COMPILE_ENV = "K3_TORCH_COMPILE"
 def grouped_gemm_supported(device: str) -> bool:
     """True when `device` runs torch._grouped_mm on bf16: the torch build has it for the device
     (on a CUDA-compatible device, compute capability 9.0 or above, where torch ships the grouped
-    kernels; torch's CPU build from 2.9), checked once by one small product against a matmul."""
+    kernels, and without a host synchronisation: torch's fallback loop reads the group offsets
+    on the host, which a captured decode graph cannot do; torch's CPU build from 2.9), checked
+    once by one small product against a matmul, on CUDA under torch's sync debug mode."""
     kind = torch.device(device).type
     if not hasattr(torch, "_grouped_mm") or kind not in ("cuda", "cpu"):
         return False
@@ -30,10 +32,16 @@ def grouped_gemm_supported(device: str) -> bool:
     a = torch.randn(32, 64, generator=gen).to(device, torch.bfloat16)
     b = torch.randn(2, 32, 64, generator=gen).to(device, torch.bfloat16).transpose(-2, -1)   # moe_w4a16's layout
     offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
+    debug = torch.cuda.get_sync_debug_mode() if kind == "cuda" else None
     try:
+        if kind == "cuda":
+            torch.cuda.set_sync_debug_mode("error")   # a host read (torch's fallback loop) raises
         got = torch._grouped_mm(a, b, offs=offs)
-    except (RuntimeError, NotImplementedError):       # a build without the kernels: the loop serves
+    except (RuntimeError, NotImplementedError):       # no kernels, or not graph-safe: the slots / loops serve
         return False
+    finally:
+        if kind == "cuda":
+            torch.cuda.set_sync_debug_mode(debug)
     want = torch.cat([a[:16] @ b[0], a[16:] @ b[1]])
     return bool(torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2))
 

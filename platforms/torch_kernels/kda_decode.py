@@ -45,8 +45,9 @@ def kda_decode_step(
     """`KDADecodeStep`: the module docstring."""
     n, h, k = f.shape
     rows = state_indices.long()
-    conv_in = conv_state[rows].masked_fill(fresh[:, None, None], 0)                   # [N, 3HK, W-1]
-    s0 = recurrent[rows].masked_fill(fresh[:, None, None, None], 0)                     # [N, H, K, V]
+    # the gathers are copies: cleared in place (a pass over every state row saved at batch 64)
+    conv_in = conv_state[rows].masked_fill_(fresh[:, None, None], 0)                  # [N, 3HK, W-1]
+    s0 = recurrent[rows].masked_fill_(fresh[:, None, None, None], 0)                    # [N, H, K, V]
     conv = short_conv(qkv.unsqueeze(1), conv_weight, conv_state=conv_in)              # y [N, 1, 3HK]
     conv_state[rows] = conv.state
     yq, yk, v = conv.y.reshape(n, 3, h, k).unbind(1)                                         # [N, H, K] each

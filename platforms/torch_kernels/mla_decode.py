@@ -88,7 +88,8 @@ def mla_decode(
 
     q_lat = torch.einsum("thd,hdr->thr", upcast(q_nope, cd), upcast(w_uk, cd))  # [T, H, R]
     q_full = torch.cat([q_lat, upcast(q_pe, cd)], -1)  # [T, H, R+Dr]
-    rows_t = rows[seq_of]  # [T, max_kv, R+Dr]: each query's sequence
+    # [T, max_kv, R+Dr]: each query's sequence (one query a sequence: the rows as gathered, no copy)
+    rows_t = rows if cu_seqlens_q is None else rows[seq_of]
     scores = torch.einsum("thc,tsc->ths", q_full, rows_t) * scale  # [T, H, max_kv]
     p = masked_softmax(scores, allowed[:, None, :])
     out_lat = torch.einsum("ths,tsr->thr", p, rows_t[..., :R])  # [T, H, R]

@@ -1,29 +1,24 @@
 """W4A16 routed experts in pure torch: `moe.experts` for devices with torch but no Triton (the
 ppu platform). `k3.plugin.kernels.Experts` is the contract; `k3.reference.experts_forward` is
-its oracle.
+its oracle. Three ways, chosen per call from what the weights are and what `build_experts`
+found the device can do (never by trying):
 
-The (token, slot) pairs are sorted by local expert on the device (a stable argsort; the pairs of
-other ranks' experts go to a sentinel bucket at the end), so each expert's tokens are one
-contiguous run of rows. The experts are then walked in groups: a group's MXFP4 weights are
-dequantised into a workspace reused by every call (`Workspace`: one group of w13 and w2 in the
-compute dtype, never the whole expert stack), and its rows run as one grouped GEMM
-(`torch._grouped_mm`, where `grouped_gemm_supported` says the device has it) or a loop over the
-group's experts, then the GLU, the second grouped GEMM, and the routing-weighted sum
-(`index_add_`).
+- **grouped** (dense bf16 experts, the expert cache `k3.engine.expert_cache` or a bf16
+  checkpoint, on a device with a sync-free `torch._grouped_mm`): the (token, slot) pairs sorted
+  by expert on the device, their activations gathered, two grouped GEMMs over the expert stacks
+  (a group per expert; an expert no pair names is never read), the GLU, and the weighted sum by
+  `index_add_`. No host read in either dispatch: decode reads the routed experts' bf16 weights
+  once (k3-slice, one token: 16 experts x 33M weights x 2 B = 1.06 GB a layer).
+- **slots** (`moe_slots.slot_experts`; dense_dispatch=True otherwise): no host read either; each
+  expert slot a step can touch runs on every token, masked. MXFP4 experts are dequantised g at
+  a time (`mxfp4_lut.lut_dequantize`, 6.5 bytes a weight) into one reused workspace.
+- **host** (dense_dispatch=False otherwise: prefill, eager steps): the expert-sorted pairs'
+  bounds read on the host once; the experts no pair names are skipped, the others walked g at
+  a time (MXFP4 dequantised into the workspace), each on its exact rows (a grouped GEMM over
+  the group where the device has it, else one product per expert).
 
-- dense_dispatch=False reads the per-group row counts on the host once and skips the groups
-  no token reaches (prefill, eager decode).
-- dense_dispatch=True never synchronises (decode, graph capture). With fewer pairs than local
-  experts (a few decode tokens) each pair's own expert is dequantised, found on the device, and
-  applied as a batched matrix-vector product: only the experts the routing names are read.
-  Otherwise every group is dequantised, and its rows are found by rotating the sorted pairs by
-  the group's start row on the device (a gather), with the rows past the group's last expert
-  masked out of the sum.
-
-`build_experts(device)` decides once, at set-up, what the device supports (grouped GEMM, a
-compiled GLU) and returns the entry; nothing is probed per call. Dense (unquantised) weights
-take the same path with `w[e]` copied into the workspace. The activation is
-`k3.reference.glu_activation` (compiled with `torch.compile` when `compile_supported` holds).
+The workspace (`Workspace`) holds one group of w13 and w2 in the compute dtype, never the whole
+stack; its buffers are kept for good (a captured decode graph holds their addresses).
 """
 
 from __future__ import annotations
@@ -34,106 +29,47 @@ import torch
 
 from k3 import reference as ref
 from k3.dtypes import compute_dtype
-from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor, mxfp4_dequantize
+from k3.quant.mxfp4 import MXFP4Tensor
 
-from .moe_experts import _check_2d
 from .device_support import compile_supported, grouped_gemm_supported
+from .moe_experts import _check_2d
+from .moe_slots import Materialiser, slot_experts, sort_pairs
+from .mxfp4_lut import lut_dequantize
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
-WORKSPACE_BYTES = 256 << 20     # bound of one group's dequantised w13 + w2 (at least one expert)
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+WORKSPACE_BYTES = 512 << 20     # bound of one group's dequantised w13 + w2 and its transient indices / activations
+INDEX_BYTES = 2                 # the LUT's int32 index a weight (one per two weights), transient
 
 
-def group_size(num_experts: int, inter: int, hidden: int, itemsize: int, budget: int = WORKSPACE_BYTES) -> int:
-    """Experts per group: as many as fit `budget` bytes of w13 + w2 (3 I L elements each), at
-    least one, at most `num_experts`."""
-    per_expert = 3 * inter * hidden * itemsize
-    return max(1, min(num_experts, budget // max(per_expert, 1)))
-
-
-def _pair_table(dtype: torch.dtype, device) -> torch.Tensor:
-    """[256, 2]: a packed byte -> its (low nibble, high nibble) E2M1 values in `dtype`."""
-    codes = torch.arange(256)
-    values = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float64)
-    return torch.stack([values[codes & 15], values[codes >> 4]], -1).to(dtype).to(device)
+def group_size(num_experts: int, per_expert_bytes: int, budget: int = WORKSPACE_BYTES) -> int:
+    """Experts per group: as many as fit `budget` bytes at `per_expert_bytes` each, at least
+    one, at most `num_experts`."""
+    return max(1, min(num_experts, budget // max(per_expert_bytes, 1)))
 
 
 @dataclass
 class Workspace:
-    """One group's dequantised weights, reused across calls (one pair of buffers per dtype,
-    device and shape: every MoE layer of a model shares one), plus the decode tables of the
-    dequantisation (built on first use, before any graph capture)."""
+    """One group's dequantised weights, reused across calls: a pair of buffers per (group,
+    shape, dtype, device), shared by every MoE layer of a model."""
 
     buffers: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
 
     def get(self, g: int, inter: int, hidden: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (g, inter, hidden, dtype, str(device))
         if key not in self.buffers:     # kept for good: a captured graph may hold these addresses
-            self.buffers[key] = (torch.empty(g, 2 * inter, hidden, dtype=dtype, device=device),
-                                 torch.empty(g, hidden, inter, dtype=dtype, device=device))
+            self.buffers[key] = (torch.empty(g, 2 * inter, hidden, dtype=dtype, device=device),    # [g, 2I, L]
+                                 torch.empty(g, hidden, inter, dtype=dtype, device=device))        # [g, L, I]
         return self.buffers[key]
-
-    def table(self, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (dtype, str(device))
-        if key not in self.tables:
-            scale = torch.tensor([2.0 ** (b - 127) for b in range(255)] + [float("nan")], dtype=torch.float64)
-            self.tables[key] = (_pair_table(dtype, device), scale.to(dtype).to(device))
-        return self.tables[key]
-
-
-def dequantize_into(out: torch.Tensor, w: ExpertWeight, e0: int, e1: int, ws: Workspace,
-                    index: torch.Tensor | None = None) -> torch.Tensor:
-    """Experts e0..e1 of `w` (or, with `index`, the experts it lists, a device tensor: no host
-    read) written densely into out[:n] (returned). MXFP4 bytes are decoded through a 256-entry
-    pair table straight into the workspace, then scaled in place; exact (what
-    `mxfp4_dequantize` gives) in bf16 / fp32 / fp64. fp16 goes through fp32."""
-    sel = slice(e0, e1) if index is None else index
-    n = e1 - e0 if index is None else index.shape[0]
-    dst = out[:n]
-    if not isinstance(w, MXFP4Tensor):
-        return dst.copy_(w[sel])
-    packed, scales = w.packed[sel], w.scales[sel]
-    if dst.dtype not in (torch.bfloat16, torch.float32, torch.float64):
-        return dst.copy_(mxfp4_dequantize(packed, scales, dtype=torch.float32))
-    pairs, scale = ws.table(dst.dtype, dst.device)
-    for i in range(n):                       # one expert's int32 byte index at a time
-        torch.index_select(pairs, 0, packed[i].reshape(-1).int(), out=dst[i].view(-1, 2))
-        blocks = dst[i].view(dst.shape[1], -1, MXFP4_BLOCK)
-        blocks.mul_(scale[scales[i].long()].unsqueeze(-1))
-    return dst
-
-
-def _grouped_torch(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """rows [offs[i-1], offs[i]) of a [M, in] times w[i]^T ([out, in]); other rows zero. No host
-    synchronisation (a masked product per expert)."""
-    rows = torch.arange(a.shape[0], device=a.device)
-    starts = torch.cat([offs.new_zeros(1), offs[:-1]])
-    out = a.new_zeros(a.shape[0], w.shape[1])
-    for i in range(w.shape[0]):
-        mine = ((rows >= starts[i]) & (rows < offs[i]))[:, None]
-        out = torch.where(mine, a @ w[i].T, out)
-    return out
-
-
-def _grouped_sliced(a: torch.Tensor, w: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """`_grouped_torch` with the group's row bounds known on the host: one exact product per
-    expert (host dispatch)."""
-    out = a.new_empty(a.shape[0], w.shape[1])
-    for i, (r0, r1) in enumerate(zip(bounds[:-1], bounds[1:])):
-        if r1 > r0:
-            torch.matmul(a[r0:r1], w[i].T, out=out[r0:r1])
-    return out
 
 
 def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """The same product as `_grouped_torch` on torch._grouped_mm (rows past offs[-1] zeroed)."""
-    out = torch._grouped_mm(a, w.transpose(-2, -1), offs=offs.int())
-    return torch.where((torch.arange(a.shape[0], device=a.device) < offs[-1])[:, None], out, 0)
+    """Rows [offs[i-1], offs[i]) of a [M, in] times w[i]^T (w [G, out, in]); rows past offs[-1]
+    are left unwritten (the caller masks them)."""
+    return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
 
 
 class W4A16Experts:
-    """The `moe.experts` entry for one device (see the module docstring); `grouped` and `glu`
+    """The `moe.experts` entry for one device (module docstring); `grouped` and `compiled_glu`
     are what `build_experts` decided for it."""
 
     def __init__(self, *, grouped: bool, compiled_glu: bool, workspace_bytes: int = WORKSPACE_BYTES):
@@ -141,14 +77,15 @@ class W4A16Experts:
         self.compiled_glu = compiled_glu
         self.workspace_bytes = workspace_bytes
         self.workspace = Workspace()
-        self._glu = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
+        self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
 
-    def _gemm(self, a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, bounds: list[int] | None) -> torch.Tensor:
-        """The group's product: grouped GEMM where set up and the shapes allow it, else exact
-        per-expert slices (host bounds known) or masked products (device dispatch)."""
-        if self.grouped and a.dtype == torch.bfloat16 and a.shape[1] % 16 == 0 and w.shape[1] % 16 == 0:
-            return _grouped_mm(a, w, offs)
-        return _grouped_torch(a, w, offs) if bounds is None else _grouped_sliced(a, w, bounds)
+    def way(self, w13: ExpertWeight, w2: ExpertWeight, cd: torch.dtype, dense_dispatch: bool) -> str:
+        """"grouped", "slots" or "host": which way a call with these weights takes."""
+        dense = isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)
+        if dense and self.grouped and cd == w13.dtype == w2.dtype == torch.bfloat16 \
+                and w13.shape[2] % 8 == 0 and w2.shape[2] % 8 == 0:
+            return "grouped"
+        return "slots" if dense_dispatch else "host"
 
     def __call__(self, x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None,
                  expert_start=0, dense_dispatch=False):
@@ -166,70 +103,84 @@ class W4A16Experts:
             raise ValueError(f"{fn}: topk_ids must be an int tensor [{t}, k] like topk_weights, got "
                              f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
         cd = compute_dtype(x, *[w for w in (w13, w2) if isinstance(w, torch.Tensor)])
-        dev = x.device
-        out = torch.zeros(t, hidden, dtype=cd, device=dev)
-        m = topk_ids.numel()
-        if m == 0:
+        out = torch.zeros(t, hidden, dtype=cd, device=x.device)
+        if topk_ids.numel() == 0:
             return out.to(x.dtype)
-        xf = x.to(cd)
-        local = topk_ids.long().reshape(-1) - expert_start                       # [M]
-        key = torch.where((local >= 0) & (local < e_local), local, e_local)    # sentinel: not this rank's
-        order = torch.argsort(key, stable=True)                                  # [M] pairs by expert
-        tok = order // topk_ids.shape[1]                                         # [M] their tokens
-        weight = topk_weights.reshape(-1).to(cd)[order]                          # [M]
-        counts = torch.zeros(e_local + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
-        ends = counts.cumsum(0)[:e_local]                                        # [E] end row per expert
-        g = group_size(e_local, inter, hidden, torch.finfo(cd).bits // 8, self.workspace_bytes)
-        ws13, ws2 = self.workspace.get(g, inter, hidden, cd, dev)
-        groups = [(e0, min(e0 + g, e_local)) for e0 in range(0, e_local, g)]
-        if not dense_dispatch:
-            bounds = torch.cat([ends.new_zeros(1), ends]).tolist()               # one host read
-        if dense_dispatch and m < e_local:
-            return self._per_pair(xf, w13, w2, local, topk_weights.reshape(-1).to(cd), topk_ids.shape[1], out,
-                                  g, (ws13, ws2), activation, beta, linear_beta).to(x.dtype)
-        rows = torch.arange(m, device=dev)
-        for e0, e1 in groups:
-            if dense_dispatch:
-                start = ends[e0] - counts[e0]
-                pick = (rows + start) % m                                        # the group's rows first
-                offs, local_bounds = ends[e0:e1] - start, None
-            else:
-                r0, r1 = bounds[e0], bounds[e1]
-                if r1 == r0:
-                    continue                                                     # no token reaches the group
-                pick = rows[r0:r1]
-                offs = ends[e0:e1] - r0
-                local_bounds = [b - r0 for b in bounds[e0:e1 + 1]]
-            w13g = dequantize_into(ws13, w13, e0, e1, self.workspace)
-            w2g = dequantize_into(ws2, w2, e0, e1, self.workspace)
-            a = xf[tok[pick]]                                                    # [m_g, L]
-            h = self._glu(self._gemm(a, w13g, offs, local_bounds), activation=activation, beta=beta,
-                          linear_beta=linear_beta)
-            o = self._gemm(h, w2g, offs, local_bounds)                                         # [m_g, L]
-            live = torch.arange(pick.shape[0], device=dev) < offs[-1]
-            out.index_add_(0, tok[pick], torch.where(live[:, None], o * weight[pick, None], 0))
-        return out.to(x.dtype)
+        xf, weights = x.to(cd), topk_weights.to(cd)                           # [T, L], [T, k]
+        local = topk_ids.long() - expert_start                                 # [T, k] local ids
+        glu = self._glu(activation, beta, linear_beta)
+        way = self.way(w13, w2, cd, dense_dispatch)
+        if way == "grouped":
+            return self._grouped(xf, w13, w2, local, weights, out, glu).to(x.dtype)
+        mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
+        # experts the workspace holds (their weights and transient LUT indices), the same for every
+        # call of a shape (one pair of buffers); the slots also bound a group's activations [g, T, 3I]
+        g = group_size(e_local, 3 * inter * hidden * (cd.itemsize + INDEX_BYTES), self.workspace_bytes)
+        gathered = mxfp4 or (way == "slots" and t * topk_ids.shape[1] < e_local)   # weights copied per call
+        ws13, ws2 = self.workspace.get(g, inter, hidden, cd, x.device) if gathered else (None, None)
+        m13, m2 = Materialiser(w13, ws13, cd), Materialiser(w2, ws2, cd)
+        if way == "host":
+            return self._host(xf, m13, m2, local, weights, out, glu, g=g, e_local=e_local, mxfp4=mxfp4).to(x.dtype)
+        g_act = group_size(e_local, t * 3 * inter * cd.itemsize, self.workspace_bytes)
+        g = min(g, g_act) if gathered else g_act
+        return slot_experts(xf, local, weights, out, e_local=e_local, g=g, w13=m13, w2=m2, glu=glu).to(x.dtype)
 
+    def _glu(self, activation, beta, linear_beta):
+        return lambda h: self._glu_fn(h, activation=activation, beta=beta, linear_beta=linear_beta)
 
-    def _per_pair(self, xf, w13, w2, local, weight, k, out, g, ws, activation, beta, linear_beta):
-        """Device dispatch with fewer (token, slot) pairs than local experts (decode of a few
-        tokens): each pair's expert, found on the device, is dequantised (g at a time into the
-        workspace) and applied to its token as a batched matrix-vector product, so only the
-        experts the pairs name are read; pairs of other ranks' experts weigh 0."""
-        m, e_local = local.shape[0], w13.shape[0]
-        valid = (local >= 0) & (local < e_local)
-        expert = local.clamp(0, e_local - 1)
-        tok = torch.arange(m, device=xf.device) // k
-        for c0 in range(0, m, g):
-            c1 = min(m, c0 + g)
-            w13g = dequantize_into(ws[0], w13, 0, 0, self.workspace, index=expert[c0:c1])
-            w2g = dequantize_into(ws[1], w2, 0, 0, self.workspace, index=expert[c0:c1])
-            a = xf[tok[c0:c1]]                                                       # [n, L]
-            h = torch.bmm(w13g, a[:, :, None])[..., 0]                               # [n, 2I]
-            h = self._glu(h, activation=activation, beta=beta, linear_beta=linear_beta)
-            o = torch.bmm(w2g, h[:, :, None])[..., 0]                                # [n, L]
-            out.index_add_(0, tok[c0:c1], torch.where(valid[c0:c1, None], o * weight[c0:c1, None], 0))
+    def _grouped(self, xf, w13, w2, local, weights, out, glu):
+        """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs (no host read)."""
+        k = local.shape[1]
+        order, counts = sort_pairs(local.reshape(-1), w13.shape[0])
+        offs = counts[:-1].cumsum(0).to(torch.int32)                              # [E] end row of each expert
+        tok = order // k                                                           # [M] each row's token
+        h = glu(_grouped_mm(xf[tok], w13, offs))                                   # [M, I]
+        o = _grouped_mm(h, w2, offs)                                               # [M, L]
+        live = torch.arange(o.shape[0], device=o.device) < offs[-1]                # rows of this rank's experts
+        return out.index_add_(0, tok, torch.where(live[:, None], o * weights.reshape(-1)[order, None], 0))
+
+    def _host(self, xf, m13, m2, local, weights, out, glu, *, g, e_local, mxfp4):
+        """Host dispatch: the expert-sorted pairs' bounds read once; used experts only, g at a
+        time, each on its exact rows."""
+        k = local.shape[1]
+        order, counts = sort_pairs(local.reshape(-1), e_local)
+        bounds = [0] + counts[:-1].cumsum(0).tolist()                              # one host read
+        used = [e for e in range(e_local) if bounds[e + 1] > bounds[e]]
+        tok, weight = order // k, weights.reshape(-1)[order]                      # [M], [M]
+        step = g if mxfp4 else max(1, len(used))                                  # dense: every used expert at once
+        for c0 in range(0, len(used), step):
+            chunk = used[c0:c0 + step]
+            r0, r1 = bounds[chunk[0]], bounds[chunk[-1] + 1]
+            rows = [bounds[e + 1] - bounds[e] for e in chunk]                      # each expert's rows, in order
+            a = xf[tok[r0:r1]]                                                     # [r, L]
+            if mxfp4:
+                consecutive = chunk[-1] - chunk[0] == len(chunk) - 1
+                index = None if consecutive else torch.tensor(chunk, device=xf.device)
+                w13g, w2g = m13(chunk[0], chunk[0] + len(chunk), index), m2(chunk[0], chunk[0] + len(chunk), index)
+                h = glu(self._products(a, w13g, rows))
+                o = self._products(h, w2g, rows)
+            else:                                                                  # dense stacks read in place
+                h = glu(_per_expert(a, m13.w, chunk, rows, m13.dtype))
+                o = _per_expert(h, m2.w, chunk, rows, m2.dtype)
+            out.index_add_(0, tok[r0:r1], o * weight[r0:r1, None])
         return out
+
+    def _products(self, a: torch.Tensor, w: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """a [r, in] (rows[i] rows of expert i in turn) times each expert's w[i]^T ([out, in])."""
+        if self.grouped and a.dtype == torch.bfloat16 and a.shape[1] % 8 == 0 and w.shape[1] % 8 == 0:
+            offs = torch.tensor(rows, device=a.device).cumsum(0).to(torch.int32)
+            return _grouped_mm(a, w, offs)
+        return _per_expert(a, w, range(len(rows)), rows, a.dtype)
+
+
+def _per_expert(a: torch.Tensor, w: torch.Tensor, experts, rows: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """a [r, in] times w[e]^T for the experts in turn, rows[i] rows each (w read in place)."""
+    out = a.new_empty(a.shape[0], w.shape[1])
+    r0 = 0
+    for e, n in zip(experts, rows):
+        torch.matmul(a[r0:r0 + n], w[e].to(dtype).T, out=out[r0:r0 + n])
+        r0 += n
+    return out
 
 
 def build_experts(device: str, *, workspace_bytes: int = WORKSPACE_BYTES) -> W4A16Experts:

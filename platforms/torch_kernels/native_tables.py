@@ -22,8 +22,9 @@ from k3.plugin.tables import (AttnResKernels, ElementwiseKernels, IndexerKernels
 
 # entry -> what serves it (the README's and the conformance report's list)
 SERVED = {
-    "moe.experts": "torch_kernels.moe_w4a16: MXFP4 experts dequantised a group at a time into a reused "
-                   "workspace, grouped GEMM (torch._grouped_mm where the device has it), compiled GLU",
+    "moe.experts": "torch_kernels.moe_w4a16: dense (expert cache) experts by grouped GEMM over expert-sorted pairs "
+                   "(torch._grouped_mm where the device has it), MXFP4 ones dequantised through a scaled byte "
+                   "table a group at a time into a reused workspace; no host read in decode",
     "mla.prefill": "torch_kernels.mla_prefill_sdpa: expanded MLA on scaled_dot_product_attention",
     "mla.decode": "torch_kernels.mla_decode: absorbed MLA, batched matmuls over the gathered pages",
     "kda.chunked": "torch_kernels.kda_chunked_blocked: every chunk's intra-chunk work batched, exact fp32",

@@ -83,7 +83,7 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
     if fmt == "mxfp4":
         return indexer_decode_mxfp4.paged_decode_scores(q, head_weights, key_values, key_scales, block_table,
                                                         seq_lens, fmt=fmt, quantize_query=quantize_query,
-                                                        block_l=block_l)
+                                                        block_l=block_l, ieee=ieee)
     if not covers(q, head_weights, key_values, key_scales, fmt) or block_table.dim() != 2 \
             or block_table.shape[0] != q.shape[0]:
         return torch_paged.indexer_paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens,

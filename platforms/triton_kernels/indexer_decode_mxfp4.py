@@ -92,9 +92,11 @@ def covers(q, head_weights, key_values, key_scales, fmt) -> bool:
 
 
 def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens, *, fmt, quantize_query=True,
-                        block_l=64):
+                        block_l=64, ieee=None):
     """`k3.reference.indexer_paged_decode_scores` for MXFP4 pages in Triton (same signature and
-    contract). block_l: positions per program (a launch option for benchmarks)."""
+    contract). block_l: positions per program (a launch option for benchmarks); ieee: IEEE fp32
+    dots (None: for unquantised fp32 queries only; True where the target has no tf32, AMD's
+    gfx950)."""
     if not covers(q, head_weights, key_values, key_scales, fmt) or block_table.dim() != 2 \
             or block_table.shape[0] != q.shape[0]:
         return torch_paged.indexer_paged_decode_scores(q, head_weights, key_values, key_scales, block_table, seq_lens,
@@ -111,6 +113,7 @@ def paged_decode_scores(q, head_weights, key_values, key_scales, block_table, se
             block_table, seq_lens, out,
             key_values.stride(0), key_values.stride(1), key_scales.stride(0), key_scales.stride(1),
             block_table.stride(0), length,
-            HI=hi, HALF_D=d // 2, PAGE=page, BLOCK_L=block_l, IEEE=not quantize_query and q.dtype == torch.float32,
+            HI=hi, HALF_D=d // 2, PAGE=page, BLOCK_L=block_l,
+            IEEE=(not quantize_query and q.dtype == torch.float32) if ieee is None else bool(ieee),
         )
     return out

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from k3.platforms.torch_kernels import mla_decode as torch_decode
+from k3.platforms.torch_kernels.mla_selection import query_positions, unique_selection
 
 _QUERIES = (torch.bfloat16, torch.float16, torch.float32)
 _CACHES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
@@ -166,13 +167,15 @@ def split_count(t: int, head_blocks: int, positions: int, block_n: int, device: 
 
 
 def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, scale, cu_seqlens_q=None,
-               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton", ieee=None):
+               kv_cache_scale=None, topk_indices=None, operands="fp32", merge="triton", ieee=None, block_n=32):
     """`k3.reference.mla_decode` with the attention in Triton (same signature and contract).
 
     operands (a launch option for benchmarks): "fp32" (the default: rows widened to fp32, tf32
     products; IEEE for fp32 models) or "native" (bf16 and fp8 caches: bf16 tensor-core products
     straight from the stored rows, the query and the softmax weights rounded to bf16, the fp8
     scale applied to the scores and the output; fp32 caches keep "fp32").
+    block_n: positions per step of a program (a launch option for platform tables: AMD takes 16,
+    which compiles without spills where 32 spills 19-41 registers, docs/amd.md).
     merge: "triton" (the default: one `_merge_splits_kernel` launch writing the merged fp32 latent
     as hi + lo 16-bit parts of one operand, then one product with w_uv: about 13 fewer launches a
     layer than "torch"; on the H200 107 vs 138 us at one sequence of 8K, BENCHMARKS.md) or "torch"
@@ -190,29 +193,17 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
         raise ValueError(f"mla_decode: an fp8 kv_cache ({kv_cache.dtype}) needs a kv_cache_scale")
     t, h, _ = q_nope.shape
     r, dr = w_uk.shape[-1], q_pe.shape[-1]
-    n = seq_lens.shape[0]
     page = kv_cache.shape[1]
     max_kv = block_table.shape[1] * page
     dev = q_nope.device
     lens = seq_lens.long()
-    if cu_seqlens_q is None:
-        seq_of, q_pos = torch.arange(n, device=dev), lens - 1
-    else:
-        cu = cu_seqlens_q.long()
-        tok = torch.arange(t, device=dev)
-        seq_of = (cu[1:][None, :] <= tok[:, None]).sum(-1).clamp(max=n - 1)
-        q_pos = lens[seq_of] - (cu[seq_of + 1] - tok)
-    selection = None
-    if topk_indices is not None:
-        # sorted, each position once; padding, duplicates and positions past the table become -1
-        ordered = topk_indices.long().sort(-1).values
-        repeated = torch.zeros_like(ordered, dtype=torch.bool)
-        repeated[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
-        selection = torch.where(repeated | (ordered < 0) | (ordered >= max_kv), -1, ordered).to(torch.int32)
+    seq_of, q_pos = query_positions(t, seq_lens, cu_seqlens_q)
+    # sorted, each position once; padding, duplicates and positions past the table become -1
+    selection = None if topk_indices is None else unique_selection(topk_indices, max_kv)
     q_lat = _per_head_fp32(q_nope, w_uk)                                                      # [T, H, R] fp32
     q_full = torch.cat([q_lat, q_pe.float()], -1).contiguous()                                # [T, H, R+Dr]
     positions = max_kv if selection is None else selection.shape[1]
-    block_h, block_n = 16, 32
+    block_h = 16
     splits = split_count(t, triton.cdiv(h, block_h), positions, block_n, dev)
     # the loop's trip count, a power of two (few compilations) covering every split's share
     split_len = max(block_n, triton.next_power_of_2(triton.cdiv(positions, splits)))

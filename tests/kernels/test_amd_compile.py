@@ -2,11 +2,12 @@
 a GPU: Triton's AMD backend runs TTIR -> TTGIR -> LLIR -> AMDGCN -> hsaco from what pip installs
 (LLVM's AMDGPU target and lld are linked into libtriton). Runs `bench/amdgcn_report.py --json` in
 a process of its own (this tier's interpreter mode would turn the kernels into interpreted
-functions). CI's time budget (all variants of both targets take ~2 CPU minutes) allows three launched
-variants: gfx950's native-MXFP4 dot_scaled MoE tile, and the indexer decode scores on both fp8
-flavours (OCP E4M3FN pages on gfx950, FNUZ on gfx942, IEEE dots on gfx950, XF32 on gfx942);
-`python3 bench/amdgcn_report.py` compiles all 82 variants of both targets
-(docs/amd.md has its table, bench/results/amdgcn-report-2026-12-03.json the rows).
+functions). CI's time budget (all variants of both targets take ~2 CPU minutes) allows a few launched
+variants: gfx950's native-MXFP4 dot_scaled MoE tile, the indexer decode scores on both fp8
+flavours (OCP E4M3FN pages on gfx950, FNUZ on gfx942, IEEE dots on gfx950, XF32 on gfx942) and
+over MXFP4 key pages on gfx950, and gfx950's MLA decode tile (16 positions a step: no spill);
+`python3 bench/amdgcn_report.py` compiles all 88 variants of both targets
+(docs/amd.md has its table, bench/results/amdgcn-report-2026-12-04.json the rows).
 Compile-checked only: nothing here executes AMD code."""
 
 import json
@@ -20,7 +21,8 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("triton.backends.amd.compiler", reason="this Triton wheel has no AMD backend")
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "amdgcn_report.py"
-GFX950 = ("moe_gate_up/dot_scaled_n128_k64_t16", "indexer_decode")
+GFX950 = ("moe_gate_up/dot_scaled_n128_k64_t16", "indexer_decode", "indexer_decode_mxfp4",
+          "mla_decode/kvbf16_native_n16")
 GFX942 = ("indexer_decode",)
 
 

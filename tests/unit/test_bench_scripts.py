@@ -61,7 +61,7 @@ def test_every_device_session_phase_fits_one_call():
     body = text[text.index('case $phase in'):]
     phases = re.findall(r"^(\w+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
     assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
-                                            "tune"}
+                                            "tune", "vision", "collectives"}
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
         assert limits and sum(limits) < 600, (name, limits)
@@ -127,9 +127,15 @@ def test_dcp_decode_smoke(tmp_path):
     per_record = result["planner_bytes_per_token"]
     assert two["stored_bytes_per_token_per_rank"] == per_record * ((tokens + 1) // 2) / tokens
     assert two["topk_calls"] > 0 and two["tokens_equal_dcp1"]
+    topk = result["wire"]["topk"]
+    assert {r["scores"] for r in result["wire"]["rows"]} == {"normal", "allequal", "halfequal"}
     for row in result["wire"]["rows"]:        # one-word candidates: round 1 moves half the bytes
         assert 2 * row["round1_packed_bytes"] == row["round1_lossless_bytes"] == row["candidates"] * 8
-        assert row["total_packed_bytes"] < row["total_lossless_bytes"]
+        if row["scores"] == "normal":
+            assert row["total_packed_bytes"] < row["total_lossless_bytes"]
+        else:                                 # the tie worst case: every row takes every round, bounded
+            assert row["tie_rows"] == row["rows"]
+            assert row["total_packed_bytes"] <= row["candidates"] * 4 + topk * 4 + topk * 8
 
 
 def test_vision_encoder_bench_smoke(tmp_path):
@@ -146,3 +152,65 @@ def test_vision_ttft_bench_smoke(tmp_path):
     tokens = r["prompt_tokens"]
     assert tokens["image"] == tokens["same_length"] == tokens["text"] + 16     # the placeholder expanded to 16
     assert all(r["ttft_p50_ms"][k] > 0 and r["cpu_ms_p50"][k] > 0 for k in ("image", "text", "same_length"))
+
+
+def test_vision_ttft_bench_dummy_smoke(tmp_path):
+    """The path k3-slice takes (config alone, random weights drawn on the device, no tokenizer:
+    a synthetic prompt with the placeholder in the middle), at k3-tiny's size."""
+    r = _smoke("vision_ttft.py", tmp_path, "--dummy", "--text-tokens", "24")
+    assert r["prompt"] == "synthetic ids" and r["encoder_runs"] == 1
+    assert r["prompt_tokens"] == {"image": 24 + 16, "text": 24, "same_length": 24 + 16}
+
+
+def test_vision_serve_check_on_the_cpu(tmp_path):
+    """The device script's image-chat step (bench/vision_serve_check.py) passes every check on the
+    reference platform: k3 serve, the OpenAI client, an image chat, the cached prefix, /metrics,
+    a 400 for a truncated image."""
+    out = tmp_path / "serve.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "vision_serve_check.py"), "--platform", "reference",
+                           "--dtype", "float32", "--side", "112", "--max-tokens", "4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["image_tokens"] == 16 and all(report["checks"].values()) and len(report["checks"]) == 6
+
+
+def test_ppu_backend_quick(tmp_path):
+    """bench/ppu_backend.py --quick (k3-tiny on the CPU): every MoE kernel row agrees with the
+    reference table's output, and the ppu and naive engines report their figures."""
+    out = tmp_path / "ppu.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "ppu_backend.py"), "--quick", "--variants", "ppu",
+                           "naive", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    rows = result["moe"]["rows"]
+    assert {r["kernel"] for r in rows} == {"reference_table", "ppu_cache", "ppu_cache_slots", "ppu_mxfp4_host",
+                                           "ppu_mxfp4_device", "naive"}
+    assert all("error" not in r and r["ms"] > 0 and r["error_ratio_vs_reference_table"] < 1e-5 and r["ok"]
+               for r in rows)
+    assert [d["concurrency"] for d in result["ppu"]["decode"]] == [1, 2] and result["ppu"]["ttft_ms"]
+    assert result["naive"]["decode"][0]["note"].startswith("naive") and result["summary"]["speedup_vs_naive"]
+
+
+def test_ppu_profile_smoke(tmp_path):
+    """bench/ppu_profile.py --smoke: a decode step of 2 requests and a short prefill, each with its
+    kernel and calling-module tables, the routed experts held dense (--expert-cache on)."""
+    out = tmp_path / "prof.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "ppu_profile.py"), "--smoke", "--expert-cache", "on",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["expert_cache"]["on"]
+    for section in ("decode_2", "prefill_16"):
+        assert result[section]["kernels"] and result[section]["kernel_us_per_step"] > 0, section
+        assert any(r["module"].startswith("model.layers.*.block_sparse_moe") for r in result[section]["stacks"])
+
+
+def test_structured_output_bench_smoke(tmp_path):
+    """bench/structured_output.py with llguidance under n-gram speculation (bench/structured_h200.sh's
+    `guidance` and `ngram` steps): both kinds decode, the speculation counters are reported."""
+    result = _smoke("structured_output.py", tmp_path, "--backend", "guidance", "--speculative-config",
+                    '{"method": "ngram", "num_speculative_tokens": 2}')
+    row = result["rows"][0]
+    assert result["backend"] == "guidance" and row["free_tokens_per_s"] > 0 and row["constrained_tokens_per_s"] > 0
+    assert set(row["spec_constrained"]) >= {"verify_steps", "draft_tokens", "grammar_refused_drafts"}

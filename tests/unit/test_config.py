@@ -42,7 +42,7 @@ def test_unknown_sections_are_kept_and_written_back(k3_raw):
     k3_raw["some_future_section"] = {"x": 1}
     k3_raw["text_config"]["some_future_field"] = [1, 2]
     cfg = K3Config.from_dict(k3_raw)
-    assert cfg.extra_top["vision_config"]["model_type"] == "moonvit"
+    assert cfg.extra_top["vision_config"]["model_type"] == "kimi_k3_vision"
     out = cfg.to_dict()
     assert out["vision_config"] == k3_raw["vision_config"]
     assert out["some_future_section"] == {"x": 1}

@@ -57,7 +57,7 @@ def test_pyproject_lists_every_package():
 
 BARE_INSTALL_SCRIPT = """
 import importlib, importlib.abc, pkgutil, sys
-BLOCKED = ("triton", "fla", "xgrammar")  # what a bare `pip install k3` lacks (pytest stays: it runs this test)
+BLOCKED = ("triton", "fla", "xgrammar", "llguidance", "flydsl")  # what a bare `pip install k3` lacks (pytest stays: it runs this test)
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in BLOCKED:
@@ -65,7 +65,8 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import k3
 """ + WALK + """
-names = all_modules(("k3.platforms.triton_kernels.", "k3.__main__", "k3.structured.xgrammar_backend",
+names = all_modules(("k3.platforms.triton_kernels.", "k3.platforms.amd.fly_kernels.", "k3.__main__",
+                     "k3.structured.xgrammar_backend", "k3.structured.llguidance_backend",
                      "k3.conformance.pytest_plugin", "k3.conformance.session", "k3.conformance.tests"))
 failed = []
 for name in names:
@@ -80,7 +81,7 @@ sys.exit("\\n".join(failed) or None)
 
 def test_every_module_imports_without_triton():
     """CI's bare `pip install .` imports every module outside k3.platforms.triton_kernels with no
-    Triton, fla-core or xgrammar installed: a plugin module that imports a Triton kernel at the
+    Triton, fla-core, xgrammar or llguidance installed: a plugin module that imports a Triton kernel at the
     top (instead of where the kernel runs) fails there. The same walk here, with those packages
     blocked, fails in the unit tier instead of at the end of CI."""
     done = subprocess.run([sys.executable, "-c", BARE_INSTALL_SCRIPT], capture_output=True, text=True)

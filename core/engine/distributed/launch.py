@@ -92,6 +92,10 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     from ..engine import LLMEngine
 
     platform = select_platform(config.platform)
+    if config.kv_transfer_config is not None:       # each rank's own control channel (kv_port + rank)
+        from ..kv_transfer.config import for_rank
+
+        config = dataclasses.replace(config, kv_transfer_config=for_rank(config.kv_transfer_config, rank))
     if dcfg.enable_expert_parallel and config.async_scheduling is None:
         config = dataclasses.replace(config, async_scheduling=False)      # one forward per step (check)
     device = torch.device(platform.info.device)
@@ -103,14 +107,17 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
     sender = TPSender(groups.tp, device, groups.tp_size)
     engine = LLMEngine(config, platform=platform, parallel=build_parallel_context(platform, groups, dcfg),
                        broadcast=sender.step if groups.is_tp_leader and groups.tp_size > 1 else None)
-    if engine.media is not None and groups.is_tp_leader and groups.tp_size > 1:
-        tower = engine.media.tower          # mm_encoder_tp_mode "data": the TP ranks share the encoding
-        engine.media.encode_fn = lambda patches, grids: sender.encode(tower, patches, grids)
+    if engine.media is not None and groups.tp_size > 1:
+        _split_encoder(engine, config, groups, sender)
     ep = engine.model.parallel.ep
     if ep is not None:
         start, count = engine.model.parallel.expert_shard(engine.model.cfg.num_experts)
         logger.info(f"rank {rank} holds experts {start}-{start + count - 1} of {engine.model.cfg.num_experts} "
                     f"(expert parallel over {ep.size} ranks)")
+    if engine.kv_producer is not None or engine.kv_consumer is not None:
+        from ..kv_transfer.ranks import share_endpoints
+
+        share_endpoints(engine, groups)             # a TP leader learns its followers' transfer endpoints
     layouts: list = [None] * dcfg.world_size
     dist.all_gather_object(layouts, (groups.dp_rank, engine.pool.num_rows, engine.max_model_len), group=groups.control)
     for r, (d, rows, max_len) in enumerate(layouts):
@@ -121,6 +128,20 @@ def _join(config: EngineConfig, dcfg: DistributedConfig, rank: int):
             raise DistributedError(f"rank {r} has a context limit of {max_len} tokens, rank 0 {layouts[0][2]}: "
                                    "give every rank the same memory and --max-model-len")
     return engine, groups, sender
+
+
+def _split_encoder(engine, config: EngineConfig, groups, sender: TPSender) -> None:
+    """The vision encoder over the TP ranks (k3.vision.tensor_parallel): in "weights" mode each
+    rank keeps its shard of the tower; the leader's encoder runs go through `sender.encode`."""
+    from k3.vision.tensor_parallel import encoder_tp_mode, shard_tower
+
+    media = engine.media
+    media.tp_mode = encoder_tp_mode(config.mm_encoder_tp_mode, media.tower.cfg, groups.tp_size)
+    if media.tp_mode == "weights":
+        shard_tower(media.tower, groups.tp_rank, groups.tp_size, engine.model.parallel.collectives.all_reduce)
+    if groups.is_tp_leader:
+        tower, mode = media.tower, media.tp_mode
+        media.encode_fn = lambda patches, grids: sender.encode(tower, patches, grids, mode)
 
 
 def run_rank(config: EngineConfig, dcfg: DistributedConfig, rank: int) -> int:

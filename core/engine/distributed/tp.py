@@ -2,11 +2,12 @@
 
 The leader runs the DP rank's LLMEngine; before each forward it broadcasts the step's
 ForwardMetadata and row copies (`TPSender.step`), so every follower runs the same forward on its
-shard with the same cache rows. Images (`mm_encoder_tp_mode` "data"): before such a step the
-leader sends the patches of the images to encode (`TPSender.encode`), every rank encodes every
-TP-size-th image with its replicated tower and the outputs are all-gathered, so the encoder's
-work is split over the ranks (vLLM's data mode); the step then carries the embedding rows it
-uses and the batch rows they replace. Between steps it may send `idle` (a heartbeat, or with expert
+shard with the same cache rows. Images: before such a step the leader sends the patches of the
+images to encode (`TPSender.encode`) and every rank takes part in the encoder run
+(`tp_encode`): with `mm_encoder_tp_mode` "weights" each runs every image through its shard of
+the tower (heads and MLP columns, summed over the ranks: k3.vision.tensor_parallel); with "data"
+each encodes every TP-size-th image with its whole tower and the outputs are all-gathered. The
+step then carries the embedding rows it uses and the batch rows they replace. Between steps it may send `idle` (a heartbeat, or with expert
 parallelism an empty forward that joins the MoE collectives) and at the end `stop`.
 """
 
@@ -46,9 +47,9 @@ class TPSender:
         expert-parallel collectives of the DP ranks that have work."""
         self._command(IDLE_FORWARD if forward else HEARTBEAT)
 
-    def encode(self, tower, patches: torch.Tensor, grids: list[tuple[int, int]]) -> list[torch.Tensor]:
-        """The leader's side of a data-parallel encoder run: tower.encode(patches, grids), each rank
-        encoding its share (module docstring)."""
+    def encode(self, tower, patches: torch.Tensor, grids: list[tuple[int, int]], mode: str) -> list[torch.Tensor]:
+        """The leader's side of an encoder run over the TP ranks: tower.encode(patches, grids) in
+        `mode` "weights" or "data" (module docstring)."""
         if self.size == 1:
             return tower.encode(patches, grids)
         header = torch.zeros(_HEADER, dtype=torch.long, device=self.device)
@@ -56,7 +57,7 @@ class TPSender:
         self._broadcast(header)
         self._broadcast(torch.tensor([x for hw in grids for x in hw], dtype=torch.long, device=self.device))
         self._broadcast(patches.to(self.device).contiguous())
-        return encode_share(tower, patches, grids, self.group, self.size, 0)
+        return tp_encode(tower, patches, grids, self.group, self.size, 0, mode)
 
     def step(self, meta: ForwardMetadata, row_copies=(), media=None) -> None:
         """media: (image embedding rows [R, d], batch rows [R]) of the step, or None."""
@@ -80,6 +81,16 @@ class TPSender:
         self._broadcast(torch.cat([p.to(device) for p in parts]))
         if media is not None:
             self._broadcast(media[0].to(device).contiguous())
+
+
+def tp_encode(tower, patches: torch.Tensor, grids: list[tuple[int, int]], group, size: int, rank: int,
+              mode: str) -> list[torch.Tensor]:
+    """Every image's embeddings on every rank: "weights" runs them all through this rank's shard
+    of the tower (its row-parallel sums are the group's collectives), "data" encodes this rank's
+    share with the whole tower and all-gathers (`encode_share`)."""
+    if mode == "weights":
+        return tower.encode(patches, grids)
+    return encode_share(tower, patches, grids, group, size, rank)
 
 
 def encode_share(tower, patches: torch.Tensor, grids: list[tuple[int, int]], group, size: int,
@@ -118,7 +129,8 @@ def _follow_encode(engine, group, header: list[int]) -> None:
     patches = torch.empty(sum(h * w for h, w in grids), 3, patch, patch, dtype=_MEDIA_DTYPES[code],
                           device=engine.device)
     dist.broadcast(patches, group=group, group_src=0)
-    encode_share(engine.media.tower, patches, grids, group, dist.get_world_size(group), dist.get_rank(group))
+    tp_encode(engine.media.tower, patches, grids, group, dist.get_world_size(group), dist.get_rank(group),
+              engine.media.tp_mode)
 
 
 def receive(group, device) -> tuple[int, tuple | None]:

@@ -52,6 +52,10 @@ class TransferBackend(Protocol):
     def on_confirm(self, handler: Callable[[str], bool]) -> None:
         """Answer peers' confirms with `handler(transfer_id)` (the producer's pin registry)."""
 
+    def serve(self, op: str, handler: Callable[[dict, bytes], tuple[dict, bytes]]) -> None:
+        """Answer control-channel messages of `op` with `handler(header, payload)` (a TP
+        follower's `pull`: k3.engine.kv_transfer.ranks)."""
+
     def close(self) -> None:
         """Stop serving and release the registrations."""
 
@@ -109,6 +113,9 @@ class ControlledBackend:
 
     def on_confirm(self, handler: Callable[[str], bool]) -> None:
         self._confirm = handler
+
+    def serve(self, op: str, handler) -> None:
+        self.server.on(op, handler)
 
     def confirm(self, peer_control: str, transfer_id: str) -> bool:
         reply, _ = self.client.call(peer_control, {"op": "confirm", "transfer_id": transfer_id})

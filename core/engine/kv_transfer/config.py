@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -113,6 +114,19 @@ class KVTransferConfig:
         return cls(kv_connector=connector, kv_role=role, kv_ip=ip, kv_port=port, engine_id=engine_id,
                    protocol=protocol, metadata_server=metadata, device_name=device, max_inflight=inflight,
                    extra=dict(extra), **timeouts)
+
+
+def for_rank(value: "str | dict | KVTransferConfig | None", rank: int):
+    """The --kv-transfer-config of global rank `rank` of a deployment: every rank runs its own
+    control channel, on kv_port + rank (kv_port 0 stays 0: any free port). Other keys as given."""
+    config = KVTransferConfig.parse(value)
+    if config is None or not config.kv_port or not rank:
+        return value
+    if isinstance(value, KVTransferConfig):
+        return dataclasses.replace(value, kv_port=value.kv_port + rank)
+    data = json.loads(value) if isinstance(value, str) else dict(value)
+    data["kv_port"] = config.kv_port + rank
+    return data
 
 
 def _need(ok: bool, key: str, what: str, got) -> None:

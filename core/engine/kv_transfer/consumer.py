@@ -10,6 +10,11 @@ the prompt computed and the producer's first token appended, and sends failed, t
 unconfirmed ones to the scheduler as ordinary requests (local prefill). Rows a pull writes
 into are never freed while it runs: an aborted or timed-out pull gives them back once its
 thread is done.
+
+Under tensor parallelism the TP leader's consumer allocates the rows for all its ranks and
+each rank reads its own shard (`k3.engine.kv_transfer.plan`: whole rows from the producer rank
+of the same index when the TP sizes match, the KDA state re-sharded by heads when they differ);
+the followers' reads go to them as one `pull` call each (`k3.engine.kv_transfer.ranks`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from ..request import Request
 from ..scheduler import allocate_rows
 from .backend import TransferBackend
 from .config import KVTransferConfig
-from .handle import TransferHandle, layout_digest, prompt_digest
+from .handle import TransferHandle, layout_at_tp, layout_digest, prompt_digest
+from .plan import Read, rank_reads
+from .ranks import RankEndpoint, RankPulls, endpoint_of, serve_pulls
 from .wire import TransferError
 
 logger = get_logger(__name__)
@@ -46,6 +53,7 @@ class Pull:
     pairs: list[tuple[int, int]]
     future: Future
     deadline: float
+    nbytes: int = 0                 # bytes read over every TP rank
     seconds: float = 0.0            # the pull's wall time, once admitted
 
     @property
@@ -65,6 +73,12 @@ class KVConsumer:
         self.base = registered if registered is not None else backend.register(cache.backing)
         self.layout_digest = layout_digest(cache)
         self.row_bytes, self.block_size = cache.layout.row_bytes, cache.layout.block_size
+        self.tp_size = cache.format.tensor_parallel_size
+        self.heads = cache.cfg.linear_attn.num_heads if cache.cfg.linear_attn is not None else 0
+        # this TP group's endpoints in TP order (ranks.share_endpoints sets them under TP)
+        self.ranks: list[RankEndpoint] = [endpoint_of(self)]
+        serve_pulls(backend, config.transfer_timeout_s)        # a TP follower's part of a pull
+        self.rank_pulls = RankPulls(backend, config.transfer_timeout_s, config.max_inflight)
         self.inflight: list[Pull] = []
         self.abandoned: list[Pull] = []        # timed out or aborted, thread still running
         self.pending: deque[Request] = deque()
@@ -89,7 +103,7 @@ class KVConsumer:
             self.pending.append(request)
             return True
         try:
-            handle = self._check(request)
+            handle, source = self._check(request)
         except ValueError as e:
             _log(f"request {request.request_id}: prefilling locally ({e})")
             return False
@@ -104,25 +118,39 @@ class KVConsumer:
             _log(f"request {request.request_id}: no free rows for the transfer, prefilling locally")
             return False
         pairs = list(zip(handle.rows[skip:], own[:-1])) + [(handle.state_row, own[-1])]
-        future = self._pool.submit(self._pull, handle, pairs)
+        reads = [rank_reads(handle, source, self.cache.layout, heads=self.heads, dst_tp=self.tp_size, dst_rank=r,
+                            dst_base=self.ranks[r].base, pairs=pairs) for r in range(self.tp_size)]
+        future = self._pool.submit(self._pull, handle, reads)
         self.inflight.append(Pull(request, handle, shared, own, pairs, future,
-                                  deadline=time.monotonic() + self.config.transfer_timeout_s))
+                                  deadline=time.monotonic() + self.config.transfer_timeout_s,
+                                  nbytes=sum(r.nbytes for rank in reads for r in rank)))
         self.stats["rows_skipped"] += skip
         return True
 
-    def _check(self, request: Request) -> TransferHandle:
+    def _check(self, request: Request):
+        """(the handle, the producer's row layout); ValueError saying why the rows cannot be used."""
         handle = TransferHandle.from_params(request.params.kv_transfer_params)
         prompt = request.prompt_token_ids
-        if handle.layout_digest != self.layout_digest or handle.row_bytes != self.row_bytes:
-            raise ValueError("the producer's cache rows have another format (model, dtypes, block size, TP size "
-                             "or alignment differ)")
+        if len(self.ranks) != self.tp_size:
+            raise ValueError(f"the endpoints of this engine's {self.tp_size} TP ranks are not known")
+        if handle.block_size != self.block_size:
+            raise ValueError(f"the producer's rows hold {handle.block_size} tokens, this engine's {self.block_size} "
+                             "(give both the same --block-size)")
+        source, digest = ((self.cache.layout, self.layout_digest) if handle.tp_size == self.tp_size
+                          else layout_at_tp(self.cache, handle.tp_size))
+        if handle.layout_digest != digest or handle.row_bytes != source.row_bytes:
+            raise ValueError(f"the producer's cache rows (TP size {handle.tp_size}) have another format than this "
+                             f"engine's (TP size {self.tp_size}) beyond the KDA heads' split: the model, dtypes, "
+                             "kv / index cache dtypes, alignment or KDA state layout differ")
+        if self.heads and (self.heads % handle.tp_size):
+            raise ValueError(f"the producer's TP size {handle.tp_size} does not divide the {self.heads} KDA heads")
         if handle.num_tokens != len(prompt) or handle.prompt_digest != prompt_digest(prompt):
             raise ValueError("the handle was made for another prompt")
         if len(handle.rows) != math.ceil(len(prompt) / self.block_size) or handle.state_row is None:
             raise ValueError(f"the handle names {len(handle.rows)} attention rows for {len(prompt)} tokens")
         if request.output_token_ids:
             raise ValueError("the request already has output tokens")
-        return handle
+        return handle, source
 
     def _allocate(self, n: int) -> list[int] | None:
         return allocate_rows(self.pool, self.prefix_cache, n)
@@ -175,17 +203,16 @@ class KVConsumer:
         request.prefix_units = request.prefix_hit_tokens // unit if self.prefix_cache is not None else 0
         self.stats["pulls"] += 1
         self.stats["rows_pulled"] += len(pull.pairs)
-        self.stats["bytes_pulled"] += len(pull.pairs) * self.row_bytes
+        self.stats["bytes_pulled"] += pull.nbytes
         pull.seconds = pull.future.result()
         self.stats["pull_seconds"] += pull.seconds
 
     # ------------------------------------------------------------------ worker thread
-    def _pull(self, handle: TransferHandle, pairs: list[tuple[int, int]]) -> float:
-        """Read every row, then confirm; the seconds it took (TransferError on failure)."""
+    def _pull(self, handle: TransferHandle, reads: list[list[Read]]) -> float:
+        """Every TP rank reads its rows (reads[r]), then confirm; the seconds it took
+        (TransferError on failure)."""
         t0 = time.perf_counter()
-        for remote, local in pairs:
-            self.backend.read(handle.remote_data, handle.remote_base + remote * handle.row_bytes,
-                              self.base + local * self.row_bytes, self.row_bytes)
+        self.rank_pulls.run(self.ranks, reads)
         if not self.backend.confirm(handle.remote_control, handle.transfer_id):
             raise TransferError(f"the producer's pin {handle.transfer_id} expired before the confirm")
         return time.perf_counter() - t0
@@ -208,3 +235,4 @@ class KVConsumer:
     def close(self) -> None:
         """Stop the pull threads (the engine closes the backend)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.rank_pulls.close()

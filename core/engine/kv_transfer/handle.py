@@ -5,9 +5,12 @@ of another prompt or another row format."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
+from k3.cache.format import CacheFormat
+from k3.cache.plan import RowLayout
 from k3.cache.pool import CachePool
 
 HANDLE_KEYS = ("transfer_id", "remote_engine_id", "remote_control", "remote_data", "remote_base", "row_bytes",
@@ -25,7 +28,20 @@ def prompt_digest(token_ids: list[int]) -> str:
 def layout_digest(cache: CachePool) -> str:
     """A digest of a pool's row format (regions, block size, dtypes, TP size, KDA layout):
     equal digests mean a row can be copied byte for byte between the two pools."""
-    return hashlib.blake2b(repr((cache.layout, cache.format)).encode(), digest_size=16).hexdigest()
+    return format_digest(cache.layout, cache.format)
+
+
+def format_digest(layout: RowLayout, fmt: CacheFormat) -> str:
+    return hashlib.blake2b(repr((layout, fmt)).encode(), digest_size=16).hexdigest()
+
+
+def layout_at_tp(cache: CachePool, tensor_parallel_size: int) -> tuple[RowLayout, str]:
+    """(row layout, digest) of `cache`'s format at another tensor-parallel size: what a producer
+    of that size uses when every other choice (model, dtypes, block size, alignment, KDA state
+    layout) is this pool's. Equal digests mean only the KDA heads' split differs."""
+    fmt = dataclasses.replace(cache.format, tensor_parallel_size=tensor_parallel_size)
+    layout = fmt.layout(cache.cfg)
+    return layout, format_digest(layout, fmt)
 
 
 @dataclass(frozen=True)
@@ -49,12 +65,25 @@ class TransferHandle:
     first_token: int
     first_logprob: float
     first_top: tuple | None = None  # ([ids], [logprobs]) when the request asked for top logprobs
+    # tensor parallelism: the producer's TP ranks, each (data endpoint, registered base) in TP
+    # order; rows are the same indices on every rank (its leader allocates them for all).
+    # Empty: one rank, (remote_data, remote_base)
+    ranks: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def tp_size(self) -> int:
+        return len(self.ranks) or 1
+
+    def rank(self, r: int) -> tuple[str, int]:
+        """(data endpoint, base address) of the producer's TP rank r."""
+        return self.ranks[r] if self.ranks else (self.remote_data, self.remote_base)
 
     def to_params(self) -> dict:
         """The JSON `kv_transfer_params` of the producer's answer (do_remote_prefill set)."""
         out = {k: getattr(self, k) for k in HANDLE_KEYS}
         out["rows"] = list(self.rows)
         out["first_top"] = None if self.first_top is None else [list(self.first_top[0]), list(self.first_top[1])]
+        out["ranks"] = [list(r) for r in self.ranks]
         return {"do_remote_prefill": True, **out}
 
     @classmethod
@@ -74,6 +103,7 @@ class TransferHandle:
                        state_row=None if params["state_row"] is None else int(params["state_row"]),
                        first_token=int(params["first_token"]), first_logprob=float(params["first_logprob"]),
                        first_top=None if top is None else (tuple(int(t) for t in top[0]),
-                                                           tuple(float(v) for v in top[1])))
+                                                           tuple(float(v) for v in top[1])),
+                       ranks=tuple((str(data), int(base)) for data, base in params.get("ranks") or ()))
         except (TypeError, ValueError, IndexError) as e:
             raise ValueError(f"kv_transfer_params is malformed: {e}") from None

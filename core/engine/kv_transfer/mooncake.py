@@ -6,9 +6,10 @@ Each engine initialises a TransferEngine on kv_ip with the configured metadata s
 ("P2PHANDSHAKE": peers find each other's segments through the RPC port in the handle, no
 service to run) and protocol ("tcp", or "rdma" with device_name), and registers its cache's
 backing tensor. A consumer pulls each row with one `transfer_sync_read` from the producer's
-registered memory ("one transfer per packed cache row"). Status on the CPU machine
-(docs/disaggregation.md): the CUDA wheel does not import (libcudart.so.12 missing); the
-non-CUDA wheel needs libibverbs1 (apt) and then runs TCP on loopback with the P2P handshake.
+registered memory ("one transfer per packed cache row"). On a machine without CUDA the
+non-CUDA wheel needs libibverbs1 and librdmacm1 (apt; CI installs them: .ci/system_deps.sh) and
+then runs TCP on loopback with the P2P handshake; `missing_piece` names what a failed import
+lacks (docs/disaggregation.md, "Mooncake status").
 """
 
 from __future__ import annotations
@@ -20,14 +21,37 @@ from .config import KVTransferConfig
 from .wire import TransferError
 
 
+# shared libraries the wheels load that a bare machine may lack -> what provides them
+SYSTEM_LIBRARIES = {
+    "libibverbs.so.1": "the Debian/Ubuntu package libibverbs1 (apt-get install libibverbs1 librdmacm1)",
+    "librdmacm.so.1": "the Debian/Ubuntu package librdmacm1 (apt-get install libibverbs1 librdmacm1)",
+    "libnuma.so.1": "the Debian/Ubuntu package libnuma1",
+    "libcudart.so.12": "the CUDA 12 runtime: mooncake-transfer-engine is the CUDA build; without CUDA install "
+                       "mooncake-transfer-engine-non-cuda instead",
+}
+
+
+def missing_piece(error: ImportError) -> str:
+    """What the import of the transfer engine lacks, in words: the wheel, or the system library
+    named in the loader's error and the package that provides it."""
+    text = str(error)
+    if getattr(error, "name", None) in ("mooncake", "mooncake.engine") or "No module named 'mooncake" in text:
+        return ("the Mooncake wheel is not installed: pip install mooncake-transfer-engine (CUDA machines) or "
+                "mooncake-transfer-engine-non-cuda (elsewhere; k3[test] installs it on Linux x86_64, Python "
+                "3.10-3.13)")
+    for library, provider in SYSTEM_LIBRARIES.items():
+        if library in text:
+            return f"the Mooncake wheel is installed but cannot load {library}: install {provider}"
+    return f"the Mooncake wheel is installed but does not import: {text}"
+
+
 def load_transfer_engine():
     """Mooncake's TransferEngine class; ImportError saying what to install when it is absent."""
     try:
         from mooncake.engine import TransferEngine
     except ImportError as e:
-        raise ImportError(f"the MooncakeConnector needs the Mooncake transfer engine ({e}): pip install "
-                          "mooncake-transfer-engine (CUDA machines) or mooncake-transfer-engine-non-cuda "
-                          "(elsewhere; it also needs libibverbs1), or use kv_connector TCPConnector") from None
+        raise ImportError(f"the MooncakeConnector needs the Mooncake transfer engine: {missing_piece(e)}; "
+                          "or use kv_connector TCPConnector") from None
     return TransferEngine
 
 

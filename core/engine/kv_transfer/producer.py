@@ -8,6 +8,10 @@ thread; only the engine thread touches the row allocator, so a confirmed or expi
 queued and freed by `poll` between steps. A confirm answers False once a pin has expired, and
 a pin expires only if it was not confirmed, both under one lock: every byte a consumer read
 before a True answer was the request's.
+
+Under tensor parallelism only the TP leader's producer pins and publishes (its allocator owns
+the rows of every rank); the handle names every TP rank's data endpoint and cache base, and the
+followers' backends serve reads of their shards of the same rows.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..request import Request
 from .backend import TransferBackend
 from .config import KVTransferConfig
 from .handle import TransferHandle, layout_digest, prompt_digest
+from .ranks import RankEndpoint, endpoint_of
 
 
 @dataclass
@@ -42,6 +47,8 @@ class KVProducer:
         self._release: list[str] = []
         self._lock = threading.Lock()
         self.stats = {"published": 0, "confirmed": 0, "expired": 0}
+        # this TP group's endpoints in TP order (ranks.share_endpoints sets them under TP)
+        self.ranks: list[RankEndpoint] = [endpoint_of(self)]
         backend.on_confirm(self._confirmed)
 
     @staticmethod
@@ -65,7 +72,8 @@ class KVProducer:
             block_size=self.cache.layout.block_size, layout_digest=self.layout_digest,
             num_tokens=len(request.prompt_token_ids), prompt_digest=prompt_digest(request.prompt_token_ids),
             rows=tuple(rows), state_row=state, first_token=request.output_token_ids[0],
-            first_logprob=request.output_logprobs[0], first_top=top)
+            first_logprob=request.output_logprobs[0], first_top=top,
+            ranks=tuple((r.data, r.base) for r in self.ranks) if len(self.ranks) > 1 else ())
         with self._lock:
             self.pins[transfer_id] = Pin(rows + ([state] if state is not None else []),
                                          time.monotonic() + self.config.pin_timeout_s)

@@ -8,6 +8,14 @@ without drafts decode one token); acceptance uses the request's own sampling tra
 KDA rows are committed at the accepted length before anything else runs (a row copy with the
 "states" rollback, a closed-form rebuild with "recover"). Attention pages need nothing: the
 rejected positions are past the sequence length and are overwritten later.
+
+Structured-output requests speculate too (`k3.structured.speculation`, as vLLM): their
+drafts are cut at the first token the grammar refuses (a probabilistic draft keeps that token
+as its last: the verify pass rejects it with certainty and draws from the residual, which the
+standard rule needs to stay exact; for a one-hot draft the two are the same, so it is
+dropped); while the verify forward runs the host fills the bitmask rows of the 1 + k
+positions (the grammar after each draft prefix, then rolled back), and acceptance reads the
+logits masked by them. The grammar then follows only the kept tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.cache.block_pool import BlockPool
+from k3.structured.bitmask import unpack_bitmask
+from k3.structured.speculation import fill_draft_rows, grammar_valid_drafts
 
 from ..outputs import OutputProcessor
 from ..request import RequestOutput
@@ -36,6 +46,7 @@ class SpecStats:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)   # position i: times draft i was accepted
     proposed_per_position: list[int] = field(default_factory=list)
+    grammar_refused_drafts: int = 0      # drafted tokens cut off because the grammar refused them (or a token before)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -45,6 +56,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         return {"spec_verify_steps_total": self.verify_steps, "spec_draft_tokens_total": self.draft_tokens,
                 "spec_accepted_tokens_total": self.accepted_tokens,
+                "spec_grammar_refused_drafts_total": self.grammar_refused_drafts,
                 "spec_mean_acceptance_length": round(self.mean_acceptance_length, 4),
                 "spec_acceptance_per_position": [a / p if p else 0.0 for a, p in
                                                  zip(self.accepted_per_position, self.proposed_per_position)]}
@@ -80,6 +92,18 @@ def build_proposer(config: SpeculativeConfig, *, target, platform, cache_format,
     return DSparkProposer(config, target=target, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
 
 
+def cut_at_grammar(grammar, tokens: list[int], probs: torch.Tensor | None) -> tuple[list[int], torch.Tensor | None]:
+    """A constrained request's drafts cut at the first one its grammar refuses. One-hot drafts
+    (probs None) end before it. A sampled draft keeps it as its last: the verify pass rejects
+    it for certain (the masked target gives it probability 0) and draws the next token from the
+    residual max(0, p - q), which the standard rule needs to keep the output distributed as p;
+    drawing from p instead would over-weight the tokens q favours."""
+    keep = grammar_valid_drafts(grammar, tokens)
+    if probs is not None and keep < len(tokens):
+        keep += 1
+    return tokens[:keep], None if probs is None else probs[:keep]
+
+
 class SpeculativeStep(PlainStep):
     """The step strategy of speculative decoding (see the module docstring).
 
@@ -103,10 +127,12 @@ class SpeculativeStep(PlainStep):
         if not out.scheduled:
             return []
         self.prepare(out)
-        launched = self.runner.run(out)
+        launched = self.runner.run(out, defer_grammar=True)
+        masks = self.grammar_masks(out)           # host fills while the forward runs
+        self.runner.finish_sampling(launched)
         self.outputs.append_prompt_logprobs(out, launched.prompt_logprobs)
         starts = [s.request.num_computed_tokens for s in out.scheduled]
-        verified = self.accept(out, launched.spec_logits)
+        verified = self.accept(out, launched.spec_logits, masks)
         self.scheduler.commit(out, self.kept if verified else None)
         if launched.taps is not None:        # a DSpark or MTP draft reads the computed tokens' features
             for i, s in enumerate(out.scheduled):
@@ -133,13 +159,12 @@ class SpeculativeStep(PlainStep):
     @staticmethod
     def eligible(request) -> bool:
         """Speculation keeps the output distribution only where acceptance sees the same
-        transform as sampling: no penalties, logit bias, token masks, logprobs or pending min_tokens. A
-        structured-output request is not drafted for: it decodes one grammar-masked token a
-        step (its drafts would need verifying against the grammar)."""
+        transform as sampling: no penalties, logit bias, token masks, logprobs or pending
+        min_tokens. A structured-output grammar is part of that transform (its drafts are
+        checked against it, and the verify pass masks every position with it)."""
         p = request.params
         return (request.num_computed_tokens == request.num_tokens - 1 and not p.uses_penalties and not p.logit_bias
-                and p.allowed_tokens is None and request.grammar is None and p.logprobs is None
-                and p.min_tokens <= len(request.output_token_ids))
+                and p.allowed_tokens is None and p.logprobs is None and p.min_tokens <= len(request.output_token_ids))
 
     def propose(self, running: list) -> None:
         batch = []
@@ -153,8 +178,13 @@ class SpeculativeStep(PlainStep):
                 batch.append((request, limit))
         self.pending = {}
         for (request, _), proposal in zip(batch, self.proposer.propose_batch(batch)):
-            if proposal.tokens:
-                request.spec_tokens, request.spec_probs = proposal.tokens, proposal.probs
+            tokens, probs = proposal.tokens, proposal.probs
+            if tokens and request.grammar is not None:
+                tokens, probs = cut_at_grammar(request.grammar, tokens, probs)
+                self.stats.grammar_refused_drafts += len(proposal.tokens) - len(tokens)
+            if tokens:
+                request.spec_tokens, request.spec_probs = tokens, probs
+            if proposal.tokens:                # proposed (the proposer rolls back what is not verified)
                 self.pending[request.request_id] = request
 
     # ------------------------------------------------------------------ verify
@@ -177,9 +207,28 @@ class SpeculativeStep(PlainStep):
                 r.record_slot = slot
                 slot += 1
 
-    def accept(self, out: SchedulerOutput, spec_logits: dict[int, torch.Tensor]) -> dict[str, tuple[list[int], list[float]]]:
-        """Verify every verifying request, commit its KDA rows; returns request id -> (tokens to
-        append, their raw logprobs). Also fills `self.kept` for the scheduler's commit."""
+    def grammar_masks(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
+        """{row of out.scheduled: allowed [1 + k, V] bool on the device} for the verifying
+        requests with a grammar: position j allows what the grammar allows after the first j
+        drafts (one host fill for the step, one upload, unpacked on the device)."""
+        rows = [i for i, s in enumerate(out.scheduled) if s.spec_tokens and s.request.grammar is not None]
+        if not rows:
+            return {}
+        drafts = [out.scheduled[i].spec_tokens for i in rows]
+        first = [0]
+        for d in drafts:
+            first.append(first[-1] + 1 + len(d))
+        host = self.runner.host_bitmask(first[-1])
+        fill_draft_rows([out.scheduled[i].request.grammar for i in rows], drafts, host, first[:-1])
+        allowed = unpack_bitmask(self.runner.upload_bitmask(host), self.runner.vocab_size)
+        return {i: allowed[first[j]:first[j + 1]] for j, i in enumerate(rows)}
+
+    def accept(self, out: SchedulerOutput, spec_logits: dict[int, torch.Tensor],
+               masks: dict[int, torch.Tensor] | None = None) -> dict[str, tuple[list[int], list[float]]]:
+        """Verify every verifying request (its logits masked by `masks`, `grammar_masks`),
+        commit its KDA rows; returns request id -> (tokens to append, their raw logprobs). Also
+        fills `self.kept` for the scheduler's commit."""
+        masks = masks or {}
         self.kept = {}
         pending, self.pending = self.pending, {}
         results, copies, freed = {}, [], []
@@ -188,8 +237,10 @@ class SpeculativeStep(PlainStep):
             s = out.scheduled[i]
             r = s.request
             drafts = s.spec_tokens
-            n_acc, token = verify(logits.float(), drafts, r.spec_probs, r.params, seed=r.seed,
-                                  step=len(r.output_token_ids))
+            target = logits.float()
+            if i in masks:
+                target = target.masked_fill(~masks[i], float("-inf"))
+            n_acc, token = verify(target, drafts, r.spec_probs, r.params, seed=r.seed, step=len(r.output_token_ids))
             kept = 1 + n_acc
             self.kept[r.request_id] = kept
             if self.config.kda_rollback == "states":

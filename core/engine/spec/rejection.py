@@ -45,18 +45,18 @@ def verify(logits: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | 
     seeds = torch.full((k + 1,), seed, dtype=torch.long)
     steps = torch.arange(step, step + k + 1, dtype=torch.long)
     r = uniform_noise(seeds ^ _ACCEPT_STREAM, steps, 1)[:, 0]                 # [k+1] acceptance draws
-    race = -torch.log(uniform_noise(seeds, steps, vocab))                    # [k+1, V] exponential race
+    race = -torch.log(uniform_noise(seeds, steps, vocab)).to(p.device)       # [k+1, V] exponential race
     for i, x in enumerate(drafts):
         q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
         if q_x <= 0:
             raise ValueError(f"draft token {x} has draft probability 0: the proposal is not from q")
         if r[i] * q_x < p[i, x]:                                              # accept w.p. min(1, p/q)
             continue
-        q = torch.zeros(vocab, dtype=torch.float64)
+        q = torch.zeros(vocab, dtype=torch.float64, device=p.device)      # on the target's device (GPU logits)
         if draft_probs is None:
             q[x] = 1.0
         else:
-            q = draft_probs[i].double()
+            q = draft_probs[i].to(p.device, torch.float64)
         residual = (p[i] - q).clamp_min(0)
         if residual.sum() <= 0:                                               # p == q: cannot happen after a reject
             residual = p[i]

@@ -28,7 +28,7 @@ Conventions of every entry:
 
 from .attn_res import AttnResMix, AttnResOut, AttnResStep
 from .dense import Linear
-from .elementwise import GatedRMSNorm, GLUActivation, L2Norm, LayerNorm, RMSNorm, Sigmoid
+from .elementwise import AddRMSNorm, GatedRMSNorm, GLUActivation, L2Norm, LayerNorm, NormedResidual, RMSNorm, Sigmoid
 from .indexer import (
     HadamardTransform,
     IndexerDecodeScores,
@@ -57,9 +57,9 @@ from .quant import FP8Dequantize, FP8Quantize, MXFP4Dequantize, MXFP4Quantize, N
 
 __all__ = [
     "AttnResMix", "AttnResOut", "AttnResStep", "ExpertSelection", "Experts", "FP8Dequantize", "FP8Quantize",
-    "GLUActivation", "GatedRMSNorm", "HadamardTransform", "IndexerDecodeScores", "IndexerDequantizeKeys",
+    "AddRMSNorm", "GLUActivation", "GatedRMSNorm", "HadamardTransform", "IndexerDecodeScores", "IndexerDequantizeKeys",
     "IndexerPagedDecodeScores", "IndexerQuantizeKeys", "IndexerScores", "IndexerTopK", "KDAChunked",
     "KDAChunkedOut", "KDADecodeStep", "KDAGate", "KDARebuildState", "KDARecurrent", "KDARecurrentOut",
     "L2Norm", "LayerNorm", "Linear", "LoRADelta", "LoRAExperts", "MLADecode", "MLAPrefill", "MXFP4Dequantize", "MXFP4Quantize", "NVFP4Dequantize",
-    "NVFP4Quantize", "QuantizedKeys", "RMSNorm", "RouterLogits", "SelectExperts", "ShortConv", "ShortConvOut", "Sigmoid",
+    "NVFP4Quantize", "NormedResidual", "QuantizedKeys", "RMSNorm", "RouterLogits", "SelectExperts", "ShortConv", "ShortConvOut", "Sigmoid",
 ]

@@ -3,7 +3,7 @@ dimensions; each returns x.dtype, computed in fp32 (fp64 for float64) and cast b
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
@@ -13,6 +13,22 @@ class RMSNorm(Protocol):
     to x.dtype, then times weight `[D]` (None: no weight)."""
 
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float) -> Tensor: ...
+
+
+class NormedResidual(NamedTuple):
+    """What `AddRMSNorm` returns: the normed hidden state and the new residual, `[..., D]` each."""
+
+    normed: Tensor
+    residual: Tensor
+
+
+class AddRMSNorm(Protocol):
+    """`elementwise.add_rms_norm`: the pre-norm residual step of a plain residual stream (Kimi-Linear):
+    residual' = (residual + x) cast to residual.dtype, then `RMSNorm`(residual', weight, eps). x,
+    residual `[..., D]`; weight `[D]`. Returns `NormedResidual`(normed, residual'), both
+    residual.dtype."""
+
+    def __call__(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> NormedResidual: ...
 
 
 class GatedRMSNorm(Protocol):

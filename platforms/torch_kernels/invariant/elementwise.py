@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from k3.dtypes import compute_dtype
+from k3.plugin.kernels import NormedResidual
 
 from k3.ops_helpers import invariant as p
 
@@ -21,6 +22,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     xf = x.to(compute_dtype(x))
     y = (xf * _inv_rms(xf, eps)).to(x.dtype)
     return y if weight is None else y * weight.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> NormedResidual:
+    """`AddRMSNorm`: the residual sum rounded to residual.dtype, then `rms_norm` of it."""
+    total = (residual + x).to(residual.dtype)
+    return NormedResidual(rms_norm(total, weight, eps), total)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, *,

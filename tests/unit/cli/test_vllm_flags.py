@@ -186,13 +186,16 @@ def test_chat_template_flag(model, tmp_path):
 
 def test_image_flags(model, tmp_path):
     """vLLM's image flags (and k3's --allow-remote-media) reach the engine config; defaults
-    are vLLM's (data mode, no limit), bad values are usage errors naming what is accepted."""
+    are vLLM's (weights mode, no limit), bad values are usage errors naming what is accepted."""
     c = config("serve MODEL", model)
-    assert (c.max_num_encoder_tokens, c.mm_encoder_tp_mode, c.limit_mm_per_prompt) == (None, "data", None)
+    assert (c.max_num_encoder_tokens, c.mm_encoder_tp_mode, c.limit_mm_per_prompt) == (None, "weights", None)
+    assert c.mm_processor_cache_gb == 4.0
     args = parse(f"""serve MODEL --limit-mm-per-prompt '{{"image": 2}}' --mm-encoder-tp-mode data """
+                 "--mm-processor-cache-gb 0 "
                  f"--max-num-encoder-tokens 2k --allowed-local-media-path {tmp_path} --allow-remote-media", model)
     c = engine_config(args)[0]
     assert (c.max_num_encoder_tokens, c.limit_mm_per_prompt, c.max_images_per_prompt) == (2000, {"image": 2}, 2)
+    assert (c.mm_encoder_tp_mode, c.mm_processor_cache_gb) == ("data", 0.0)
     assert (args.allowed_local_media_path, args.allow_remote_media) == (str(tmp_path), True)
     with pytest.raises(CliError, match="is not a directory"):
         from k3.cli.serve import _check_flags
@@ -203,7 +206,8 @@ def test_image_flags(model, tmp_path):
 @pytest.mark.parametrize("line,pattern", [("""--limit-mm-per-prompt '{"video": 1}'""", '{"image": N}'),
                                           ("--limit-mm-per-prompt 3", "JSON object"),
                                           ("--max-num-encoder-tokens 0", "at least 1"),
-                                          ("--mm-encoder-tp-mode shard", "invalid choice")])
+                                          ("--mm-encoder-tp-mode shard", "invalid choice"),
+                                          ("--mm-processor-cache-gb -1", "at least 0")])
 def test_bad_image_flags_are_usage_errors(model, capsys, line, pattern):
     with pytest.raises(SystemExit) as e:
         parse(f"serve MODEL {line}", model)
@@ -242,3 +246,19 @@ def test_other_vllm_load_formats_are_usage_errors(model, capsys):
         parse("serve MODEL --load-format gguf", model)
     assert exit_info.value.code == 2
     assert "--load-format: invalid choice: 'gguf'" in capsys.readouterr().err
+
+
+def test_structured_outputs_backend_flags(model):
+    """vLLM's --structured-outputs-config JSON and its older --guided-decoding-backend pick the
+    grammar backend ("guidance" is vLLM's name for llguidance; "auto" is xgrammar here)."""
+    assert config("serve MODEL", model).structured_outputs_backend == "xgrammar"
+    c = config("""serve MODEL --structured-outputs-config '{"backend": "guidance", "disable_any_whitespace": true}'""",
+               model)
+    assert c.structured_outputs_backend == "guidance"
+    assert config("serve MODEL --guided-decoding-backend llguidance", model).structured_outputs_backend == "llguidance"
+    from k3.cli.serve import _check_flags
+
+    for line, problem in [("""--structured-outputs-config '{"backend": "outlines"}'""", "not implemented by k3"),
+                          ("--guided-decoding-backend xgrammar --structured-outputs-config '{}'", "not both")]:
+        with pytest.raises(CliError, match=problem):
+            _check_flags(parse(f"serve MODEL {line}", model))

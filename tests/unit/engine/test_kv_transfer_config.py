@@ -1,12 +1,14 @@
 """--kv-transfer-config: vLLM's JSON shape parsed into KVTransferConfig; every malformed value
-is refused with an error naming the key, by the engine config and by `k3 serve` (exit 2)."""
+is refused with an error naming the key, by the engine config and by `k3 serve` (exit 2); TP,
+DP and speculation are accepted with it, DCP refused; each rank of a deployment listens on
+kv_port + its rank."""
 
 import json
 
 import pytest
 
 from k3.engine.engine import EngineConfig
-from k3.engine.kv_transfer.config import KVTransferConfig, KVTransferConfigError
+from k3.engine.kv_transfer.config import KVTransferConfig, KVTransferConfigError, for_rank
 
 
 def test_parses_vllm_shape():
@@ -47,10 +49,23 @@ def test_malformed_config_is_named(value, names):
         EngineConfig(model="unused", kv_transfer_config=value).validate()
 
 
-def test_refused_with_tensor_parallel():
-    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
-        EngineConfig(model="unused", tensor_parallel_size=2,
-                     kv_transfer_config={"kv_connector": "TCPConnector", "kv_role": "kv_producer"}).validate()
+def test_tensor_data_parallel_and_speculation_accepted_dcp_refused():
+    kv = {"kv_connector": "TCPConnector", "kv_role": "kv_consumer"}
+    EngineConfig(model="unused", tensor_parallel_size=2, data_parallel_size=2, kv_transfer_config=kv).validate()
+    EngineConfig(model="unused", kv_transfer_config=kv,
+                 speculative_config={"method": "ngram", "num_speculative_tokens": 2}).validate()
+    with pytest.raises(ValueError, match="does not combine with decode_context_parallel_size 2"):
+        EngineConfig(model="unused", tensor_parallel_size=2, decode_context_parallel_size=2,
+                     kv_transfer_config=kv).validate()
+
+
+def test_each_rank_listens_on_its_own_port():
+    kv = {"kv_connector": "TCPConnector", "kv_role": "kv_producer", "kv_port": 7100}
+    assert for_rank(kv, 0) is kv and for_rank(kv, 3)["kv_port"] == 7103
+    assert json.loads(json.dumps(for_rank(json.dumps(kv), 2)))["kv_port"] == 7102
+    assert for_rank({**kv, "kv_port": 0}, 5)["kv_port"] == 0            # any free port on every rank
+    assert for_rank(KVTransferConfig.parse(kv), 1).kv_port == 7101
+    assert for_rank(None, 4) is None
 
 
 def test_serve_refuses_malformed_config(capsys, tiny_checkpoint):

@@ -1,12 +1,14 @@
 """Prefill/decode disaggregation through the Mooncake transfer engine on loopback (TCP
 transport, peer-to-peer handshake: no metadata service): the same tokens as one instance and
-the rows byte for byte. Skipped, with the import error, where the wheel cannot load (the
-CUDA wheel needs libcudart.so.12; mooncake-transfer-engine-non-cuda needs libibverbs1)."""
+the rows byte for byte. CI installs what it needs (the non-CUDA wheel through k3[test], its
+system libraries libibverbs1 and librdmacm1 through .ci/system_deps.sh); where it still cannot
+load, skipped with exactly what is missing (`k3.engine.kv_transfer.mooncake.missing_piece`)."""
 
 import pytest
 import torch
 
 from k3.engine.engine import EngineConfig, LLMEngine
+from k3.engine.kv_transfer.mooncake import missing_piece
 from k3.engine.params import SamplingParams
 
 
@@ -14,11 +16,11 @@ def _mooncake_error() -> str | None:
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except ImportError as e:
-        return f"the Mooncake transfer engine does not load here: {e}"
+        return f"the Mooncake transfer engine does not load here: {missing_piece(e)}"
     return None
 
 
-pytestmark = pytest.mark.skipif(_mooncake_error() is not None, reason=str(_mooncake_error()))
+needs_mooncake = pytest.mark.skipif(_mooncake_error() is not None, reason=str(_mooncake_error()))
 
 
 def _engine(ckpt, role=None):
@@ -37,6 +39,7 @@ def _run(engine, rid, prompt, params):
     return last
 
 
+@needs_mooncake
 def test_pd_over_mooncake_loopback(tiny_checkpoint):
     ckpt = tiny_checkpoint("k3-tiny")
     producer, consumer = _engine(ckpt, "kv_producer"), _engine(ckpt, "kv_consumer")
@@ -61,3 +64,13 @@ def test_pd_over_mooncake_loopback(tiny_checkpoint):
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+def test_missing_pieces_are_named():
+    """The skip reason (and the connector's error) says what to install."""
+    assert "pip install mooncake-transfer-engine" in missing_piece(ModuleNotFoundError("No module named 'mooncake'",
+                                                                                       name="mooncake"))
+    lib = ImportError("libibverbs.so.1: cannot open shared object file: No such file or directory")
+    assert "cannot load libibverbs.so.1: install the Debian/Ubuntu package libibverbs1" in missing_piece(lib)
+    cuda = ImportError("libcudart.so.12: cannot open shared object file: No such file or directory")
+    assert "mooncake-transfer-engine-non-cuda" in missing_piece(cuda)

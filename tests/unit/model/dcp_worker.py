@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from model_runs import teacher_forced  # noqa: E402
 
 from k3.model.dcp_topk import distributed_topk, interleave, stack_gather  # noqa: E402
-from k3.model.dcp_topk_packed import packed_topk  # noqa: E402
+from k3.model.dcp_topk_packed import packed_topk, tie_worst_case_scores  # noqa: E402
 from k3.model.parallel import ParallelContext, TorchDistributedCollectives  # noqa: E402
 
 WORLD = 4
@@ -49,6 +49,8 @@ def topk_case(name: str) -> tuple[torch.Tensor, int, int]:
     elif kind == "keyties":                  # near 1: many distinct scores share a bf16 key at the cut-off
         scores = 1 + scores * 1e-3
         scores[:, 5] = scores[:, 10] = scores.max() + 1e-4   # an exact tie across ranks: lower index first
+    elif kind in ("allequal", "halfequal"):  # the tie worst case: every score at the cut-off is tied across ranks
+        scores = tie_worst_case_scores(kind, 6, 97, 24, g)
     elif kind == "masked":                   # a causal-style mask: rows with fewer finite scores than topk
         scores[torch.arange(97)[None, :] > torch.tensor([3, 10, 20, 40, 60, 96])[:, None]] = float("-inf")
     return scores, 24, world

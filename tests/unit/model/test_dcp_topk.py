@@ -12,10 +12,10 @@ from k3 import reference as ref
 from k3.model.dcp_topk import (candidate_count, distributed_topk, interleave, ordered_topk, pack,
                                simulate_distributed_topk, unpack)
 from k3.model.dcp_topk_packed import (gathered_selection, pack_words, score_key, simulate_packed_topk,
-                                      unpack_words)
+                                      tie_worst_case_scores, unpack_words)
 
 CASES = [f"{kind}_{w}" for kind in ("random", "ties", "skewed", "masked") for w in (2, 4)]
-PACKED_CASES = ["ties_2", "skewed_4", "masked_4", "keyties_2", "keyties_4"]
+PACKED_CASES = ["ties_2", "skewed_4", "masked_4", "keyties_2", "keyties_4", "allequal_4", "halfequal_2"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_gloo_packed_equals_single_rank(gloo_runs, case):
         mine = torch.cat([r["mine"] for r in res], -1)
         got = ordered_topk(torch.where(mine >= 0, scores.gather(-1, mine.clamp_min(0)), float("-inf")), mine, topk)[1]
         assert torch.equal(got, want), (case, world)
-    if case.startswith("keyties"):
+    if case.startswith(("keyties", "allequal", "halfequal")):
         assert ranks[0][index]["ties"] == scores.shape[0]                  # every row took the exact round
     if case.startswith("skewed"):
         assert ranks[0][index]["resent"] > 0
@@ -85,6 +85,31 @@ def test_simulated_packed_protocol_cases():
         assert torch.equal(gathered_selection(got, scores, topk), want), (case, world, topk, scores.dtype)
         ties, resent = ties + got[0].tie_rows, resent + got[0].resent_rows
     assert ties > 50 and resent > 50
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["allequal", "halfequal"])
+def test_tie_worst_case_is_exact_and_bounded(kind, world):
+    """Every score at the cut-off tied across ranks (all equal; half equal with the cut inside
+    them): both formats select what one rank would (ties to the lower index), and the bytes a
+    rank sends stay within the protocol's bound per row: one-word, 4 c + 4 topk (resend) + 8 need
+    (the exact round's lossless fp32 words, need <= topk); lossless, 8 c + 8 topk. All equal
+    meets the one-word bound exactly: every rank resends every row and sends topk tied words."""
+    rows, length, topk = 3, 1024, 128
+    scores = tie_worst_case_scores(kind, rows, length, topk, torch.Generator().manual_seed(world)).float()
+    want = ref.indexer_topk(scores, topk=topk).long()
+    packed = simulate_packed_topk(scores, topk=topk, world=world)
+    lossless = simulate_distributed_topk(scores, topk=topk, world=world)
+    assert torch.equal(gathered_selection(packed, scores, topk), want)
+    assert torch.equal(lossless.indices, want)
+    if kind == "allequal":
+        assert torch.equal(want, torch.arange(topk).expand(rows, -1))      # the lowest indices win
+    c = candidate_count(topk, world)
+    bound = rows * (4 * c + 4 * topk + 8 * topk)
+    assert packed[0].tie_rows == rows and packed[0].wire_bytes <= bound
+    assert lossless.wire_bytes <= rows * (8 * c + 8 * topk)
+    if kind == "allequal":
+        assert packed[0].wire_bytes == bound and packed[0].resent_rows == rows * world
 
 
 def test_packed_round1_is_half_the_lossless_bytes():

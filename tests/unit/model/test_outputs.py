@@ -40,3 +40,25 @@ def test_media_placeholders_take_injected_embeddings(tiny_checkpoint):
     torch.testing.assert_close(with_media.logits, plain.logits, rtol=0, atol=0)
     unchanged, _ = _run(model, tokens)
     assert not torch.allclose(unchanged.logits, plain.logits)
+
+
+def test_a_backed_add_rms_norm_serves_the_plain_residual_stream(tiny_checkpoint):
+    """Kimi-Linear's residual stream calls `elementwise.add_rms_norm` once a layer when a plugin
+    backs it (AITER on AMD), and composes add + the served rms_norm when only the reference
+    does; both give the same logits (the reference op is that composition)."""
+    import dataclasses
+
+    from k3 import reference as ref
+
+    model = load_model(tiny_checkpoint("kimi-linear-tiny"), dtype=torch.bfloat16, progress=False)
+    tokens = [3, 14, 15, 92, 65, 35, 89]
+    plain, _ = _run(model, tokens)
+    calls = []
+    inner = model.model
+    kernels = inner.kernels
+    fused = dataclasses.replace(kernels.elementwise, add_rms_norm=lambda *a: calls.append(1) or ref.add_rms_norm(*a))
+    inner.kernels = dataclasses.replace(kernels, elementwise=fused,
+                                        providers={**kernels.providers, "elementwise.add_rms_norm": "vendor"})
+    backed, _ = _run(model, tokens)
+    assert len(calls) == model.cfg.num_hidden_layers
+    torch.testing.assert_close(backed.logits, plain.logits, rtol=0, atol=0)

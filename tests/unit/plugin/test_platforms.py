@@ -23,9 +23,10 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                 # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
                 "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
-                # the portable Triton kernels with AMD launch configurations; no graph runner or collective yet
-                "amd": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_indexer_kernels", "k3_kda_kernels",
-                        "k3_mla_kernels", "k3_moe_kernels"]}
+                # the portable Triton kernels with AMD launch configurations, the (opt-in) IPC all-gather;
+                # no graph runner yet
+                "amd": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels",
+                        "k3_indexer_kernels", "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"]}
 SDKS = ("triton", "torch_xla", "libtpu", "aiter", "flydsl", "fla", "amdsmi")
 CPU_ONLY = torch.version.cuda is None and torch.version.hip is None
 
@@ -82,7 +83,7 @@ def test_ppu_is_forceable_on_the_cpu():
 
     served = {entry for entry, plugin in platform.kernels.providers.items() if plugin == "ppu"}
     assert served == set(SERVED) and not platform.capabilities.graph_capture and platform.graph_runner is None
-    assert platform.config_defaults() == {"gpu_memory_utilization": 0.9}
+    assert platform.config_defaults() == {"gpu_memory_utilization": 0.9, "expert_cache": "auto"}
     assert [p.name for p in platform.conformance_expectations()] == ["conformance.toml"]
     assert platform.records["nvidia"].blocked and not platform.records["reference"].blocked
 

@@ -58,7 +58,7 @@ def test_forced_ppu_shows_its_entries_and_the_reference_fallback(capsys):
     assert served == set(SERVED)
     assert all(k == {"provider": "reference", "fallback": True} for name, k in data["kernels"].items()
                if name not in served)
-    assert data["config_defaults"] == {"gpu_memory_utilization": 0.9}
+    assert data["config_defaults"] == {"gpu_memory_utilization": 0.9, "expert_cache": "auto"}
     assert data["conformance_expectations"][0].endswith("ppu/conformance.toml")
     assert main(["plugins", "--platform", "ppu"]) == 0
     assert "reference (reference fallback)" in capsys.readouterr().out

@@ -113,3 +113,27 @@ def test_model_without_a_tower_refuses_images(tmp_path):
 @pytest.mark.parametrize("bad", [{"type": "image_url"}, {"type": "image_url", "image_url": {"url": ""}}])
 def test_image_part_without_url_is_a_400(server, bad):
     assert "image_url" in _error(_post(server.url, [{"role": "user", "content": [bad]}]))
+
+
+def _image_metrics(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith(("k3:mm_", "vllm:mm_"))}
+
+
+def test_image_counters_on_metrics(server):
+    """Two requests with one new image: vLLM's processor-cache series count two lookups and one
+    hit (the second request's image is already preprocessed); k3's count both images and at least
+    the first one's encoder run."""
+    before = _image_metrics(server.url)
+    url = _data_url(_png(77, 70, 50))                      # an image no other test sends
+    for _ in range(2):
+        assert _post(server.url, _messages(url)).status_code == 200
+    after = _image_metrics(server.url)
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert delta["vllm:mm_cache_queries_total"] == delta["k3:mm_cache_queries_total"] == 2
+    assert delta["vllm:mm_cache_hits_total"] == delta["k3:mm_cache_hits_total"] == 1
+    assert delta["k3:mm_images_total"] == 2 and delta["k3:mm_encoder_runs_total"] >= 1
+    assert delta["k3:mm_encoder_tokens_total"] >= 6         # 70x50 px: 3x2 merged tokens, encoded at least once

@@ -1,0 +1,54 @@
+"""The torch-native experts' MXFP4 dequantisation (platforms/torch_kernels/mxfp4_lut.py): every
+(scale byte, code byte) pair decodes bit for bit as k3.quant.mxfp4_dequantize does (NaN for scale
+255, inf past the dtype's range), into a NaN-poisoned output, from a slice or an index of experts."""
+
+import pytest
+import torch
+
+from k3.platforms.torch_kernels.mxfp4_lut import lut_dequantize, scaled_byte_table
+from k3.quant.mxfp4 import MXFP4Tensor
+
+
+def _every_pair() -> MXFP4Tensor:
+    """3 experts [64, 512]: each row holds every code byte, each 32-value block its own scale
+    byte; across the 192 rows x 16 blocks every scale byte appears with every code byte."""
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3 * 64, 1).reshape(3, 64, 256)
+    scales = torch.arange(3 * 64 * 16).remainder(256).to(torch.uint8).reshape(3, 64, 16)
+    return MXFP4Tensor(codes, scales)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float64])
+def test_every_scale_and_code_byte_decodes_exactly(dtype):
+    w = _every_pair()
+    want = w.dequantize(dtype)
+    assert want.isnan().any() and (want != 0).any()                                # the extremes are covered
+    assert bool(want.isinf().any()) == (dtype != torch.float64)                   # 6 * 2^127 overflows all but fp64
+    out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
+    lut_dequantize(w, out)
+    assert torch.equal(_bits(out), _bits(want))                                   # NaN payloads included
+    part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
+    lut_dequantize(w, part, start=1)
+    assert torch.equal(_bits(part), _bits(want[1:]))
+    lut_dequantize(w, part.fill_(float("nan")), index=torch.tensor([2, 0]))
+    assert torch.equal(_bits(part), _bits(want[[2, 0]]))
+
+
+def test_random_experts_and_the_table_size():
+    g = torch.Generator().manual_seed(4)
+    w = MXFP4Tensor.from_float(torch.randn(5, 32, 96, generator=g))
+    out = torch.full((5, 32, 96), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(lut_dequantize(w, out), w.dequantize(torch.bfloat16))
+    table = scaled_byte_table(torch.bfloat16, "cpu")
+    assert table.dtype == torch.int32 and table.shape == (65536,)                 # 256 KiB: two bf16 a word
+
+
+def test_a_wrong_out_is_refused():
+    w = _every_pair()
+    with pytest.raises(ValueError, match="contiguous"):
+        lut_dequantize(w, torch.empty(3, 512, 64).transpose(1, 2))
+    with pytest.raises(ValueError, match="contiguous"):
+        lut_dequantize(w, torch.empty(3, 64, 256))
