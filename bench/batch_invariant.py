@@ -7,8 +7,10 @@ For each batch size B, on each engine after a warm-up: B greedy requests at once
 random prompts of `--prompt` tokens, `--tokens` each, EOS ignored), timed per engine step: mean
 TTFT, mean TPOT (a request's last token minus its first, over `--tokens` - 1) and generated
 tokens / wall time; the two modes alternate, `--repeats` times, and the median run of each is
-reported with the ratios (mode / default). The mode runs one forward per token (docs/batch-invariance.md), so its
-prefill is `--prompt` decode steps per request and a decode step of B requests is B forwards.
+reported with the ratios (mode / default). The mode runs each step as one forward on the
+batch-invariant kernels (docs/batch-invariance.md: fixed-tree sums, fixed-shape GEMM row blocks,
+scalar-path transcendental functions, KDA token by token in decode's order, absorbed MLA for
+every query), so what it costs is those kernels' own price, not a forward per token.
 `--smoke`: one small batch.
 """
 

@@ -82,17 +82,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$log" 2>&1
 
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    if [[ -n ${ONLY:-} && " $ONLY " != *" $name "* ]]; then
-        return
-    fi
-    echo "::: $name" | tee -a "$log"
-    local start=$SECONDS
-    timeout "$limit" "$@" >> "$log" 2>&1
-    echo "::: $name exit $? after $((SECONDS - start)) s" | tee -a "$log"
-}
+source bench/device_steps.sh
 
 case $phase in
 conformance)

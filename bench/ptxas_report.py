@@ -132,8 +132,10 @@ def variants():
     fn = moe_mxfp4._gate_up_kernel
     types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
                         "order_ptr": "*i32",
-                        "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16"}, ("beta", "linear_beta"))
-    base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1)
+                        "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16", "delta_ptr": "*fp32"},
+                   ("beta", "linear_beta"))
+    base = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1,
+                HAS_DELTA=False)
     for mode, block_n, block_t, block_k, warps in MOE_TILES:
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
@@ -142,13 +144,14 @@ def variants():
     fn = moe_mxfp4._down_kernel
     types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
                         "order_ptr": "*i32",
-                        "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32"}, ())
+                        "start_ptr": "*i32", "count_ptr": "*i32", "weight_ptr": "*fp32", "y_ptr": "*fp32",
+                        "delta_ptr": "*fp32"}, ())
     for mode, block_n, block_t, block_k, warps in MOE_TILES:
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
-               dict(L=3584, I=3072, MODE=mode, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1, BLOCK_T=block_t,
-                    BLOCK_N=block_n, BLOCK_K=block_k), warps)
+               dict(L=3584, I=3072, MODE=mode, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1, HAS_DELTA=False,
+                    BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
 
     for block_n, block_k, warps, stages, split, prefetch, chain in MOE_GEMV_TILES:
         name = (f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")

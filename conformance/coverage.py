@@ -11,6 +11,7 @@ HOOK_FAMILIES = {
     "k3_elementwise_kernels": "elementwise",
     "k3_quant_kernels": "quant",
     "k3_lora_kernels": "lora",
+    "k3_dense_kernels": "dense",
     "k3_collective_backends": "collectives",
     "k3_process_weights": "model",          # the model cases call Platform.process_weights
     "k3_allocate_cache": "model",           # the model cases run the platform on a packed CachePool

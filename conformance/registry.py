@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("kda", "mla", "indexer", "moe", "attn_res", "elementwise", "quant", "lora", "cache", "collectives",
+FAMILIES = ("kda", "mla", "indexer", "moe", "attn_res", "elementwise", "quant", "lora", "dense", "cache", "collectives",
             "model", "variants")
-KERNEL_FAMILIES = FAMILIES[:8]
+KERNEL_FAMILIES = FAMILIES[:9]
 TIERS = ("smoke", "full")
 DTYPES = ("float32", "bfloat16", "float64")
 

@@ -1,5 +1,5 @@
 """Norms and activations (`ElementwiseKernels`): rms_norm, add_rms_norm, gated_rms_norm, layer_norm,
-l2_norm, glu_activation. Small-magnitude samples make eps matter; large ones saturate SiTU's caps."""
+l2_norm, glu_activation, sigmoid. Small-magnitude samples make eps matter; large ones saturate SiTU's caps."""
 
 from __future__ import annotations
 
@@ -121,3 +121,12 @@ register(Case(
         Sample("B2_T13_I96_silu", _glu((2, 13, 192), "silu")),
     ),
     doc="SiTU-GLU (K3) and SiLU-GLU (Kimi-Linear) over [gate | up]."))
+
+
+register(Case(
+    "elementwise.sigmoid", "elementwise", "elementwise.sigmoid", reference=ref.sigmoid, tolerances=TOL,
+    samples=(
+        Sample("T37_H4", lambda g, dtype: Inputs((randn(g, (37, 4), dtype, 4.0),))),
+        Sample("T9_D64_saturated", lambda g, dtype: Inputs((randn(g, (9, 64), dtype, 40.0),))),
+    ),
+    doc="The KDA beta and the MLA output gate, in the compute dtype."))

@@ -206,8 +206,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="a token's log-probs bit-identical whatever shares its batch, however its prompt is "
                             "chunked or preempted, and in decode or a prefill recompute (vLLM's "
-                            "VLLM_BATCH_INVARIANT=1); one forward per token, batch-invariant kernels only "
-                            "(refused on a platform without them); default $K3_BATCH_INVARIANT")
+                            "VLLM_BATCH_INVARIANT=1); batch-invariant kernels only, decode and prefill through the "
+                            "same entries (refused on a platform without them); default $K3_BATCH_INVARIANT")
     group = parser.add_argument_group("prefill/decode disaggregation (docs/disaggregation.md)")
     group.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                        help='vLLM\'s shape: \'{"kv_connector": "MooncakeConnector" | "TCPConnector", "kv_role": '

@@ -87,7 +87,8 @@ class EngineConfig:
     structured_outputs_timeout_s: float = 10.0
     # batch-invariant mode (docs/batch-invariance.md; vLLM's VLLM_BATCH_INVARIANT=1): a token's
     # logits bit-identical whatever its batch, chunking or preemption, and in decode or prefill;
-    # kernels marked batch invariant only, one forward per token. None: K3_BATCH_INVARIANT=1
+    # kernels marked batch invariant only, decode and prefill through the same entries. None:
+    # K3_BATCH_INVARIANT=1
     batch_invariant: bool | None = None
 
     def __post_init__(self):

@@ -56,8 +56,8 @@ class LLMEngine:
         prompt's rows and decodes on (a failed pull prefills here)."""
         params = params or SamplingParams()
         if multi_modal_data and self.runner.batch_invariant:
-            raise ValueError("images are not supported in the batch-invariant mode (its one-token steps "
-                             "take no image rows yet; docs/batch-invariance.md)")
+            raise ValueError("images are not supported in the batch-invariant mode (the vision tower is not "
+                             "built from batch-invariant kernels yet; docs/batch-invariance.md)")
         lora = {}
         if params.lora_name is not None:
             if self.lora is None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .request import Logprob, Request
+from .sampler import log_normaliser
 
 
 @dataclass(frozen=True)
@@ -39,16 +40,17 @@ class PromptScores:
 
 
 def score_prompt_rows(logits: torch.Tensor, spans: dict[int, PromptSpan], targets: torch.Tensor,
-                      top_n: int) -> PromptScores:
+                      top_n: int, *, batch_invariant: bool = False) -> PromptScores:
     """Score the spans' rows of `logits` [R, V] (the step's logits rows) against `targets` [M],
-    the prompt tokens they predict, in span order."""
+    the prompt tokens they predict, in span order. batch_invariant: the mode's normaliser
+    (`k3.engine.sampler.log_normaliser`)."""
     index = torch.cat([torch.arange(s.row, s.row + s.count) for s in spans.values()]).to(logits.device)
     rows = logits.index_select(0, index)
     x = rows if rows.dtype == torch.float64 else rows.float()
     # logit - logsumexp(logits), the sampler's arithmetic for a sampled token's log-prob
     # (`k3.engine.sampler.sample_batch`), so a token scored here equals, bit for bit, what it was
     # served with when the logits agree (the batch-invariant mode's decode-vs-prefill promise)
-    lp = x - torch.logsumexp(x, dim=-1, keepdim=True)                                         # [M, V]
+    lp = x - log_normaliser(x, batch_invariant=batch_invariant)[:, None]                      # [M, V]
     token_lp = lp.gather(1, targets[:, None])                                                 # [M, 1]
     ranks = (lp >= token_lp).sum(-1)                       # vLLM's rank: tokens at least as likely
     top_lp, top_ids = lp.topk(top_n, dim=-1) if top_n > 0 else (None, None)

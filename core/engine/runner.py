@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import torch
 
 from k3.model.metadata import ForwardMetadata
-from k3.model.token_steps import forward_token_steps
 from k3.structured.bitmask import bitmask_width
 from k3.structured.request_state import fill_rows
 
@@ -61,8 +60,9 @@ class ModelRunner:
     pinned_uploads: stage uploads in page-locked memory (asynchronous scheduling).
     broadcast: called with each step's metadata and row copies before the forward (rank 0
         of tensor parallelism: the other ranks follow), and with its image rows when it has any.
-    batch_invariant: run every forward as one-token steps (`k3.model.token_steps`), the
-        batch-invariant mode (docs/batch-invariance.md); image requests are refused in it.
+    batch_invariant: the batch-invariant mode (docs/batch-invariance.md): the model was built on
+        the platform's batch-invariant kernels (`KernelSet.batch_invariant`), so a step is one
+        plain forward; image requests are refused in it.
     media: the MediaEncoder of a model with a vision tower (None: text only): before a step's
         forward it encodes the images the step's chunks reach, and the forward takes their rows.
     sharded_prefill: a `ShardedPrefillStep` (tensor parallelism with
@@ -97,8 +97,6 @@ class ModelRunner:
             return self.sharded_prefill.run(meta, self.cache.views)
         if self.graphs is not None and not self.tap_layers and self.graphs.covers(meta):
             return ReplayedStep(self.graphs.run(meta))
-        if self.batch_invariant:
-            return forward_token_steps(self.model, meta, self.cache.views, page_size=self.block_size)
         return self.model(meta, self.cache.views, tap_layers=self.tap_layers)
 
     def run(self, out: SchedulerOutput, *, previous_tokens: tuple[torch.Tensor, list[int]] | None = None,
@@ -123,6 +121,7 @@ class ModelRunner:
         if step.sample_rows:
             sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device,
                                       pinned=self.pinned_uploads)
+            sampling.batch_invariant = self.batch_invariant
             self._block_stop_ids(sampling, [self._not_yet(out.scheduled[i]) for i in step.sample_rows])
         media = None
         if self.media is not None:
@@ -142,7 +141,8 @@ class ModelRunner:
             launched.taps = torch.cat([result.taps[layer] for layer in self.tap_layers], -1)
         if step.prompt_spans:
             top_n = max(out.scheduled[i].request.params.prompt_logprobs for i in step.prompt_spans)
-            launched.prompt_logprobs = score_prompt_rows(logits, step.prompt_spans, step.prompt_targets, top_n)
+            launched.prompt_logprobs = score_prompt_rows(logits, step.prompt_spans, step.prompt_targets, top_n,
+                                                         batch_invariant=self.batch_invariant)
         if sampling is None:
             launched.rows = []
             return launched

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from k3.ops_helpers import invariant
 from k3.reference.sampling import filtered_logits
 from k3.structured.bitmask import unpack_bitmask
 
@@ -61,6 +62,8 @@ class SamplingBatch:
     bitmask [B, ceil(V / 32)] int32 or None: the structured-output grammars' packed token
     bitmask (`k3.structured.bitmask`), unpacked and applied on the device;
     num_logprobs: host int, top logprobs to return (0: only the sampled token's).
+    batch_invariant: the batch-invariant mode: every row's log-normaliser, probabilities and
+    noise are computed by `k3.ops_helpers.invariant`, a function of that row alone.
     all_greedy, filters_off: host facts about every row (set by the engine from the requests'
     parameters, never read back from the device): every row has temperature 0, or no row
     filters (top-k 0, top-p 1, min-p 0). They select shorter paths that draw the same tokens:
@@ -86,6 +89,7 @@ class SamplingBatch:
     num_logprobs: int = 0
     all_greedy: bool = False
     filters_off: bool = False
+    batch_invariant: bool = False
 
 
 @dataclass
@@ -114,6 +118,14 @@ def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     return logits
 
 
+def log_normaliser(logits: torch.Tensor, *, batch_invariant: bool = False) -> torch.Tensor:
+    """logsumexp over the vocabulary, [B, V] -> [B]: torch's, or in the batch-invariant mode
+    `k3.ops_helpers.invariant.logsumexp` (fixed-order sum, one exp implementation), so a row's
+    value does not depend on the rows beside it: a token's log-prob when sampled equals its
+    prompt log-prob in a recompute (`k3.engine.prompt_logprobs`) bit for bit."""
+    return invariant.logsumexp(logits) if batch_invariant else torch.logsumexp(logits, dim=-1)
+
+
 def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     """Next token of every row. logits [B, V] (fp32 from the model).
 
@@ -122,7 +134,7 @@ def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
     single-row softmax runs on one thread block: 36 us per call at K3's 163,840 tokens on an H200).
     """
     raw = logits.float()
-    log_normaliser = torch.logsumexp(raw, dim=-1)                                     # [B]
+    normaliser = log_normaliser(raw, batch_invariant=b.batch_invariant)                # [B]
     x = raw if b.logit_bias is None else raw + b.logit_bias
     x = apply_penalties(x, b)
     if b.allowed is not None:
@@ -138,13 +150,14 @@ def sample_batch(logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
             drawn_from = x / temperature.unsqueeze(1)
         else:
             drawn_from = filtered_logits(x, temperature=temperature, top_k=b.top_k, top_p=b.top_p, min_p=b.min_p)
-        probs = torch.softmax(drawn_from, dim=-1).double()
-        race = -torch.log(uniform_noise(b.seeds, b.steps, x.shape[1]))                 # Exp(1)
+        softmax, log = (invariant.softmax, invariant.log) if b.batch_invariant else (torch.softmax, torch.log)
+        probs = softmax(drawn_from, -1).double()
+        race = -log(uniform_noise(b.seeds, b.steps, x.shape[1]))                        # Exp(1)
         sampled = (probs / race).argmax(dim=-1)
         tokens = torch.where(greedy, x.argmax(dim=-1), sampled)
-    chosen = raw.gather(1, tokens[:, None])[:, 0] - log_normaliser
+    chosen = raw.gather(1, tokens[:, None])[:, 0] - normaliser
     top_lp = top_ids = None
     if b.num_logprobs > 0:
         top_values, top_ids = raw.topk(b.num_logprobs, dim=-1)
-        top_lp = top_values - log_normaliser[:, None]
+        top_lp = top_values - normaliser[:, None]
     return SamplerOutput(tokens=tokens, logprobs=chosen, top_logprobs=top_lp, top_ids=top_ids)

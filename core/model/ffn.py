@@ -13,7 +13,6 @@ Kimi-Linear's MoE has no latent (no down/up/norm).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.plugin.tables import KernelSet
@@ -50,9 +49,10 @@ class GLUMLP(K3Module):
 
     def forward(self, x: torch.Tensor, *, decode: bool = False, lora=None) -> torch.Tensor:
         """x [T, d] -> [T, d], reduced over ranks. lora: the rows' adapters (`ForwardMetadata.lora`)."""
-        gate_up = apply_lora(self, "gate_up_proj", x, F.linear(x, self.gate_up_proj), lora)
+        linear = self.kernels.dense.linear
+        gate_up = apply_lora(self, "gate_up_proj", x, linear(x, self.gate_up_proj), lora)
         a = self.kernels.elementwise.glu_activation(gate_up, **_activation(self.cfg))
-        return self.parallel.all_reduce(apply_lora(self, "down_proj", a, F.linear(a, self.down_proj), lora))
+        return self.parallel.all_reduce(apply_lora(self, "down_proj", a, linear(a, self.down_proj), lora))
 
 
 class MoE(K3Module):
@@ -213,7 +213,8 @@ class MoE(K3Module):
     def _latent_in(self, h: torch.Tensor, lora=None) -> torch.Tensor:
         if not self.cfg.uses_latent_moe:
             return h
-        return apply_lora(self, "routed_expert_down_proj", h, F.linear(h, self.routed_expert_down_proj), lora)  # [T, L]
+        z = self.kernels.dense.linear(h, self.routed_expert_down_proj)                           # [T, L]
+        return apply_lora(self, "routed_expert_down_proj", h, z, lora)
 
     def _latent_out(self, u: torch.Tensor, lora=None) -> torch.Tensor:
         cfg = self.cfg
@@ -221,7 +222,8 @@ class MoE(K3Module):
             u = self.kernels.elementwise.rms_norm(u, self.routed_expert_norm, cfg.rms_norm_eps)
         if not cfg.uses_latent_moe:
             return u
-        return apply_lora(self, "routed_expert_up_proj", u, F.linear(u, self.routed_expert_up_proj), lora)  # [T, d]
+        y = self.kernels.dense.linear(u, self.routed_expert_up_proj)                             # [T, d]
+        return apply_lora(self, "routed_expert_up_proj", u, y, lora)
 
     def _routed(self, h: torch.Tensor, decode: bool, lora=None) -> torch.Tensor:
         """This rank's experts on every token: [T, L], the partial sum over the local experts

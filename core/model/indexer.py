@@ -12,7 +12,6 @@ across the ranks in one 32-bit word a candidate (`k3.model.dcp_topk_packed`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.dtypes import compute_dtype
@@ -41,7 +40,8 @@ class DSAIndexer(K3Module):
 
     def _quantized_keys(self, x: torch.Tensor, fmt: str):
         """The new tokens' index keys [T, D], layer-normed, rotated and quantised to `fmt`."""
-        key = self.kernels.elementwise.layer_norm(F.linear(x, self.wk), self.k_norm_weight, self.k_norm_bias,
+        key = self.kernels.elementwise.layer_norm(self.kernels.dense.linear(x, self.wk), self.k_norm_weight,
+                                                  self.k_norm_bias,
                                                   INDEX_KEY_NORM_EPS)
         return self.kernels.indexer.quantize_keys(self.kernels.indexer.hadamard(key), fmt=fmt)
 
@@ -50,9 +50,10 @@ class DSAIndexer(K3Module):
         head weights [T, Hi])."""
         cfg, k, t = self.cfg, self.kernels.indexer, x.shape[0]
         hi, dim = cfg.index_n_heads, cfg.index_head_dim
-        q = k.hadamard(F.linear(c_q, self.wq_b).view(t, hi, dim))
+        linear = self.kernels.dense.linear
+        q = k.hadamard(linear(c_q, self.wq_b).view(t, hi, dim))
         quantized = self._quantized_keys(x, fmt) if keys else None
-        head_weights = F.linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
+        head_weights = linear(x, self.weights_proj).to(compute_dtype(x)) * (hi ** -0.5 * dim ** -0.5)
         return q, quantized, head_weights
 
     def write_keys(self, x: torch.Tensor, view: IndexKeyCacheView, pages: torch.Tensor, offsets: torch.Tensor,
@@ -80,7 +81,9 @@ class DSAIndexer(K3Module):
         if not keys_written:
             view.values[pages, offsets] = quantized.values
             view.scales[pages, offsets] = quantized.scales
-        if meta.mode is ForwardMode.DECODE:   # decode: every sequence's pages, padded and masked (no host sync)
+        # decode: every sequence's pages, padded and masked (no host sync); the batch-invariant mode
+        # scores decodes as prefills (the same entries for both)
+        if meta.mode is ForwardMode.DECODE and not self.kernels.batch_invariant:
             scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,
                                            meta.seq_lens, fmt=view.fmt)
             return k.topk(scores, topk=cfg.index_topk)

@@ -10,7 +10,6 @@ ranks). K3: full-rank `g_proj` and the bounded gate; Kimi-Linear: low-rank `g_a_
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from k3.config import K3Config
 from k3.model.metadata import CacheViews, ForwardMetadata, ForwardMode
@@ -97,10 +96,11 @@ class KDAMixer(K3Module):
         (after f_b), b [T, H]); qkv and b are column views of one product. lora: the rows'
         adapters (`ForwardMetadata.lora`), None for the base model."""
         t, hl, hd = x.shape[0], self.num_heads, self.head_dim
-        qkv, g, f_a, b = apply_lora(self, "in_proj", x, F.linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
+        linear = self.kernels.dense.linear
+        qkv, g, f_a, b = apply_lora(self, "in_proj", x, linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
         if not self.cfg.linear_attn.use_full_rank_gate:
-            g = apply_lora(self, "g_b_proj", g, F.linear(g, self.g_b_proj), lora)
-        f = apply_lora(self, "f_b_proj", f_a, F.linear(f_a, self.f_b_proj), lora)
+            g = apply_lora(self, "g_b_proj", g, linear(g, self.g_b_proj), lora)
+        f = apply_lora(self, "f_b_proj", f_a, linear(f_a, self.f_b_proj), lora)
         return qkv, g.reshape(t, hl, hd), f.view(t, hl, hd), b
 
     def forward(self, x: torch.Tensor, meta: ForwardMetadata, cache: CacheViews,
@@ -111,15 +111,19 @@ class KDAMixer(K3Module):
         A MIXED call (one-token steps first, `meta.num_decodes`) runs them as a decode step and
         the prefill chunks after them as a prefill call, so a decode's output does not depend
         on the chunks sharing its batch (and skips the chunked kernel, which would give each
-        one-token sequence a chunk of its own)."""
+        one-token sequence a chunk of its own). In the batch-invariant mode every call, decode
+        or prefill, takes the one path through the `chunked` entry (docs/batch-invariance.md)."""
         path = self._path(meta, per_position_states)
+        if self.kernels.batch_invariant and path in ("split", "fused_decode"):
+            path = "recurrent"
         if path == "split":
             o = torch.cat([self._mix(x[cut], part, cache, self._path(part, False))[0]
                            for cut, part in meta.split_decodes()])
             states = None
         else:
             o, states = self._mix(x, meta, cache, path)
-        return self.parallel.all_reduce(apply_lora(self, "o_proj", o, F.linear(o, self.o_proj), meta.lora)), states
+        o = apply_lora(self, "o_proj", o, self.kernels.dense.linear(o, self.o_proj), meta.lora)
+        return self.parallel.all_reduce(o), states
 
     @staticmethod
     def _path(meta: ForwardMetadata, per_position_states: bool) -> str:
@@ -173,7 +177,7 @@ class KDAMixer(K3Module):
         hl, hd = self.num_heads, self.head_dim
         g = self.kernels.kda.gate(f, self.A_log, self.dt_bias.view(hl, hd),
                                   lower_bound=self.cfg.linear_attn.gate_lower_bound)       # [T, H, K] fp32
-        beta = torch.sigmoid(b.to(g.dtype))                                     # [T, H]
+        beta = self.kernels.elementwise.sigmoid(b)                              # [T, H]
         return g, beta
 
     def output_norm(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -190,8 +194,9 @@ class KDAMixer(K3Module):
         """Decode and prefill (with prefix-cache checkpoints): returns (o [T, H, V], states)."""
         k, rows, cu, t = self.kernels, meta.state_indices, meta.cu_seqlens, qkv.shape[0]
         # Decode (one token per sequence) runs as a batch of N length-1 sequences: no cu_seqlens,
-        # so no host synchronisation; prefill packs the sequences along T with cu_seqlens.
-        decode = meta.mode is ForwardMode.DECODE
+        # so no host synchronisation; prefill packs the sequences along T with cu_seqlens. The
+        # batch-invariant mode packs decodes as prefills do (the same entries for both).
+        decode = meta.mode is ForwardMode.DECODE and not self.kernels.batch_invariant
         checkpoints = checkpoint_offsets(meta)
         emit = {} if checkpoints is None or decode else {"checkpoint_offsets": checkpoints[0]}
         if per_position_states and checkpoints is not None:

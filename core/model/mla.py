@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 from k3 import reference as ref
 from k3.config import K3Config
@@ -110,11 +109,11 @@ class MLAMixer(K3Module):
         after the latents are written; it writes the DSA index keys itself."""
         cfg, k, t, hl = self.cfg, self.kernels, x.shape[0], self.num_heads
         dn, dr, r, eps = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank, cfg.rms_norm_eps
-        lora = meta.lora
-        q, kv, *g = apply_lora(self, "in_proj", x, F.linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
+        lora, linear = meta.lora, k.dense.linear
+        q, kv, *g = apply_lora(self, "in_proj", x, linear(x, self.in_proj), lora).split(self.in_proj_split, -1)
         if cfg.q_lora_rank is not None:
             c_q = k.elementwise.rms_norm(q, self.q_a_layernorm, eps)                 # [T, r_q] (rows strided)
-            q = apply_lora(self, "q_b_proj", c_q, F.linear(c_q, self.q_b_proj), lora)
+            q = apply_lora(self, "q_b_proj", c_q, linear(c_q, self.q_b_proj), lora)
         else:
             c_q, q = None, q.contiguous()                                       # as its own product gave it
         q = q.view(t, hl, dn + dr)
@@ -139,7 +138,7 @@ class MLAMixer(K3Module):
 
         if attend is not None:
             o = attend(self, x, q, c_q, cache, pages, offsets)
-        elif meta.mode is ForwardMode.MIXED:     # decodes on the absorbed path, the prefill chunks expanded
+        elif meta.mode is ForwardMode.MIXED and not k.batch_invariant:   # decodes absorbed, prefill chunks expanded
             o = torch.cat([self._attend_adapted(x[cut], q[cut], None if c_q is None else c_q[cut], part, cache,
                                                 pages[cut], offsets[cut]) for cut, part in meta.split_decodes()])
         else:
@@ -152,9 +151,10 @@ class MLAMixer(K3Module):
         o = o.reshape(x.shape[0], self.num_heads * cfg.v_head_dim)
         if cfg.mla_use_output_gate:   # sigma(g_proj(x)) gates the attention output before o_proj
             cd = compute_dtype(x)             # fp32, fp64 for a float64 model
-            gate = torch.sigmoid(g[0].to(cd))
+            gate = self.kernels.elementwise.sigmoid(g[0])
             o = (o.to(cd) * gate).to(x.dtype)
-        return self.parallel.all_reduce(apply_lora(self, "o_proj", o, F.linear(o, self.o_proj), lora))
+        o = apply_lora(self, "o_proj", o, self.kernels.dense.linear(o, self.o_proj), lora)
+        return self.parallel.all_reduce(o)
 
     def _attend_dcp(self, x: torch.Tensor, q: torch.Tensor, c_q: torch.Tensor | None, row: torch.Tensor,
                     meta: ForwardMetadata, cache: CacheViews, dcp) -> torch.Tensor:
@@ -220,15 +220,16 @@ class MLAMixer(K3Module):
             topk = self.indexer(x, c_q, meta, cache.index_keys[self.mla_index], pages, offsets,
                                 keys_written=exchange is not None)
         scale = cfg.mla_softmax_scale
-        decode = meta.mode is ForwardMode.DECODE
+        decode = meta.mode is ForwardMode.DECODE and not k.batch_invariant
         verify = meta.mode is ForwardMode.VERIFY and not legacy_rounding()
-        if decode or verify or topk is not None:
+        if decode or verify or topk is not None or k.batch_invariant:
             # decode (no host sync), verify, and DSA's sparse prefill: absorbed MQA over the paged
             # cache (under DSA each query reads its own selection, k rows, not the whole context,
             # as DeepSeek V3.2's sparse attention does for prefill too). Verify takes the decode
             # path so that a sequence's token rounds the same whether or not another sequence of
             # its batch verifies drafts (the expanded form rounds keys and values, the absorbed
-            # one the query: issue 32)
+            # one the query: issue 32); in the batch-invariant mode every query does, so a
+            # prefill token attends exactly as its decode did
             w_uk, w_uv = self.absorbed_weights() if kv_b is None else ref.mla_absorb_weights(
                 kv_b, num_heads=self.num_heads, qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim)
             kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)

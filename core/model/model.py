@@ -132,7 +132,10 @@ class K3Model(K3Module):
         token-wise parts here and its own KDA / MLA calls); None: each layer's own mixer."""
         x0 = self.embed(meta.input_ids, media_embeds, media_positions)
         run = self._attn_res_layers if self.cfg.uses_attn_res else self._residual_layers
-        ffn = {"decode": meta.max_q_len == 1, "ep_dispatch": ep_dispatch, "ep_capacity": ep_capacity,
+        # decode: the MoE's dispatch without host synchronisation (not in the batch-invariant mode,
+        # whose decodes run as its prefills do)
+        ffn = {"decode": meta.max_q_len == 1 and not self.kernels.batch_invariant, "ep_dispatch": ep_dispatch,
+               "ep_capacity": ep_capacity,
                "lora": meta.lora}
         hidden, taps, states = run(x0, meta, cache, set(tap_layers), per_position_kda_states, ffn,
                                    mixer or self._mixer)
@@ -226,7 +229,7 @@ class K3ForCausalLM(K3Module):
         """[M, d] pre-norm hidden -> [M, V] logits in fp32 (fp64 for a float64 model)."""
         normed = self.kernels.elementwise.rms_norm(hidden, self.model.norm, self.cfg.rms_norm_eps)
         out_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        local = F.linear(normed, self.lm_head_weight).to(out_dtype)
+        local = self.kernels.dense.linear(normed, self.lm_head_weight).to(out_dtype)
         return self.parallel.all_gather(local, dim=-1) * self.cfg.logit_scale
 
     @torch.no_grad()

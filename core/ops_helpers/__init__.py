@@ -14,6 +14,9 @@ inputs exactly as the oracle would. The compute-dtype rule itself is `k3.dtypes`
 - kda_inputs: `KDAInputs`, `prepare_kda_inputs` (the KDA entries' checks, then the inputs in
   the compute dtype, heads repeated to the value heads).
 - index_query: `index_query` (the indexer's query side, fp8-rounded as DeepSeek-V3.2).
+- invariant (a module, `from k3.ops_helpers import invariant`): the batch-invariant kernels'
+  constructions (fixed-tree sums, fixed-shape GEMM row blocks, one implementation per
+  transcendental function) and the mode's log-probability normaliser.
 """
 
 from .conv_inputs import ConvInputs, check_conv_inputs

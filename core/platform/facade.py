@@ -88,7 +88,7 @@ class Platform:
             tables[family] = table_cls(**merged)
         if self.batch_invariant and missing:
             raise BatchInvariantUnsupported(self.name, missing)
-        return KernelSet(**tables, providers=providers)
+        return KernelSet(**tables, providers=providers, batch_invariant=self.batch_invariant)
 
     def collectives(self, group=None) -> DispatchingCollectives:
         """Every plugin's backends for `group`, in hook call order (torch.distributed last)."""

@@ -18,6 +18,7 @@ import torch
 from k3.plugin.markers import HOOKSPEC_VERSION, hookimpl
 from k3.plugin.markers import batch_invariant as mark_invariant
 from k3.plugin.types import Capabilities, Detection
+from k3.platforms.torch_kernels.invariant import invariant_tables
 from k3.platforms.torch_kernels.tables import torch_tables
 
 from .collectives import TorchDistributedBackend
@@ -42,13 +43,13 @@ def k3_capabilities():
 def _table(family: str):
     @hookimpl(trylast=True)
     def hook(platform, batch_invariant):
-        table = torch_tables()[family]
-        # Batch invariance is claimed where it was checked: the pure-torch kernels on the CPU are
-        # deterministic for given shapes (no atomics; a reduction's split follows the shapes),
-        # which is what the batch-invariant mode's one-token calls need. On a GPU the same torch
-        # ops may accumulate with atomics (index_add_, scatter_add_), so nothing is marked there.
+        # In the batch-invariant mode on the CPU: the invariant kernel set (fixed-tree sums,
+        # fixed-shape GEMM row blocks, scalar-path transcendental functions: their construction
+        # is k3.platforms.torch_kernels.invariant's docstring), marked. Elsewhere nothing is
+        # marked: a vendor plugin that trusts its device's GEMMs marks these kernels itself.
         if not batch_invariant or torch.device(platform.device).type != "cpu":
-            return table
+            return torch_tables()[family]
+        table = invariant_tables()[family]
         return dataclasses.replace(table, **{e: mark_invariant(getattr(table, e)) for e in table.provided()})
 
     return hook
@@ -62,6 +63,7 @@ k3_attn_res_kernels = _table("attn_res")
 k3_elementwise_kernels = _table("elementwise")
 k3_quant_kernels = _table("quant")
 k3_lora_kernels = _table("lora")
+k3_dense_kernels = _table("dense")
 
 
 @hookimpl(trylast=True)

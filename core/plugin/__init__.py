@@ -14,6 +14,7 @@ from .markers import HOOKSPEC_VERSION, batch_invariant, hookimpl, hookspec, is_b
 from .tables import (
     KERNEL_TABLES,
     AttnResKernels,
+    DenseKernels,
     ElementwiseKernels,
     IndexerKernels,
     KDAKernels,
@@ -28,7 +29,7 @@ from .types import KDA_STATE_LAYOUTS, Capabilities, CollectiveBackend, Detection
 
 __all__ = [
     "HOOKSPEC_VERSION", "KDA_STATE_LAYOUTS", "KERNEL_TABLES", "AttnResKernels", "Capabilities",
-    "CollectiveBackend", "Detection", "ElementwiseKernels", "IndexerKernels", "KDAKernels", "KernelSet",
+    "CollectiveBackend", "DenseKernels", "Detection", "ElementwiseKernels", "IndexerKernels", "KDAKernels", "KernelSet",
     "KernelTable", "LoRAKernels", "MLAKernels", "MoEKernels", "PlatformInfo", "QuantKernels", "batch_invariant",
     "hookimpl", "hookspec", "is_batch_invariant",
 ]

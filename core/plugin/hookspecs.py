@@ -140,13 +140,19 @@ def k3_attn_res_kernels(platform, batch_invariant):
 @hookspec
 def k3_elementwise_kernels(platform, batch_invariant):
     """An `ElementwiseKernels` table: rms_norm, gated_rms_norm, layer_norm, l2_norm,
-    glu_activation (protocols in `k3.plugin.kernels.elementwise`)."""
+    glu_activation, sigmoid (protocols in `k3.plugin.kernels.elementwise`)."""
 
 
 @hookspec
 def k3_quant_kernels(platform, batch_invariant):
     """A `QuantKernels` table: fp8, MXFP4 and NVFP4 quantize / dequantize, bit-exact with
     `k3.quant` (protocols in `k3.plugin.kernels.quant`)."""
+
+
+@hookspec
+def k3_dense_kernels(platform, batch_invariant):
+    """A `DenseKernels` table: linear (protocol in `k3.plugin.kernels.dense`): the graph's weight
+    products (every projection, the LM head)."""
 
 
 @hookspec

@@ -20,14 +20,15 @@ def batch_invariant(kernel):
     """Mark a kernel-table entry as batch invariant; returns a marked wrapper (the callable
     itself is left unmarked, so the same function may sit unmarked in another table).
 
-    The claim: for given input shapes the entry's result is a bitwise-reproducible function of
-    its inputs' values (no atomics, no split sizes or algorithm chosen from anything but the
-    shapes and the contract's constants, top-k ties broken the same way every call), and each
-    output row depends only on its own rows of the inputs (and the cache rows it is pointed
-    at). The batch-invariant mode (`--batch-invariant`, docs/batch-invariance.md) calls every
-    entry at one fixed problem shape per token, so this is what makes a token's result
-    independent of its batch; the facade refuses the mode when an entry lacks the mark.
-    A platform marks only what holds on its device."""
+    The claim: each output row is a bitwise-reproducible function of its own input rows (and
+    the cache rows it is pointed at) and of the model's shapes alone, not of how many rows share
+    the call, which they are, where the row sits among them, how its sequence was chunked or
+    whether it is a decode or a prefill token: no atomics, no split or block size chosen from
+    the number of rows, fixed reduction orders, top-k ties broken the same way every call. The
+    batch-invariant mode (`--batch-invariant`, docs/batch-invariance.md) runs decode and
+    prefill through the same entries, so this is what makes a token's log-probs independent of
+    its batch; the facade refuses the mode when an entry lacks the mark. A platform marks only
+    what holds on its device."""
 
     def marked(*args, **kwargs):
         return kernel(*args, **kwargs)

@@ -110,6 +110,7 @@ class ElementwiseKernels(KernelTable):
     layer_norm: p.LayerNorm | None = _op(p.LayerNorm, "layer_norm")
     l2_norm: p.L2Norm | None = _op(p.L2Norm, "l2_norm")
     glu_activation: p.GLUActivation | None = _op(p.GLUActivation, "glu_activation")
+    sigmoid: p.Sigmoid | None = _op(p.Sigmoid, "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -135,9 +136,17 @@ class LoRAKernels(KernelTable):
     experts: p.LoRAExperts | None = _op(p.LoRAExperts, "lora_experts_forward")
 
 
+@dataclass(frozen=True)
+class DenseKernels(KernelTable):
+    """The graph's dense products (projections, LM head)."""
+
+    FAMILY = "dense"
+    linear: p.Linear | None = _op(p.Linear, "linear")
+
+
 KERNEL_TABLES: tuple[type[KernelTable], ...] = (
     KDAKernels, MLAKernels, IndexerKernels, MoEKernels, AttnResKernels, ElementwiseKernels, QuantKernels,
-    LoRAKernels)
+    LoRAKernels, DenseKernels)
 
 
 @dataclass(frozen=True)
@@ -152,4 +161,8 @@ class KernelSet:
     elementwise: ElementwiseKernels
     quant: QuantKernels
     lora: LoRAKernels
+    dense: DenseKernels
     providers: dict[str, str] = field(default_factory=dict, compare=False)   # "kda.chunked" -> plugin
+    # resolved for the batch-invariant mode (every entry marked): the model then runs decode and
+    # prefill through the same entries (docs/batch-invariance.md)
+    batch_invariant: bool = field(default=False, compare=False)

@@ -13,9 +13,10 @@ from ..quant.fp8 import fp8_dequantize, fp8_quantize
 from ..quant.mxfp4 import MXFP4Tensor, mxfp4_dequantize, mxfp4_quantize
 from ..quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from ..quant.nvfp4_latent import nvfp4_latent_dequantize, nvfp4_latent_quantize
-from .activations import glu_activation, silu_glu, situ, situ_glu
+from .activations import glu_activation, sigmoid, silu_glu, situ, situ_glu
 from .attn_res import attn_res, attn_res_mix, fold_attn_res_query
 from .conv import short_conv
+from .dense import linear
 from .hadamard import hadamard_transform
 from .indexer import (
     index_key_record_bytes,
@@ -43,11 +44,11 @@ __all__ = [
     "index_key_record_bytes", "indexer_decode_scores", "indexer_dequantize_keys", "indexer_paged_decode_scores",
     "indexer_quantize_keys",
     "indexer_scores",
-    "indexer_topk", "kda_chunked", "kda_decode_step", "kda_gate", "kda_rebuild_state", "kda_recurrent", "l2_norm", "latent_moe", "lora_delta", "lora_experts_forward",
+    "indexer_topk", "kda_chunked", "kda_decode_step", "kda_gate", "kda_rebuild_state", "kda_recurrent", "l2_norm", "latent_moe", "linear", "lora_delta", "lora_experts_forward",
     "latent_moe_finish",
     "latent_moe_routed_partial", "layer_norm", "mla_absorb_weights", "mla_decode", "mla_expand_kv",
     "mla_prefill", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize",
     "nvfp4_latent_dequantize", "nvfp4_latent_quantize",
     "pack_index_key_page", "rms_norm", "router_logits", "sample", "sampling_probs", "select_experts",
-    "short_conv", "silu_glu", "situ", "situ_glu", "unpack_index_key_page",
+    "short_conv", "sigmoid", "silu_glu", "situ", "situ_glu", "unpack_index_key_page",
 ]

@@ -84,3 +84,8 @@ def glu_activation(
     if activation in ("silu", "swish"):
         return silu_glu(x)
     raise ValueError(f"glu_activation: unknown activation {activation!r} (situ | silu)")
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """Oracle of `Sigmoid`: torch.sigmoid in the compute dtype (fp32; fp64 for float64)."""
+    return torch.sigmoid(x.to(compute_dtype(x)))

@@ -48,6 +48,16 @@ def attn_res(
     out_eps: float,
 ) -> AttnResOut:
     """Oracle of `AttnResStep`: the protocol's four steps, in order (vLLM's `attn_res` contract)."""
+    return attn_res_with(attn_res_mix, rms_norm, prefix, delta, blocks, query=query,
+                         num_visible_blocks=num_visible_blocks, write_index=write_index, eps=eps,
+                         out_norm_weight=out_norm_weight, out_eps=out_eps)
+
+
+def attn_res_with(mix, norm, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor, *,
+                  query: torch.Tensor, num_visible_blocks: int, write_index: int | None, eps: float,
+                  out_norm_weight: torch.Tensor | None, out_eps: float) -> AttnResOut:
+    """`attn_res`'s four steps with `mix` (as `attn_res_mix`) and `norm` (as `rms_norm`) given:
+    the batch-invariant kernels run them with their own."""
     if delta is not None:
         prefix = (prefix + delta).to(prefix.dtype)
     if write_index is not None:
@@ -56,7 +66,7 @@ def attn_res(
         h = prefix
     else:
         sources = torch.cat([blocks[:, :num_visible_blocks].transpose(0, 1), prefix.unsqueeze(0)], dim=0)
-        h = attn_res_mix(sources, query, eps=eps)
+        h = mix(sources, query, eps=eps)
     if out_norm_weight is not None:
-        h = rms_norm(h, out_norm_weight, out_eps)
+        h = norm(h, out_norm_weight, out_eps)
     return AttnResOut(h, prefix)

@@ -40,6 +40,12 @@ def lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.
 
     x [T, in]; a [S, R, in]; b [S, out, R]; scales [S]; indices [T] int (-1: no adapter).
     Returns [T, out] in the compute dtype of x and the adapters (no host synchronisation)."""
+    return lora_delta_with(lambda u, w: u @ w.T, x, a, b, scales, indices)
+
+
+def lora_delta_with(linear, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor,
+                    indices: torch.Tensor) -> torch.Tensor:
+    """`lora_delta` with `linear(u, w)` = u @ w^T given (the batch-invariant kernels pass theirs)."""
     _check("lora_delta", x, a, b, scales, indices, 0)
     cd = compute_dtype(x, a, b)
     xc, sc = x.to(cd), scales.to(cd)
@@ -49,7 +55,7 @@ def lora_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales: torch.
     # no gather of per-row adapter copies ([T, R, in] would not fit at real sizes), no host sync
     for s in range(a.shape[0]):
         weight = torch.where(indices == s, sc[s], zero)                          # [T]
-        out += ((xc @ a[s].to(cd).T) * weight[:, None]) @ b[s].to(cd).T
+        out += linear(linear(xc, a[s].to(cd)) * weight[:, None], b[s].to(cd))
     return out
 
 

@@ -78,6 +78,12 @@ KERNELS = {
                                   "tokens routed to its expert (gemv_grouped)"),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
+    # LoRA (issue 31 item 2): checked under the interpreter only until an H200 conformance run passes
+    "lora_delta": Kernel("lora.delta", "triton_kernels.lora:lora_delta",
+                         "LoRA delta as grouped (SGMV-style) shrink / expand over per-slot row tiles"),
+    "lora_experts": Kernel("lora.experts", "triton_kernels.lora:lora_experts_forward",
+                           "MXFP4 routed experts with per-expert LoRA: the expert tiles with each pair's adapter "
+                           "rows added before the activation and the routing weight"),
 }
 
 

@@ -4,8 +4,10 @@ Backs detection, capabilities, serving defaults, conformance expectations, CUDA-
 the symmetric-memory all-reduce (symm_mem.py, opt-in) and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
-falls back to the reference plugin's pure-torch kernels on device "cuda". A platform plugin's
-hooks are asked only while its platform is selected, so none checks the platform name.
+falls back to the reference plugin's pure-torch kernels on device "cuda". In the batch-invariant
+mode every kernel hook serves a full table marked batch invariant (invariant.py: its invariant
+Triton kernels and the torch invariant set). A platform plugin's hooks are asked only while its
+platform is selected, so none checks the platform name.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import importlib
 from pathlib import Path
 
 from k3.platforms._probe import has_module
-from k3.plugin import (AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels,
-                       hookimpl)
+from k3.plugin import (AttnResKernels, DenseKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels,
+                       MLAKernels, MoEKernels, QuantKernels, hookimpl)
 
 from . import capabilities, detect, experimental
 
@@ -72,31 +74,30 @@ def _kernel_table(family: str, table):
     return table(**entries) if entries else None
 
 
-@hookimpl
-def k3_kda_kernels():
-    return _kernel_table("kda", KDAKernels)
+def _tables(family: str, table, batch_invariant: bool):
+    """The family's table: in the batch-invariant mode every entry, marked (invariant.py), else
+    `_kernel_table`'s."""
+    if batch_invariant:
+        from . import invariant
+
+        return invariant.table(family)
+    return _kernel_table(family, table)
 
 
-@hookimpl
-def k3_moe_kernels():
-    return _kernel_table("moe", MoEKernels)
+def _hook(family: str, table):
+    @hookimpl
+    def hook(batch_invariant):
+        return _tables(family, table, batch_invariant)
+
+    return hook
 
 
-@hookimpl
-def k3_mla_kernels():
-    return _kernel_table("mla", MLAKernels)
-
-
-@hookimpl
-def k3_indexer_kernels():
-    return _kernel_table("indexer", IndexerKernels)
-
-
-@hookimpl
-def k3_attn_res_kernels():
-    return _kernel_table("attn_res", AttnResKernels)
-
-
-@hookimpl
-def k3_elementwise_kernels():
-    return _kernel_table("elementwise", ElementwiseKernels)
+k3_kda_kernels = _hook("kda", KDAKernels)
+k3_moe_kernels = _hook("moe", MoEKernels)
+k3_mla_kernels = _hook("mla", MLAKernels)
+k3_indexer_kernels = _hook("indexer", IndexerKernels)
+k3_attn_res_kernels = _hook("attn_res", AttnResKernels)
+k3_elementwise_kernels = _hook("elementwise", ElementwiseKernels)
+k3_lora_kernels = _hook("lora", LoRAKernels)
+k3_quant_kernels = _hook("quant", QuantKernels)
+k3_dense_kernels = _hook("dense", DenseKernels)

@@ -6,7 +6,7 @@ as one batched pass; packed sequences one pass each.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,8 @@ from k3.ops_helpers import check_conv_inputs
 from k3.plugin.kernels import ShortConvOut
 
 
-def _conv_windows(xp: torch.Tensor, w: torch.Tensor, activation: str | None) -> torch.Tensor:
+def _conv_windows(xp: torch.Tensor, w: torch.Tensor, activation: str | None,
+                  silu: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """xp [n, W-1+L, C] (history then inputs), w [C, W] -> y [n, L, C], same dtype."""
     W = w.shape[1]
     if xp.shape[1] < W:  # an empty sequence
@@ -25,7 +26,7 @@ def _conv_windows(xp: torch.Tensor, w: torch.Tensor, activation: str | None) -> 
     # tap j reads the input j - (W-1) steps back; shifted slices (not unfold) lower on every
     # backend, torch-xla included
     y = sum(xp[:, j: j + L] * w[:, j] for j in range(W))  # [n, L, C]
-    return F.silu(y) if activation == "silu" else y
+    return silu(y) if activation == "silu" else y
 
 
 def short_conv(
@@ -36,8 +37,10 @@ def short_conv(
     cu_seqlens: torch.Tensor | None = None,
     activation: str | None = "silu",
     checkpoint_offsets: Sequence[int] | torch.Tensor | None = None,
+    silu: Callable[[torch.Tensor], torch.Tensor] = F.silu,
 ) -> ShortConvOut:
-    """`ShortConv`: every window as W shifted slices of the history and the inputs."""
+    """`ShortConv`: every window as W shifted slices of the history and the inputs. silu: the
+    SiLU to apply (an option: the batch-invariant kernels pass their own)."""
     checked = check_conv_inputs("short_conv", x, weight, conv_state, cu_seqlens, activation, checkpoint_offsets)
     weight, bounds, offsets = checked.weight, checked.bounds, checked.offsets               # weight [C, W]
     (B, T, C), N, W = x.shape, len(bounds), weight.shape[1]
@@ -51,12 +54,12 @@ def short_conv(
     )
     if cu_seqlens is None:  # all sequences have length T: one batched pass
         xp = torch.cat([hist, upcast(x, cd)], dim=1)  # [B, W-1+T, C]
-        y = _conv_windows(xp, w, activation)
+        y = _conv_windows(xp, w, activation, silu)
         xps = list(xp.unbind(0))
     else:
         xf = upcast(x[0], cd)  # [T, C]
         xps = [torch.cat([hist[n], xf[b:e]]) for n, (b, e) in enumerate(bounds)]  # [W-1+len, C]
-        y = torch.cat([_conv_windows(xp[None], w, activation)[0] for xp in xps])[None]  # [1, T, C]
+        y = torch.cat([_conv_windows(xp[None], w, activation, silu)[0] for xp in xps])[None]  # [1, T, C]
 
     def window(n: int, t: int) -> torch.Tensor:  # [C, W-1]: the W-1 inputs before token t
         return xps[n][t : t + W - 1].transpose(0, 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from k3 import reference as ref
 from k3.plugin.tables import (
     AttnResKernels,
+    DenseKernels,
     ElementwiseKernels,
     IndexerKernels,
     KDAKernels,
@@ -22,7 +23,7 @@ from k3.plugin.tables import (
     QuantKernels,
 )
 
-from . import hadamard, indexer_paged_decode, kda_chunked, kda_decode, kda_rebuild, kda_recurrent, mla_decode
+from . import dense, hadamard, indexer_paged_decode, kda_chunked, kda_decode, kda_rebuild, kda_recurrent, mla_decode
 from . import moe_experts, short_conv
 
 
@@ -44,8 +45,9 @@ def torch_tables() -> dict[str, KernelTable]:
         "elementwise": ElementwiseKernels(rms_norm=ref.rms_norm, add_rms_norm=ref.add_rms_norm,
                                           gated_rms_norm=ref.gated_rms_norm,
                                           layer_norm=ref.layer_norm, l2_norm=ref.l2_norm,
-                                          glu_activation=ref.glu_activation),
+                                          glu_activation=ref.glu_activation, sigmoid=ref.sigmoid),
         "lora": LoRAKernels(delta=ref.lora_delta, experts=ref.lora_experts_forward),
+        "dense": DenseKernels(linear=dense.linear),
         "quant": QuantKernels(fp8_quantize=ref.fp8_quantize, fp8_dequantize=ref.fp8_dequantize,
                               mxfp4_quantize=ref.mxfp4_quantize, mxfp4_dequantize=ref.mxfp4_dequantize,
                               nvfp4_quantize=ref.nvfp4_quantize, nvfp4_dequantize=ref.nvfp4_dequantize),

@@ -122,12 +122,12 @@ def _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, p13_ptr, s13_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, act_ptr,
-    s_x, s_pe, s_pr, s_se, s_sr, s_act,
+    x_ptr, p13_ptr, s13_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, act_ptr, delta_ptr,
+    s_x, s_pe, s_pr, s_se, s_sr, s_act, s_delta,
     TOPK, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, MODE: tl.constexpr,
-    IEEE: tl.constexpr, ROUND_ACT: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, ROUND_ACT: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, HAS_DELTA: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -143,8 +143,12 @@ def _gate_up_kernel(
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
         acc_u = _rows_times_tokens(p13_ptr, s13_ptr, e, I + col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_u,
                                    s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
+    if HAS_DELTA:       # a LoRA adapter's gate / up rows of each (token, choice), before the activation
+        both = mask_t[None, :] & mask_n[:, None]
+        acc_g += tl.load(delta_ptr + choice[None, :] * s_delta + col[:, None], mask=both, other=0.0)
+        acc_u += tl.load(delta_ptr + choice[None, :] * s_delta + (I + col)[:, None], mask=both, other=0.0)
     acc_g, acc_u = round_to(acc_g, ROUND_PRODUCTS), round_to(acc_u, ROUND_PRODUCTS)    # the gate/up products
-    out = round_to(gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA), ROUND_ACT)
+    out = round_to(gated_activation(acc_g, acc_u, beta, linear_beta, SITU, HAS_LINEAR_BETA), ROUND_ACT)  # [BLOCK_N, BLOCK_T]
     tl.store(act_ptr + choice[None, :] * s_act + col[:, None], out.to(act_ptr.dtype.element_ty),
              mask=mask_t[None, :] & mask_n[:, None])
 
@@ -152,9 +156,10 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     act_ptr, p2_ptr, s2_ptr, tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr, weight_ptr, y_ptr,
-    s_act, s_pe, s_pr, s_se, s_sr, s_y,
+    delta_ptr, s_act, s_pe, s_pr, s_se, s_sr, s_y, s_delta,
     L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr, ROUND_ACT: tl.constexpr,
-    ROUND_PRODUCTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, HAS_DELTA: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -166,6 +171,9 @@ def _down_kernel(
     for k0 in range(0, I, BLOCK_K):
         acc = _rows_times_tokens(p2_ptr, s2_ptr, e, row, mask_n, act_ptr, choice, s_act, mask_t, k0, acc,
                                  s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
+    if HAS_DELTA:       # a LoRA adapter's down rows of each (token, choice), before the routing weight
+        acc += tl.load(delta_ptr + choice[None, :] * s_delta + row[:, None], mask=mask_t[None, :] & mask_n[:, None],
+                       other=0.0)
     w = tl.load(weight_ptr + choice, mask=mask_t, other=0.0)
     acc = round_to(acc, ROUND_PRODUCTS)                                                # the down product
     tl.store(y_ptr + choice[None, :] * s_y + row[:, None], acc * w[None, :], mask=mask_t[None, :] & mask_n[:, None])
@@ -288,8 +296,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     block_t, block_n = block_t or chosen["block_t"], block_n or chosen["block_n"]
     block_k, num_warps = block_k or chosen["block_k"], num_warps or chosen["num_warps"]
     stages = stages or chosen.get("stages")
-    e_local, inter = w13.shape[0], w13.shape[1] // 2
-    topk = topk_ids.shape[1]
+    inter = w13.shape[1] // 2
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
     if mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
@@ -307,12 +314,27 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                                               split=row_split or chosen.get("row_split", 1),
                                               prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch,
                                               half=half, chain=chain or chosen.get("chain", 4))
+    ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
+    return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
+                         expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
+                         block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages)
+
+
+def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
+                  block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None):
+    """The two tensor-core launches of the module docstring ("dot_scaled", or "decode" without
+    dot_scaled). delta13: [T*k, 2I] fp32 rows added to each (token, choice)'s gate / up rows
+    before the activation; delta2: a function of the activation rows [T*k, I] returning [T*k, L]
+    fp32 rows added to the down rows before the routing weight (LoRA adapters,
+    `triton_kernels.lora`); None: nothing added (the served experts)."""
+    t, l = x.shape
+    e_local, inter = w13.shape[0], w13.shape[1] // 2
+    topk = topk_ids.shape[1]
     # the tensor-core grid holds T tokens per expert: fold repeated choices
     topk_ids, topk_weights = merge_repeated_choices(topk_ids, topk_weights)
     order, starts, counts, tile_expert, tile_start = expert_tile_grid(topk_ids, expert_start, e_local, block_t)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
-    dot_scaled = mode == "dot_scaled"
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     legacy = rounding.legacy()
@@ -320,15 +342,18 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
                   BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     tiles = tile_expert.numel()
+    d13 = y if delta13 is None else delta13                                           # y: a pointer never read
     _gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
-        x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act,
-        x.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
+        x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act, d13,
+        x.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0), d13.stride(0),
         topk, float(beta or 1.0), float(linear_beta or 1.0),
-        L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None, **common,
+        L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
+        HAS_DELTA=delta13 is not None, **common,
     )
+    d2 = None if delta2 is None else delta2(act)
     _down_kernel[(tiles, triton.cdiv(l, block_n))](
-        act, w2.packed, w2.scales, tile_expert, tile_start, order, starts, counts, weights, y,
-        act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
-        L=l, I=inter, **common,
+        act, w2.packed, w2.scales, tile_expert, tile_start, order, starts, counts, weights, y, y if d2 is None else d2,
+        act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0), l if d2 is None else d2.stride(0),
+        L=l, I=inter, HAS_DELTA=d2 is not None, **common,
     )
     return y.view(t, topk, l).sum(1).to(x.dtype)

@@ -74,6 +74,24 @@ def test_bf16_batch_company_smoke(tmp_path):
     assert all("error" not in r and r["differing"] == len(r["splits"]) <= 3 for r in result["runs"])
 
 
+def test_batch_invariant_device_step_fits_one_call():
+    """bench/batch_invariant_h200.sh: its step limits add up to under the device's 10 minutes."""
+    import re
+
+    text = (ROOT / "bench" / "batch_invariant_h200.sh").read_text()
+    limits = [int(s) for s in re.findall(r"^step [\w-]+ (\d+) ", text, flags=re.M)]
+    assert len(limits) == 4 and sum(limits) < 600, limits
+
+
+def test_batch_invariant_companions_smoke(tmp_path):
+    """The served log-probs of one sequence, alone and beside two companions, and its prefill
+    recompute: equal bit for bit on the reference platform (the script the H200 step runs)."""
+    result = _smoke("batch_invariant_companions.py", tmp_path, "--dtype", "float32")
+    assert result["all_equal"] and set(result["verdicts"]) == {"batch_3_equals_batch_1",
+                                                               "prefill_recompute_equals_served"}
+    assert len(result["runs"]["1"]["logprobs"]) == 3 and result["recomputed_logprobs"] == result["runs"]["1"]["logprobs"]
+
+
 def test_ep_all_to_all_smoke(tmp_path):
     """2 gloo ranks: both dispatch variants return every row to its token through its expert
     (bf16 rounding only) and every figure is reported."""

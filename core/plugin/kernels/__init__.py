@@ -27,7 +27,8 @@ Conventions of every entry:
 """
 
 from .attn_res import AttnResMix, AttnResOut, AttnResStep
-from .elementwise import AddRMSNorm, GatedRMSNorm, GLUActivation, L2Norm, LayerNorm, NormedResidual, RMSNorm
+from .dense import Linear
+from .elementwise import AddRMSNorm, GatedRMSNorm, GLUActivation, L2Norm, LayerNorm, NormedResidual, RMSNorm, Sigmoid
 from .indexer import (
     HadamardTransform,
     IndexerDecodeScores,
@@ -59,6 +60,6 @@ __all__ = [
     "AddRMSNorm", "GLUActivation", "GatedRMSNorm", "HadamardTransform", "IndexerDecodeScores", "IndexerDequantizeKeys",
     "IndexerPagedDecodeScores", "IndexerQuantizeKeys", "IndexerScores", "IndexerTopK", "KDAChunked",
     "KDAChunkedOut", "KDADecodeStep", "KDAGate", "KDARebuildState", "KDARecurrent", "KDARecurrentOut",
-    "L2Norm", "LayerNorm", "LoRADelta", "LoRAExperts", "MLADecode", "MLAPrefill", "MXFP4Dequantize", "MXFP4Quantize", "NVFP4Dequantize",
-    "NVFP4Quantize", "NormedResidual", "QuantizedKeys", "RMSNorm", "RouterLogits", "SelectExperts", "ShortConv", "ShortConvOut",
+    "L2Norm", "LayerNorm", "Linear", "LoRADelta", "LoRAExperts", "MLADecode", "MLAPrefill", "MXFP4Dequantize", "MXFP4Quantize", "NVFP4Dequantize",
+    "NVFP4Quantize", "NormedResidual", "QuantizedKeys", "RMSNorm", "RouterLogits", "SelectExperts", "ShortConv", "ShortConvOut", "Sigmoid",
 ]

@@ -59,3 +59,10 @@ class GLUActivation(Protocol):
 
     def __call__(self, x: Tensor, *, activation: str, beta: float | None = None,
                  linear_beta: float | None = None) -> Tensor: ...
+
+
+class Sigmoid(Protocol):
+    """`elementwise.sigmoid`: 1 / (1 + exp(-x)) of x `[...]` in the compute dtype (fp32; fp64 for
+    float64), not cast back: the KDA beta and the MLA output gate multiply in fp32."""
+
+    def __call__(self, x: Tensor) -> Tensor: ...

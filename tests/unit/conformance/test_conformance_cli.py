@@ -175,7 +175,7 @@ def test_merge_renders_one_support_matrix(smoke_report, broken_report, tmp_path)
     assert md.startswith("# k3 conformance support matrix")
     header = next(line for line in md.splitlines() if line.startswith("| family | dtype |"))
     assert header.count("reference (CPU (reference ops)") == 2
-    assert "| elementwise | float32 | 6/6 | 2/3 (1 failed) |" in md      # add_rms_norm matches -k rms_norm too
+    assert "| elementwise | float32 | 7/7 | 2/3 (1 failed) |" in md      # add_rms_norm matches -k rms_norm too; sigmoid
     # the model family's float32 smoke items (model.batch_invariance_bitwise among them since issue 31)
     assert "| model | float32 | 3/4 (1 skipped) | 0/1 (1 xfail) |" in md
     assert "- failed: `elementwise.rms_norm/" in md and "stale expectation: `kda.retired_case`" in md

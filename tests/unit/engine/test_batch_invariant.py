@@ -15,7 +15,9 @@ from k3.engine.config import EngineConfig
 from k3.platform import BatchInvariantUnsupported, select_platform
 from k3.platform import facade
 from k3.platform import reference as reference_plugin
-from k3.plugin import is_batch_invariant
+from k3.platforms.torch_kernels.invariant import invariant_tables
+from k3.platforms.torch_kernels.tables import torch_tables
+from k3.plugin import KERNEL_TABLES, is_batch_invariant
 from k3.plugin.types import PlatformInfo
 
 
@@ -24,23 +26,26 @@ def _info(device: str) -> PlatformInfo:
                         forced=False)
 
 
-def test_reference_marks_its_kernels_on_the_cpu_only():
+def test_reference_serves_the_invariant_kernels_marked_on_the_cpu_only():
     cpu = reference_plugin.k3_moe_kernels(platform=_info("cpu"), batch_invariant=True)
     gpu = reference_plugin.k3_moe_kernels(platform=_info("cuda"), batch_invariant=True)
     default = reference_plugin.k3_moe_kernels(platform=_info("cpu"), batch_invariant=False)
     assert all(is_batch_invariant(getattr(cpu, e)) for e in cpu.entries())
+    assert cpu.experts.__wrapped__ is invariant_tables()["moe"].experts
     assert not any(is_batch_invariant(getattr(t, e)) for t in (gpu, default) for e in t.entries())
     platform = select_platform("reference", batch_invariant=True)
+    assert platform.kernels.batch_invariant
     assert all(is_batch_invariant(getattr(getattr(platform.kernels, t.FAMILY), e))
-               for t in (type(cpu),) for e in t.entries())
-    assert not is_batch_invariant(select_platform("reference").kernels.moe.experts)     # default mode untouched
+               for t in KERNEL_TABLES for e in t.entries())
+    plain = select_platform("reference")
+    assert not plain.kernels.batch_invariant and not is_batch_invariant(plain.kernels.moe.experts)
 
 
 def test_the_mode_is_refused_naming_the_unmarked_entries(monkeypatch):
     marked = facade.is_batch_invariant
-    unmarked = {"experts_forward", "mla_decode"}
+    unmarked = (invariant_tables()["moe"].experts, invariant_tables()["mla"].decode)
     monkeypatch.setattr(facade, "is_batch_invariant",
-                        lambda k: marked(k) and getattr(k, "__name__", "") not in unmarked)
+                        lambda k: marked(k) and getattr(k, "__wrapped__", None) not in unmarked)
     with pytest.raises(BatchInvariantUnsupported) as e:
         select_platform("reference", batch_invariant=True)
     assert set(e.value.entries) == {"moe.experts", "mla.decode"}
@@ -61,13 +66,12 @@ def _case_item():
                 and i.sample.shape.startswith("k3-tiny_"))
 
 
-@pytest.mark.parametrize("invariant", [True, False], ids=["token_steps", "batched"])
-def test_bitwise_case_passes_and_fails_with_batched_forwards(invariant, monkeypatch):
-    """The case passes in the mode; when the runner forwards whole batches (the default mode's
-    chunked KDA, expanded MLA prefill, grouped experts) its bit equality breaks."""
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant_kernels", "default_kernels"])
+def test_bitwise_case_passes_and_fails_with_the_default_kernels(invariant, monkeypatch):
+    """The case passes in the mode; with the default kernels in their place (marked, the same
+    one-path model wiring) its bit equality breaks: the case can tell."""
     if not invariant:
-        monkeypatch.setattr("k3.engine.runner.forward_token_steps",
-                            lambda model, meta, cache, page_size: model(meta, cache))
+        monkeypatch.setattr(reference_plugin, "invariant_tables", torch_tables)
     outcome = run_item(RunContext(select_platform("reference")), _case_item())
     assert outcome.passed == invariant, outcome.summary()
 

@@ -1,8 +1,8 @@
 """Trainer and rollout (issue 31 item 4), k3-tiny float32 on the reference platform: `k3.LLM` in
 the batch-invariant mode serves sampled completions on a LoRA adapter (beside a base-model
 request) with their log-probs; a trainer-side forward, wired by hand (its own model on the
-platform's batch-invariant kernels, its own adapter slots, cache and metadata, the one-token
-steps of `k3.model.token_steps`), recomputes those log-probs from prompt + completion equal bit
+platform's batch-invariant kernels, its own adapter slots, cache and metadata, one prefill
+forward over prompt + completion, the mode's log-normaliser), recomputes those log-probs equal bit
 for bit; the float64 model with the adapter merged into its weights (W + scale B A, read by
 `lora_files`, default kernels, one batched prefill) agrees with both within tolerance."""
 
@@ -14,10 +14,10 @@ import k3
 from k3.cache.pool import CachePool
 from k3.checkpoint.loader import load_checkpoint, load_model
 from k3.config import K3Config
+from k3.engine.sampler import log_normaliser
 from k3.lora import LoRARegistry
 from k3.model.lora import attach_lora
 from k3.model.metadata import ForwardMetadata, LoRAMetadata
-from k3.model.token_steps import forward_token_steps
 from k3.platform import select_platform
 
 from lora_files import merge_adapter, write_adapter
@@ -39,8 +39,8 @@ def _trainer_logprobs(ckpt, adapter, sequence: list[int], start: int) -> list[fl
     meta = ForwardMetadata.build([inputs], context_lens=[0], state_indices=[0],
                                  block_table=torch.arange(1, 1 + pages)[None], page_size=PAGE, all_logits=True)
     meta.lora = LoRAMetadata(torch.full((len(inputs),), slot, dtype=torch.long), (slot,))
-    logits = forward_token_steps(model, meta, pool.views, page_size=PAGE).logits.float()      # [L - 1, V]
-    lp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    logits = model(meta, pool.views).logits.float()                                          # [L - 1, V]
+    lp = logits - log_normaliser(logits, batch_invariant=True)[:, None]
     return [lp[i - 1, sequence[i]].item() for i in range(start, len(sequence))]
 
 

@@ -15,9 +15,9 @@ from k3.platform import PlatformError, discover, select_platform
 
 VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
-KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels", "k3_graph_runner",
-                           "k3_indexer_kernels", "k3_kda_kernels",
-                           "k3_mla_kernels", "k3_moe_kernels"],
+KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_dense_kernels", "k3_elementwise_kernels",
+                           "k3_graph_runner", "k3_indexer_kernels", "k3_kda_kernels", "k3_lora_kernels",
+                           "k3_mla_kernels", "k3_moe_kernels", "k3_quant_kernels"],
                 "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
                 # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
@@ -236,7 +236,7 @@ def test_nvidia_backs_the_fused_kda_decode_with_triton(monkeypatch):
 
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    table = plugin.k3_kda_kernels()
+    table = plugin.k3_kda_kernels(batch_invariant=False)
     try:
         import triton  # noqa: F401
     except ImportError:                           # without Triton only the torch kernels serve
@@ -253,22 +253,22 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
 
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
-    assert sorted(plugin.k3_moe_kernels().provided()) == ["experts", "router_logits", "select_experts"]
-    assert plugin.k3_mla_kernels().decode.__name__ == "mla_decode_native"
-    assert plugin.k3_attn_res_kernels().provided() == ["step"]
-    assert sorted(plugin.k3_mla_kernels().provided()) == ["decode", "prefill"]
-    assert sorted(plugin.k3_indexer_kernels().provided()) == ["paged_decode_scores", "scores", "topk"]
-    assert sorted(plugin.k3_elementwise_kernels().provided()) == ["glu_activation", "rms_norm"]
+    assert sorted(plugin.k3_moe_kernels(batch_invariant=False).provided()) == ["experts", "router_logits", "select_experts"]
+    assert plugin.k3_mla_kernels(batch_invariant=False).decode.__name__ == "mla_decode_native"
+    assert plugin.k3_attn_res_kernels(batch_invariant=False).provided() == ["step"]
+    assert sorted(plugin.k3_mla_kernels(batch_invariant=False).provided()) == ["decode", "prefill"]
+    assert sorted(plugin.k3_indexer_kernels(batch_invariant=False).provided()) == ["paged_decode_scores", "scores", "topk"]
+    assert sorted(plugin.k3_elementwise_kernels(batch_invariant=False).provided()) == ["glu_activation", "rms_norm"]
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, moe_router_logits, mla_prefill, rms_norm")
-    assert plugin.k3_moe_kernels().provided() == ["select_experts"]
-    assert plugin.k3_elementwise_kernels().provided() == ["glu_activation"]
-    assert plugin.k3_mla_kernels().provided() == ["decode"]
+    assert plugin.k3_moe_kernels(batch_invariant=False).provided() == ["select_experts"]
+    assert plugin.k3_elementwise_kernels(batch_invariant=False).provided() == ["glu_activation"]
+    assert plugin.k3_mla_kernels(batch_invariant=False).provided() == ["decode"]
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "all")
-    assert plugin.k3_moe_kernels() is None and plugin.k3_attn_res_kernels() is None
-    assert plugin.k3_mla_kernels() is None and plugin.k3_kda_kernels() is None
+    assert plugin.k3_moe_kernels(batch_invariant=False) is None and plugin.k3_attn_res_kernels(batch_invariant=False) is None
+    assert plugin.k3_mla_kernels(batch_invariant=False) is None and plugin.k3_kda_kernels(batch_invariant=False) is None
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_router,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert sorted(plugin.k3_moe_kernels().provided()) == ["experts", "router_logits"]
+        assert sorted(plugin.k3_moe_kernels(batch_invariant=False).provided()) == ["experts", "router_logits"]
 
 
 def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
@@ -279,20 +279,20 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
     monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
     kda = ["chunked", "decode_step", "recurrent", "short_conv"]
-    assert sorted(plugin.k3_kda_kernels().provided()) == kda
-    assert plugin.k3_kda_kernels().chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
+    assert sorted(plugin.k3_kda_kernels(batch_invariant=False).provided()) == kda
+    assert plugin.k3_kda_kernels(batch_invariant=False).chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
     monkeypatch.setenv("K3_NVIDIA_DISABLE", "kda_chunked_blocked")        # the torch one without the Triton diagonal
-    assert plugin.k3_kda_kernels().chunked.__module__.endswith("torch_kernels.kda_chunked_blocked")
+    assert plugin.k3_kda_kernels(batch_invariant=False).chunked.__module__.endswith("torch_kernels.kda_chunked_blocked")
     monkeypatch.delenv("K3_NVIDIA_DISABLE")
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked")           # fla-core's, in place of the promoted one
-    assert sorted(plugin.k3_kda_kernels().provided()) == kda
-    assert plugin.k3_kda_kernels().chunked.__module__.endswith("triton_kernels.kda_chunked")
+    assert sorted(plugin.k3_kda_kernels(batch_invariant=False).provided()) == kda
+    assert plugin.k3_kda_kernels(batch_invariant=False).chunked.__module__.endswith("triton_kernels.kda_chunked")
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "all")
-    assert sorted(plugin.k3_kda_kernels().provided()) == ["chunked", "decode_step", "recurrent",
+    assert sorted(plugin.k3_kda_kernels(batch_invariant=False).provided()) == ["chunked", "decode_step", "recurrent",
                                                                           "short_conv"]
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
-        assert "chunked" in plugin.k3_kda_kernels().provided()
+        assert "chunked" in plugin.k3_kda_kernels(batch_invariant=False).provided()
 
 
 def test_nvidia_captures_decode_with_cuda_graphs():
