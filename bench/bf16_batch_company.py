@@ -64,6 +64,15 @@ def first_divergence(alone, crowded) -> dict | None:
     return None
 
 
+def median_top_two_gap(outputs) -> float | None:
+    """The median top-two log-prob gap over every step of the lone runs: the scale of the
+    margin's context (random weights with a std-1 lm_head give logit std ~ sqrt(hidden), so a
+    wide model's typical gap is far above k3-tiny's)."""
+    gaps = sorted(best[0] - best[1] for out in outputs for step in out.outputs[0].logprobs
+                  if len(best := sorted(step.values(), reverse=True)) > 1)
+    return round(gaps[len(gaps) // 2], 4) if gaps else None
+
+
 def release() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -77,17 +86,19 @@ def measure(model_dir: str, args, *, dtype: str, kernels: str, rounding: str, se
     saved = {key: os.environ.get(key) for key in env}
     os.environ.update(env)
     started = time.perf_counter()
+    llm = None
     try:
         llm = k3.LLM(model_dir, platform=args.platform, dtype=dtype, load_format="dummy", skip_tokenizer_init=True,
-                     load_progress=False, max_num_seqs=args.prompts + args.others, **SETTINGS[setting])
+                     load_progress=False, max_num_seqs=args.prompts + args.others,
+                     gpu_memory_utilization=args.gpu_memory_utilization, **SETTINGS[setting])
         every = prompts(vocab, args.prompts + args.others)
         params = k3.SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True, logprobs=2)
         as_inputs = lambda ps: [{"prompt_token_ids": p} for p in ps]  # noqa: E731
         alone = [llm.generate(as_inputs([p]), params, use_tqdm=False)[0] for p in every[: args.prompts]]
         crowded = llm.generate(as_inputs(every), params, use_tqdm=False)[: args.prompts]
         splits = {i: d for i, (a, c) in enumerate(zip(alone, crowded)) if (d := first_divergence(a, c))}
-        del llm
     finally:
+        del llm                    # also after an error: the next configuration needs the memory
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -97,6 +108,7 @@ def measure(model_dir: str, args, *, dtype: str, kernels: str, rounding: str, se
     gaps = [d["gap"] for d in splits.values()]
     return {"dtype": dtype, "kernels": kernels, "rounding": rounding, "setting": setting,
             "differing": len(splits), "of": args.prompts, "max_gap": max(gaps, default=None),
+            "median_lone_gap": median_top_two_gap(alone),
             "above_margin": sum(g > MARGIN for g in gaps), "splits": splits,
             "seconds": round(time.perf_counter() - started, 1)}
 
@@ -113,6 +125,8 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", default=["served", "no_moe"], choices=list(KERNELS))
     parser.add_argument("--rounding", nargs="+", default=["after", "before"], choices=["after", "before"])
     parser.add_argument("--settings", nargs="+", default=["plain"], choices=list(SETTINGS))
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.8,
+                        help="below the engine's 0.9: float32 k3-slice's weights leave the plan less room")
     parser.add_argument("--smoke", action="store_true", help="k3-tiny on the CPU reference platform, tiny sizes")
     args = parser.parse_args()
     if args.smoke:
