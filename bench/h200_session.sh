@@ -48,9 +48,10 @@
 #     flags) with two processes on the one GPU, checked exactly (bench/ipc_allgather.py);
 #   bash bench/h200_session.sh company                     (about 9 minutes)
 #     issue 32 item 1: the variants conformance family on the served kernels (correctness first),
-#     then bench/bf16_batch_company.py on k3-slice: 20 greedy prompts alone vs among 40 others,
-#     bf16 and float32, served kernels and MoE kernels off, each before (K3_LEGACY_ROUNDING=1) and
-#     after; then bf16 with prefix caching and with n-gram speculation, before and after;
+#     then bench/company_probe.py on k3-slice (per MoE layer, the routing flips of a prompt alone vs
+#     among 40 others, and its logit difference), then bench/bf16_batch_company.py: 20 greedy
+#     prompts alone vs among 40 others, bf16 and float32, served kernels and MoE kernels off (the
+#     before figures, K3_LEGACY_ROUNDING=1, are in BENCHMARKS.md's fifteenth session);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -167,9 +168,11 @@ company)
     step conformance-variants 130 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_variants" \
         -k "variants"
     rm -f "$OUT/conf_variants/report.md"
-    step company-plain 330 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json"
-    step company-cache-ngram 130 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_settings.json" \
-        --dtypes bfloat16 --kernels served --settings prefix_caching ngram
+    # where a crowd parts a prompt's computation: routing flips or a kernel variant (bench/company_probe.py)
+    step company-probe 120 python3 bench/company_probe.py --prompts 3 --others 40 --steps 6 \
+        --out "$OUT/company_probe.json"
+    step company-plain 330 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json" \
+        --rounding after
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished

@@ -67,6 +67,17 @@ def test_every_device_session_phase_fits_one_call():
         assert limits and sum(limits) < 600, (name, limits)
 
 
+def test_company_probe_smoke(tmp_path):
+    """The probe parts a prompt's computation alone vs in a crowd: on the reference platform the
+    crowd changes nothing; with the router input nudged one ulp the logits move (the control)."""
+    still = _smoke("company_probe.py", tmp_path)
+    assert len(still["probes"]) == 2 and all(p["first_routing_flip"] is None and p["first_split_step"] is None
+                                             for p in still["probes"])
+    assert all(s["rel_logit_diff"] == 0.0 for p in still["probes"] for s in p["steps"])
+    nudged = _smoke("company_probe.py", tmp_path, "--perturb-router")
+    assert nudged["perturb_router"] and any(s["rel_logit_diff"] > 0 for p in nudged["probes"] for s in p["steps"])
+
+
 def test_bf16_batch_company_smoke(tmp_path):
     """Alone vs in a crowd, before and after (K3_LEGACY_ROUNDING): every run reports its splits."""
     result = _smoke("bf16_batch_company.py", tmp_path)
