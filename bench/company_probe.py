@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the conforma
 
 
 class RoutingRecorder:
-    """Wraps every MoE layer's expert selection; keeps the first `rows` rows' expert ids and
-    top-k margins of each call, in call order (layers in order within a forward)."""
+    """Wraps every MoE layer's expert selection; while `prompt_len` is set, keeps the probe's rows'
+    expert ids and top-k margins of each call, in call order (layers in order within a forward)."""
 
     def __init__(self, model):
         from k3.model.ffn import MoE
@@ -74,22 +74,26 @@ def probe_prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(rng.randrange(4, 28))] for _ in range(count)]
 
 
-def probe_one(model, platform, prompt, others, steps: int, device, perturb: bool = False) -> dict:
-    from conformance.driver import Request, run
+def _recorded_run(recorder, model, platform, requests, steps: int, device, *, perturb: bool):
+    """The driver's run of `requests` (the probe first) with the recorder on: (probe's trace, calls)."""
+    from conformance.driver import run
 
-    recorder = model._company_recorder
-    runs = {}
-    for name, requests in (("alone", [Request(prompt)]), ("crowd", None)):
-        if requests is None:
-            requests = [Request(prompt, forced=runs["alone"][0].tokens)] + [Request(p) for p in others]
-        recorder.calls, recorder.prompt_len, recorder.perturb = [], len(prompt), perturb and name == "crowd"
-        try:
-            traces = run(model, requests, steps=steps, chunk=None, slots=list(range(len(requests))), device=device,
-                         platform=platform)
-        finally:
-            recorder.prompt_len = 0
-        runs[name] = (traces[0], recorder.calls)
-    (alone, alone_calls), (crowd, crowd_calls) = runs["alone"], runs["crowd"]
+    recorder.calls, recorder.prompt_len, recorder.perturb = [], len(requests[0].prompt), perturb
+    try:
+        traces = run(model, requests, steps=steps, chunk=None, slots=list(range(len(requests))), device=device,
+                     platform=platform)
+    finally:
+        recorder.prompt_len = 0
+    return traces[0], recorder.calls
+
+
+def probe_one(model, recorder, platform, prompt, others, steps: int, device, perturb: bool = False) -> dict:
+    from conformance.driver import Request
+
+    alone, alone_calls = _recorded_run(recorder, model, platform, [Request(prompt)], steps, device, perturb=False)
+    crowd, crowd_calls = _recorded_run(recorder, model, platform,
+                                       [Request(prompt, forced=alone.tokens)] + [Request(p) for p in others],
+                                       steps, device, perturb=perturb)
     layers = len(recorder.layers)
     per_step = []
     first_flip = None
@@ -155,7 +159,7 @@ def main() -> None:
     load_dummy_weights(model, seed=0, progress=False)
     platform.process_weights(model)
     model.model.fold_weights()
-    model._company_recorder = RoutingRecorder(model)
+    recorder = RoutingRecorder(model)
     everything = probe_prompts(cfg.vocab_size, args.prompts + args.others, seed=32)
     result = {"date": datetime.date.today().isoformat(), "platform": args.platform, "preset": args.preset,
               "dtype": args.dtype, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -163,7 +167,7 @@ def main() -> None:
               "perturb_router": args.perturb_router, "others": args.others, "steps": args.steps, "probes": []}
     for i in range(args.prompts):
         others = everything[args.prompts:]
-        probe = probe_one(model, platform, everything[i], others, args.steps, device, perturb=args.perturb_router)
+        probe = probe_one(model, recorder, platform, everything[i], others, args.steps, device, perturb=args.perturb_router)
         result["probes"].append(probe)
         split = probe["first_split_step"]
         print(json.dumps({"probe": i, "first_split_step": split, "first_routing_flip": probe["first_routing_flip"],
