@@ -41,7 +41,9 @@ MARGIN = 2.0             # conformance's bf16 batch-company margin (k3.conforman
 SETTINGS = {"plain": {"enable_prefix_caching": False},
             "prefix_caching": {"enable_prefix_caching": True},
             "ngram": {"enable_prefix_caching": False,
-                      "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}}
+                      "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+            # the exact mode: a prompt's tokens must not move with its company at all (0 splits)
+            "batch_invariant": {"enable_prefix_caching": False, "batch_invariant": True}}
 KERNELS = {"served": "", "no_moe": "moe_experts"}
 
 

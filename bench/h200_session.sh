@@ -50,8 +50,10 @@
 #     issue 32 item 1: the variants conformance family on the served kernels (correctness first),
 #     then bench/company_probe.py on k3-slice (per MoE layer, the routing flips of a prompt alone vs
 #     among 40 others, and its logit difference), then bench/bf16_batch_company.py: 20 greedy
-#     prompts alone vs among 40 others, bf16 and float32, served kernels and MoE kernels off (the
-#     before figures, K3_LEGACY_ROUNDING=1, are in BENCHMARKS.md's fifteenth session);
+#     prompts alone vs among 40 others in bf16 on the served kernels, k3-slice in the default and
+#     the batch-invariant mode, then k3-tiny (the CPU CI test's model) plain, with prefix caching
+#     and under n-gram speculation (the before figures, K3_LEGACY_ROUNDING=1, and float32 are in
+#     BENCHMARKS.md's fifteenth session);
 #   bash bench/h200_session.sh tune
 #     fla-core's autotuned launch configurations at K3's dimensions, as one bundle to unpack into
 #     platforms/triton_kernels/fla_configs/<GPU>/ (python3 -m k3.platforms.triton_kernels.fla_configs).
@@ -169,10 +171,14 @@ company)
         -k "variants"
     rm -f "$OUT/conf_variants/report.md"
     # where a crowd parts a prompt's computation: routing flips or a kernel variant (bench/company_probe.py)
-    step company-probe 120 python3 bench/company_probe.py --prompts 3 --others 40 --steps 6 \
+    step company-probe 100 python3 bench/company_probe.py --prompts 3 --others 40 --steps 6 \
         --out "$OUT/company_probe.json"
-    step company-plain 330 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json" \
-        --rounding after
+    # k3-slice in bf16 with the served kernels: the default mode, and the exact mode (0 splits expected)
+    step company-slice 240 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company.json" \
+        --rounding after --dtypes bfloat16 --kernels served --settings plain batch_invariant
+    # k3-tiny on the nvidia kernels: the CPU CI test's model (tests/unit/engine/test_bf16_batch_company.py)
+    step company-tiny 90 python3 bench/bf16_batch_company.py --out "$OUT/bf16_batch_company_tiny.json" \
+        --preset k3-tiny --rounding after --dtypes bfloat16 --kernels served --settings plain prefix_caching ngram
     ;;
 tune)
     # the bundle is rewritten after each shape, so a cut-short run keeps the dtypes it finished
