@@ -205,6 +205,10 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
         return torch_decode.mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, scale=scale,
                               cu_seqlens_q=cu_seqlens_q, kv_cache_scale=kv_cache_scale, topk_indices=topk_indices)
     is_fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    # bf16 tensor-core operands only for a 16-bit model: an fp32 model rounds nowhere but at fp32
+    # (DESIGN.md "Numerics"), so its fp8 pages widen to fp32 operands like an fp32 cache's
+    native = (operands == "native" and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn)
+              and q_nope.dtype in (torch.bfloat16, torch.float16))
     if is_fp8 and kv_cache_scale is None:
         raise ValueError(f"mla_decode: an fp8 kv_cache ({kv_cache.dtype}) needs a kv_cache_scale")
     t, h, _ = q_nope.shape
@@ -236,7 +240,7 @@ def mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, w_uk, w_uv, *, sca
             h, positions, splits, float(scale) * LOG2E, kv_scale,
             PAGE=page, R=r, DR=dr, BLOCK_H=block_h, BLOCK_N=block_n, SPLIT_LEN=split_len, SPARSE=selection is not None,
             IEEE=q_nope.dtype == torch.float32 if ieee is None else bool(ieee), num_warps=8 if r >= 256 else 4,
-            NATIVE=operands == "native" and kv_cache.dtype in (torch.bfloat16, torch.float8_e4m3fn),
+            NATIVE=native,
             WHOLE_MAX=not rounding.legacy(),
         )
     if merge == "triton" and t:
