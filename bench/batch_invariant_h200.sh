@@ -11,7 +11,7 @@
 #   2. companions: the served log-probs of one sequence alone and beside 7 and 63 companions, and
 #      its prefill recompute (bench/batch_invariant_companions.py, bf16) -> $OUT/companions.json
 #      ("all_equal": true);
-#   3. conformance-lora: the Triton LoRA kernels (experimental lora_delta, lora_experts) on the
+#   3. conformance-lora: the Triton LoRA kernels (lora_delta, lora_experts, served) on the
 #      lora cases -> $OUT/conf_lora/report.json;
 #   4. cost: TPOT, TTFT and throughput of the mode against the default mode (the served kernels,
 #      CUDA graphs), same run, B = 1 / 8 / 64, bf16 (bench/batch_invariant.py) -> $OUT/cost.json.
@@ -32,8 +32,7 @@ step conformance-bitwise 170 python3 -m k3 conformance --platform nvidia --tier 
     --report "$OUT/conf_bi"
 step companions 120 python3 bench/batch_invariant_companions.py --batches 1,8,64 --tokens 16 --dtype bfloat16 \
     --out "$OUT/companions.json"
-step conformance-lora 90 env K3_NVIDIA_EXPERIMENTAL=lora_delta,lora_experts \
-    python3 -m k3 conformance --platform nvidia --tier full -k "lora" --report "$OUT/conf_lora"
+step conformance-lora 90 python3 -m k3 conformance --platform nvidia --tier full -k "lora" --report "$OUT/conf_lora"
 step cost 170 python3 bench/batch_invariant.py --batches 1,8,64 --prompt 64 --tokens 32 --dtype bfloat16 --repeats 3 \
     --out "$OUT/cost.json"
 rm -f "$OUT/conf_bi/report.md" "$OUT/conf_lora/report.md"

@@ -66,6 +66,13 @@ PROMOTED = {
     "kda_chunked_blocked": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked",
                                   "chunked KDA prefill with both phases in Triton: the intra-chunk phase in "
                                   "exact fp32, the recurrence on 3xTF32 tensor cores"),
+    # LoRA (issue 31): conformance's lora cases passed on the H100 (2026-12-05, 15 of 15,
+    # bench/results/conformance-lora-triton-h100-2026-12-05.json); served only when LoRA is enabled
+    "lora_delta": Kernel("lora.delta", "triton_kernels.lora:lora_delta",
+                         "LoRA delta as grouped (SGMV-style) shrink / expand over per-slot row tiles"),
+    "lora_experts": Kernel("lora.experts", "triton_kernels.lora:lora_experts_forward",
+                           "MXFP4 routed experts with per-expert LoRA: the expert tiles with each pair's adapter "
+                           "rows added before the activation and the routing weight"),
 }
 KERNELS = {
     # fla-core's kda.chunked, when named, serves instead of the promoted kda_chunked_torch
@@ -78,12 +85,6 @@ KERNELS = {
                                   "tokens routed to its expert (gemv_grouped)"),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
-    # LoRA (issue 31 item 2): checked under the interpreter only until an H200 conformance run passes
-    "lora_delta": Kernel("lora.delta", "triton_kernels.lora:lora_delta",
-                         "LoRA delta as grouped (SGMV-style) shrink / expand over per-slot row tiles"),
-    "lora_experts": Kernel("lora.experts", "triton_kernels.lora:lora_experts_forward",
-                           "MXFP4 routed experts with per-expert LoRA: the expert tiles with each pair's adapter "
-                           "rows added before the activation and the routing weight"),
 }
 
 

@@ -59,4 +59,5 @@ def test_outside_the_mode_the_served_kernels_are_unchanged(monkeypatch):
     kernels = _nvidia(monkeypatch, batch_invariant=False).kernels
     assert not kernels.batch_invariant and not is_batch_invariant(kernels.elementwise.rms_norm)
     assert kernels.moe.experts.__module__ == "k3.platforms.triton_kernels.moe_mxfp4"
-    assert kernels.providers["dense.linear"] == "reference" and kernels.providers["lora.delta"] == "reference"
+    assert kernels.providers["dense.linear"] == "reference"
+    assert kernels.providers["lora.delta"] == "nvidia" and kernels.providers["lora.experts"] == "nvidia"
