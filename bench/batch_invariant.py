@@ -67,7 +67,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = init_checkpoint(args.preset, Path(tmp) / "ckpt", progress=False)
-        kw = dict(dtype=args.dtype, load_progress=False, max_num_seqs=max(batches), kv_cache_memory_gib=0.25,
+        kw = dict(dtype=args.dtype, load_progress=False, max_num_seqs=max(batches), kv_cache_memory_gib=0.25, gpu_memory_utilization=0.4,
                   skip_tokenizer_init=True)
         engines = {"default": k3.LLM(str(ckpt), batch_invariant=False, **kw),
                    "batch_invariant": k3.LLM(str(ckpt), batch_invariant=True, **kw)}
