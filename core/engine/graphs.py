@@ -116,7 +116,10 @@ class DecodeGraphs:
         b = next(size for size in self.buckets if size >= n)
         static = self._static[b]
         pad = self._padding[b]                          # the rows past n return to padding
-        if getattr(self.runner, "pads_on_host", False):
+        if n == b and meta.block_table.shape[1] == self.max_pages:
+            for name in (*self._ROWS, "block_table"):   # padded by the engine already (`k3.engine.padding`)
+                getattr(static, name).copy_(getattr(meta, name))
+        elif getattr(self.runner, "pads_on_host", False):
             self._fill_on_host(static, pad, meta, n)
         else:
             for name in self._ROWS:

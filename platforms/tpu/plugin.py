@@ -1,8 +1,9 @@
 """TPU platform plugin (entry point `tpu`): hook implementations only.
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
-serving defaults, conformance expectations, the XLA graph runner (`graphs.py`: decode steps
-compiled once per batch bucket) and the XLA-clean kernel entries of `kernels.py`; the entries
+serving defaults, conformance expectations, static-shape buckets (`shapes.py`: the engine pads
+every step to them), the XLA graph runner (`graphs.py`: decode steps compiled once per batch
+bucket) and the XLA-clean kernel entries of `kernels.py`; the entries
 it leaves out fall back to the reference plugin's pure-torch kernels on the XLA device
 (docs/kernel-contract.md says which of them an XLA backend must replace).
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from k3.plugin import hookimpl
 
-from . import capabilities, detect, kernels
+from . import capabilities, detect, kernels, shapes
 
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME
@@ -45,6 +46,11 @@ def k3_graph_runner():
     from .graphs import XlaGraphRunner
 
     return XlaGraphRunner()
+
+
+@hookimpl
+def k3_shape_buckets(max_num_seqs, max_num_batched_tokens):
+    return shapes.buckets(max_num_seqs, max_num_batched_tokens)
 
 
 @hookimpl

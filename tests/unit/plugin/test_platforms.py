@@ -22,7 +22,7 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
                 # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
                 "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
-                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
+                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels", "k3_shape_buckets"],
                 # the portable Triton kernels with AMD launch configurations, the (opt-in) IPC all-gather;
                 # no graph runner yet
                 "amd": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels",
