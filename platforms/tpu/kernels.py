@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from k3.platforms.torch_kernels import moe_experts
 from k3.platforms.torch_kernels.tables import torch_tables
+from . import kda_chunked
 from k3.plugin.tables import AttnResKernels, ElementwiseKernels, IndexerKernels, KDAKernels, MLAKernels, MoEKernels
 
 
@@ -35,8 +36,9 @@ def _pick(table_type, family: str, entries: tuple[str, ...], **own):
 
 
 def kda_table() -> KDAKernels:
-    """The KDA decode path: gate, short_conv, recurrent, the fused decode step."""
-    return _pick(KDAKernels, "kda", ("gate", "short_conv", "recurrent", "decode_step"))
+    """The KDA decode path (gate, short_conv, recurrent, the fused decode step) and the chunked
+    prefill as a fixed-chunk scan (`kda_chunked.py`)."""
+    return _pick(KDAKernels, "kda", ("gate", "short_conv", "recurrent", "decode_step"), chunked=kda_chunked.kda_chunked)
 
 
 def mla_table() -> MLAKernels:

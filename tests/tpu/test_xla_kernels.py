@@ -35,7 +35,7 @@ def test_the_plugin_backs_the_decode_path(tpu):
     for entry in ("mla.decode", "kda.decode_step", "kda.recurrent", "kda.short_conv", "moe.experts",
                   "indexer.paged_decode_scores", "indexer.topk", "elementwise.rms_norm", "attn_res.step"):
         assert prov[entry] == "tpu", (entry, prov[entry])
-    assert prov["kda.chunked"] == "reference"
+    assert prov["kda.chunked"] == "tpu"
 
 
 @pytest.mark.parametrize("name", _tpu_cases())
