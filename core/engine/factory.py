@@ -153,7 +153,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
         padding = StepPadding(buckets, plan.graph_scratch_row, logical_block, -(-plan.max_model_len // plan.block_size))
     runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
-                         graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast,
+                         graphs=graphs, pinned_uploads=async_scheduling and _pins_for(device), broadcast=broadcast,
                          batch_invariant=config.batch_invariant, media=media,
                          sharded_prefill=_sharded_prefill(config, model, logical_block), padding=padding)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
@@ -180,6 +180,13 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
                        kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora,
                        expert_cache=expert_cache)
+
+
+def _pins_for(device: torch.device) -> bool:
+    """Page-locked staging helps uploads to torch's accelerator (CUDA, HIP...); a device torch
+    pins nothing for (the CPU, an XLA device) uploads from pageable memory."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return device.type != "cpu" and accelerator is not None and accelerator.type == device.type
 
 
 def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):

@@ -112,6 +112,10 @@ class Capabilities:
     dcp: bool = False
     pd_transfer: bool = False
     cache_alignment_bytes: int = 1       # alignment the backing cache tensor's rows need
+    # the device cannot write through dtype-reinterpreting views of one byte tensor (XLA's
+    # functional tensors execute the pending graph at each such write): the cache pool keeps
+    # every region as a tensor of its own dtype, indexed by the same rows (`k3.cache.pool`)
+    typed_cache_regions: bool = False
 
     REQUIREMENTS = ("bf16", "fp16", "fp64", "fp8", "mxfp4_native", "nvfp4_native", "triton", "graph_capture",
                     "symmetric_memory", "hip_ipc", "aiter", "dcp", "pd_transfer", "multi_device")

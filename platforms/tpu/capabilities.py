@@ -7,7 +7,8 @@ from k3.plugin.types import Capabilities
 
 def read() -> Capabilities:
     """Capabilities of the XLA device: chip kind, memory limit, device count; compiled XLA
-    graphs stand for graph capture; collectives go through XLA."""
+    graphs stand for graph capture; collectives go through XLA. The cache keeps typed regions
+    (a write through a dtype view of one byte tensor executes XLA's pending graph)."""
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
@@ -22,5 +23,5 @@ def read() -> Capabilities:
     return Capabilities(
         vendor="google", arch=kind.lower().replace(" ", "-"), device_name=kind, memory_bytes=memory,
         device_count=xr.global_runtime_device_count(), dist_backend="xla",
-        dtypes=frozenset({"bfloat16", "float32"}), graph_capture=True,
+        dtypes=frozenset({"bfloat16", "float32"}), graph_capture=True, typed_cache_regions=True,
     )
