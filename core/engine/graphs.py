@@ -56,6 +56,7 @@ class DecodeGraphs:
         self._static: dict[int, ForwardMetadata] = {}     # the tensors each bucket's graph reads
         self._padding: dict[int, ForwardMetadata] = {}    # their values when no sequence is real
         self._replay: dict[int, tuple] = {}
+        self.replays = 0                                  # decode steps run from a captured graph
         for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
                       file=sys.stderr, disable=not progress):
             self._capture(b)
@@ -130,4 +131,5 @@ class DecodeGraphs:
             static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
         replay, logits = self._replay[b]
         replay()
+        self.replays += 1
         return logits[:n].clone()
