@@ -25,7 +25,7 @@ def ckpt(tmp_path_factory):
     return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("spmd-k3-tiny"), progress=False)
 
 
-def test_sharded_forward_equals_the_single_device_forward(ckpt, tmp_path):
+def test_sharded_forward_equals_the_single_device_forward(ckpt, tmp_path, capsys):
     env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4", XLA_FLAGS="--xla_force_host_platform_device_count=4")
     out = tmp_path / "sharded.pt"
     proc = subprocess.run([sys.executable, str(CHILD), str(out), str(ckpt)], env=env, capture_output=True,
@@ -33,9 +33,10 @@ def test_sharded_forward_equals_the_single_device_forward(ckpt, tmp_path):
     lines = [line for line in proc.stdout.splitlines() if line.startswith("::: spmd")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     hlo = json.loads(lines[-1].split(" ", 2)[2])
-    print(f"\n::: spmd on PJRT CPU: {hlo['device_count']} devices, {len(hlo['sharded'])} tensors sharded, "
-          f"{hlo['annotations']} sharding annotations in the lowered HLO (collectives before partitioning: "
-          f"{hlo['collectives']})")
+    with capsys.disabled():
+        print(f"\n::: spmd on PJRT CPU: {hlo['device_count']} devices, {len(hlo['sharded'])} tensors sharded, "
+              f"{hlo['annotations']} sharding annotations in the lowered HLO (collectives before partitioning: "
+              f"{hlo['collectives']})")
     assert hlo["device_count"] == 4
     assert any("w13" in n for n in hlo["sharded"]) and any("o_proj" in n for n in hlo["sharded"])
     assert any("gate_up_proj" in n for n in hlo["sharded"]) and hlo["annotations"] > 0
