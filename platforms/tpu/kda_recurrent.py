@@ -22,6 +22,19 @@ from . import varlen
 from .scan import scan
 
 
+def _step(carry, x):
+    """One packed token (module level and pure: torch-xla's scan traces it once per shape)."""
+    S, finals, init_ = carry
+    q_, k_, v_, g_, b_, first_, last_, n_ = x
+    S = torch.where(first_, init_.index_select(0, n_[None])[0], S)          # [HV, K, V]
+    S = S * torch.exp(g_)[..., None]
+    u = b_[:, None] * (v_ - torch.einsum("hkv,hk->hv", S, k_))              # [HV, V]
+    S = S + k_[..., None] * u[:, None, :]
+    o = torch.einsum("hkv,hk->hv", S, q_)
+    finals = finals.index_copy(0, n_[None], torch.where(last_, S, finals.index_select(0, n_[None])[0])[None])
+    return (S, finals, init_), (o, S, u)
+
+
 def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None,
                   output_per_position_states=False, output_corrections=False) -> KDARecurrentOut:
     """`KDARecurrent` (the module docstring)."""
@@ -54,19 +67,8 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlen
     first = live & (pos == 0)
     last = live & (pos == varlen.lengths(cu_seqlens).gather(0, n) - 1)
 
-    def step(carry, x):
-        S, finals, init_ = carry
-        q_, k_, v_, g_, b_, first_, last_, n_ = x
-        S = torch.where(first_, init_.index_select(0, n_[None])[0], S)          # [HV, K, V]
-        S = S * torch.exp(g_)[..., None]
-        u = b_[:, None] * (v_ - torch.einsum("hkv,hk->hv", S, k_))              # [HV, V]
-        S = S + k_[..., None] * u[:, None, :]
-        o = torch.einsum("hkv,hk->hv", S, q_)
-        finals = finals.index_copy(0, n_[None], torch.where(last_, S, finals.index_select(0, n_[None])[0])[None])
-        return (S, finals, init_), (o, S, u)
-
     carry = (init.new_zeros(HV, K, V), init.clone(), init)
-    (_, finals, _), (o, states, u) = scan(step, carry, (qf, kf, vf, gf, bf, first, last, n))
+    (_, finals, _), (o, states, u) = scan(_step, carry, (qf, kf, vf, gf, bf, first, last, n))
     return KDARecurrentOut(o[None].to(v.dtype), finals,
                            states=states[None] if output_per_position_states else None,
                            corrections=u[None] if output_corrections else None)
