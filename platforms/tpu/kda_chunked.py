@@ -111,6 +111,33 @@ def _intra(q, k, v, g, beta):
     return W, U, A_qk.tril(), q * eG, torch.exp(GC - G) * k, torch.exp(GC), G
 
 
+def _step(carry, x):
+    """One chunk step of phase 2 for every lane (the module docstring): module level and pure, so
+    torch-xla's scan traces it once per shape."""
+    S, finals, init_ = carry[:3]
+    W_, U_, A_, qeG_, kdec_, eGC_, first_, last_, seq_, r = x[:10]
+    S_in = torch.where(first_[:, None, None, None], init_.index_select(0, seq_), S)    # [L, HV, K, V]
+    delta = U_ - W_ @ S_in                                                    # [L, HV, C, V]
+    o = qeG_ @ S_in + A_ @ delta
+    S_out = eGC_.transpose(-1, -2) * S_in + kdec_.transpose(-1, -2) @ delta
+    finals = finals.index_copy(0, seq_, torch.where(last_[:, None, None, None], S_out,
+                                                    finals.index_select(0, seq_)))
+    out = (S_out, finals, init_)
+    if len(carry) > 3:
+        ck, = carry[3:]
+        G_, k_, ck_step_, ck_len_, ck_lane_ = x[10:]
+        Gj = G_.index_select(0, ck_lane_)                                     # [J, HV, C, K]
+        at = (ck_len_ - 1).clamp(min=0)[:, None, None, None].expand(-1, Gj.shape[1], 1, Gj.shape[3])
+        Go = Gj.gather(2, at)                                                 # [J, HV, 1, K]
+        before = (torch.arange(Gj.shape[2], device=Gj.device)[None, :] < ck_len_[:, None])[:, None, :, None]
+        dec = torch.where(before, torch.exp(torch.where(before, Go - Gj, 0.0)), 0.0) * k_.index_select(0, ck_lane_)
+        Sj = Go.transpose(-1, -2).exp() * S_in.index_select(0, ck_lane_) + \
+            dec.transpose(-1, -2) @ delta.index_select(0, ck_lane_)
+        hit = ((ck_step_ == r) & (ck_len_ > 0))[:, None, None, None]
+        out += (torch.where(hit, Sj, ck),)
+    return out, o
+
+
 def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
@@ -187,31 +214,7 @@ def kda_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     if ckpt:
         carry += (init.new_zeros(o_flat.shape[0], HV, K, V),)
 
-    def step(carry, x):
-        S, finals, init_ = carry[:3]
-        W_, U_, A_, qeG_, kdec_, eGC_, first_, last_, seq_, r = x[:10]
-        S_in = torch.where(first_[:, None, None, None], init_.index_select(0, seq_), S)    # [L, HV, K, V]
-        delta = U_ - W_ @ S_in                                                    # [L, HV, C, V]
-        o = qeG_ @ S_in + A_ @ delta
-        S_out = eGC_.transpose(-1, -2) * S_in + kdec_.transpose(-1, -2) @ delta
-        finals = finals.index_copy(0, seq_, torch.where(last_[:, None, None, None], S_out,
-                                                        finals.index_select(0, seq_)))
-        out = (S_out, finals, init_)
-        if len(carry) > 3:
-            ck, = carry[3:]
-            G_, k_, ck_step_, ck_len_, ck_lane_ = x[10:]
-            Gj = G_.index_select(0, ck_lane_)                                     # [J, HV, C, K]
-            at = (ck_len_ - 1).clamp(min=0)[:, None, None, None].expand(-1, HV, 1, K)
-            Go = Gj.gather(2, at)                                                 # [J, HV, 1, K]
-            before = (torch.arange(C, device=Gj.device)[None, :] < ck_len_[:, None])[:, None, :, None]
-            dec = torch.where(before, torch.exp(torch.where(before, Go - Gj, 0.0)), 0.0) * k_.index_select(0, ck_lane_)
-            Sj = Go.transpose(-1, -2).exp() * S_in.index_select(0, ck_lane_) + \
-                dec.transpose(-1, -2) @ delta.index_select(0, ck_lane_)
-            hit = ((ck_step_ == r) & (ck_len_ > 0))[:, None, None, None]
-            out += (torch.where(hit, Sj, ck),)
-        return out, o
-
-    carry, o_steps = scan(step, carry, tuple(xs))                                 # o_steps [R, L, HV, C, V]
+    carry, o_steps = scan(_step, carry, tuple(xs))                                 # o_steps [R, L, HV, C, V]
     o_grid = o_steps.permute(1, 0, 3, 2, 4).reshape(L, R * C, HV, V)
     if cu_seqlens is None:
         o = o_grid[:, :T]

@@ -2,10 +2,9 @@
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
 serving defaults, conformance expectations, static-shape buckets (`shapes.py`: the engine pads
-every step to them), the XLA graph runner (`graphs.py`: decode steps compiled once per batch
-bucket) and the XLA-clean kernel entries of `kernels.py`; the entries
-it leaves out fall back to the reference plugin's pure-torch kernels on the XLA device
-(docs/kernel-contract.md says which of them an XLA backend must replace).
+every step to them), the XLA graph runner (`graphs.py`: decode steps
+compiled once per batch bucket) and the kernel tables of `kernels.py`: every kernel entry,
+each XLA-clean (no host read, static shapes, no CPU fallback).
 """
 
 from __future__ import annotations
@@ -81,3 +80,18 @@ def k3_attn_res_kernels():
 @hookimpl
 def k3_elementwise_kernels():
     return kernels.elementwise_table()
+
+
+@hookimpl
+def k3_quant_kernels():
+    return kernels.quant_table()
+
+
+@hookimpl
+def k3_lora_kernels():
+    return kernels.lora_table()
+
+
+@hookimpl
+def k3_dense_kernels():
+    return kernels.dense_table()
