@@ -26,4 +26,5 @@ TESTED_ELSEWHERE = (
     "k3_config_defaults",
     "k3_validate_config",
     "k3_conformance_expectations",          # read by the conformance session; its format is tested here
+    "k3_shape_buckets",                     # tests/unit/engine/test_static_shapes.py (padding isolation), tests/tpu
 )

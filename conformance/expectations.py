@@ -8,6 +8,15 @@
 Globs are fnmatch patterns (`*`, `?`, `[seq]`). An entry matching no test of the registry (any
 tier, any dtype) is stale: it is listed in the report and the terminal summary. A file that
 does not parse, an entry without a reason or with an unknown key is an `ExpectationError`.
+
+A file may also hold one `[run]` table of runner options for its platform (`run_options`):
+
+    [run]
+    isolate = ["model.*"]     # case-name globs: each such item runs in a process of its own
+                              # (k3.conformance.isolated), for runtimes that cannot take many
+                              # of them in one process
+    timeout_s = 600           # optional: an isolated item's process is killed after this many
+                              # seconds and the item fails, saying so (bounds the run's time)
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ except ModuleNotFoundError:  # Python 3.10
         tomllib = None
 
 KEYS = {"case", "dtype", "reason"}
+RUN_KEYS = {"isolate", "timeout_s"}
 
 
 class ExpectationError(ValueError):
@@ -57,9 +67,11 @@ def parse(text: str, source: str) -> list[Expectation]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ExpectationError(f"{source}: not valid TOML: {e}") from None
-    unknown_tables = set(data) - {"xfail"}
+    unknown_tables = set(data) - {"xfail", "run"}
     if unknown_tables:
-        raise ExpectationError(f"{source}: unknown table(s) {sorted(unknown_tables)}; only [[xfail]] entries exist")
+        raise ExpectationError(f"{source}: unknown table(s) {sorted(unknown_tables)}; only [[xfail]] entries and "
+                               "one [run] table exist")
+    _run_table(data, source)
     entries = data.get("xfail", [])
     if not isinstance(entries, list):
         raise ExpectationError(f"{source}: xfail must be an array of tables ([[xfail]])")
@@ -79,6 +91,46 @@ def parse(text: str, source: str) -> list[Expectation]:
             raise ExpectationError(f"{where} ({entry['case']}): dtype must be a non-empty string")
         out.append(Expectation(entry["case"].strip(), dtype.strip(), reason.strip(), where))
     return out
+
+
+def _run_table(data: dict, source: str) -> dict:
+    """The checked [run] table of one file's parsed TOML ({} without one)."""
+    run = data.get("run", {})
+    if not isinstance(run, dict):
+        raise ExpectationError(f"{source}: run must be one table ([run])")
+    unknown = set(run) - RUN_KEYS
+    if unknown:
+        raise ExpectationError(f"{source} [run]: unknown key(s) {sorted(unknown)}; allowed: {sorted(RUN_KEYS)}")
+    isolate = run.get("isolate", [])
+    if not isinstance(isolate, list) or not all(isinstance(g, str) and g.strip() for g in isolate):
+        raise ExpectationError(f"{source} [run]: isolate must be a list of case-name globs")
+    timeout = run.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ExpectationError(f"{source} [run]: timeout_s must be a positive number of seconds")
+    return run
+
+
+def run_options(paths) -> dict:
+    """The runner options of every file's [run] table, merged: {"isolate": (globs...),
+    "timeout_s": the smallest given, or None}."""
+    isolate: list[str] = []
+    timeouts: list[float] = []
+    for path in paths:
+        path = Path(path)
+        if path.is_file() and tomllib is not None:
+            try:
+                data = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError:
+                continue                        # `load` reports it
+            run = _run_table(data, str(path))
+            isolate += [g.strip() for g in run.get("isolate", [])]
+            timeouts += [float(run["timeout_s"])] if "timeout_s" in run else []
+    return {"isolate": tuple(dict.fromkeys(isolate)), "timeout_s": min(timeouts, default=None)}
+
+
+def isolated(globs, case_name: str) -> bool:
+    """Whether a case is named by one of the [run] isolate globs."""
+    return any(fnmatch.fnmatchcase(case_name, g) for g in globs)
 
 
 def load(paths) -> list[Expectation]:

@@ -40,6 +40,10 @@ class RunContext:
     platform: Any
     workdir: Path = field(default_factory=scratch_directory)
     cache: dict = field(default_factory=dict)
+    # case-name globs whose items run in a process of their own (the platform's conformance.toml
+    # [run] isolate option; k3.conformance.isolated)
+    isolate: tuple[str, ...] = ()
+    isolate_timeout_s: float | None = None      # an isolated item's process is killed after this
 
     @property
     def device(self) -> str:
@@ -87,19 +91,23 @@ def _option(value) -> str:
 
 
 def executed_on(platform, entry: str) -> str:
-    """Where an entry's work runs: the platform's torch device, "(Triton interpreter)" added when
+    """Where an entry's work runs: the platform's torch device (an XLA device with its PJRT
+    device's name), "(Triton interpreter)" added when
     Triton kernels are interpreted there (TRITON_INTERPRET) and the entry (or, for model cases,
     any entry) is served from k3.platforms.triton_kernels or a vendor's Triton wrapper."""
     import os
 
     interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    device = platform.info.device
+    if device.split(":")[0] == "xla":           # which PJRT device: "xla (CPU)", "xla (TPU v6 lite)"
+        device += f" ({platform.capabilities.device_name or 'unknown PJRT device'})"
     impl = implementation(platform, entry)
     if impl == "engine (every served entry)":
         triton = any(_k3_triton_served(platform, e)
                      for e, plugin in platform.kernels.providers.items() if plugin != "reference")
     else:
         triton = _k3_triton_served(platform, entry)
-    return platform.info.device + (" (Triton interpreter)" if interpreted and triton else "")
+    return device + (" (Triton interpreter)" if interpreted and triton else "")
 
 
 def _k3_triton_served(platform, entry: str) -> bool:
@@ -191,7 +199,15 @@ def run_kernel_item(ctx: RunContext, item: Item, inputs: Inputs | None = None) -
 
 
 def run_item(ctx: RunContext, item: Item) -> cmp.Outcome:
-    """Run one item with its case's runner (default: a single kernel call)."""
+    """Run one item with its case's runner (default: a single kernel call); in a process of its
+    own when the context's `isolate` globs name its case."""
+    if ctx.isolate:
+        from .expectations import isolated
+
+        if isolated(ctx.isolate, item.case.name):
+            from .isolated import run_isolated
+
+            return run_isolated(ctx, item)
     if item.case.run is not None:
         return item.case.run(ctx, item)
     return run_kernel_item(ctx, item)

@@ -25,6 +25,8 @@ class ConformanceSession:
         self.report_dir = Path(report_dir) if report_dir else None
         self.expectation_files = [str(p) for p in platform.conformance_expectations()] + list(extra_expectations)
         self.expectations = exp.load(self.expectation_files)
+        options = exp.run_options(self.expectation_files)
+        self.isolate, self.isolate_timeout_s = options["isolate"], options["timeout_s"]
         self.stale = exp.stale(self.expectations, items("full"))
         self.by_nodeid: dict[str, Item] = {}
         self.records: dict[str, dict] = {}

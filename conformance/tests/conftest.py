@@ -34,7 +34,8 @@ def k3_ctx(k3_session, tmp_path_factory):
     """The RunContext every runner gets (platform, scratch directory, per-session cache)."""
     from k3.conformance.runner import RunContext
 
-    return RunContext(k3_session.platform, workdir=tmp_path_factory.mktemp("k3-conformance"))
+    return RunContext(k3_session.platform, workdir=tmp_path_factory.mktemp("k3-conformance"),
+                      isolate=k3_session.isolate, isolate_timeout_s=k3_session.isolate_timeout_s)
 
 
 @pytest.fixture

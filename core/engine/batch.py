@@ -15,6 +15,7 @@ import torch
 from k3.dtypes import legacy_rounding
 from k3.model.metadata import CheckpointMetadata, ForwardMetadata, LoRAMetadata, SpecMetadata, leading_one_token_steps
 
+from .padding import HostStep, StepPadding
 from .prompt_logprobs import PromptSpan
 from .sampler import SamplingBatch
 from .scheduler import SchedulerOutput
@@ -25,7 +26,7 @@ from .upload import HostBatch
 class StepBatch:
     meta: ForwardMetadata
     sample_rows: list[int]         # indices into scheduled of the requests that sample a token
-    sample_logits: list[int]       # their rows in the logits
+    sample_logits: list[int]       # their rows in the logits (padded steps: then padding rows, to the batch bucket)
     sample_index: torch.Tensor | None  # sample_logits on the device, None when they are rows 0..n-1
     spec_rows: dict[int, slice]    # verifying requests: index into scheduled -> their logits rows
     token_starts: list[int]        # first packed token of each scheduled request (host copy of cu_seqlens)
@@ -35,12 +36,14 @@ class StepBatch:
 
 
 def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: bool = False,
-                   token_sources: list[int] | None = None) -> StepBatch:
+                   token_sources: list[int] | None = None, padding: StepPadding | None = None) -> StepBatch:
     """ForwardMetadata of a scheduled step (logits only for requests that complete; every
     position of a verifying request; every prompt position of a request that asks for prompt
     logprobs). pinned: upload without blocking (HostBatch.upload).
     token_sources: for a step of lookahead decodes, the row of the previous step's samples
-    that holds each sequence's input token (uploaded as `StepBatch.token_sources`)."""
+    that holds each sequence's input token (uploaded as `StepBatch.token_sources`).
+    padding: the platform's static-shape buckets (`k3.engine.padding`): the step is padded to
+    them on the host (not a step that verifies drafts), so `meta` has the bucket's shapes."""
     ids, positions, slots, lens, context, logits_at, sample_rows = [], [], [], [], [], [], []
     sample_logits: list[int] = []
     spec_rows: dict[int, slice] = {}
@@ -86,13 +89,27 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
             sample_logits.append(len(logits_at))
             logits_at.append(len(ids) - 1)
             sample_rows.append(i)
+    # the scheduler puts the decodes first; a one-token prompt chunk is not one (K3_LEGACY_ROUNDING: it was)
+    decodes = [n == 1 for n in lens] if legacy_rounding() else [s.decode for s in out.scheduled]
+    seq_slots = [s.request.lora_slot for s in out.scheduled]
+    state_rows = [s.request.state_row for s in out.scheduled]
+    if padding is not None and not max_spec:
+        padding.pad(HostStep(ids, positions, slots, lens, context, table, state_rows, logits_at, decodes, seq_slots,
+                             ckpt_pos, ckpt_rows))
+        if sample_logits:           # the sampler runs at the batch bucket too (`ModelRunner.run`)
+            taken = set(sample_logits)
+            spare = [i for i in range(len(logits_at)) if i not in taken]
+            want = padding.buckets.batch_for(len(sample_logits)) - len(sample_logits)
+            sample_logits += (spare + [len(logits_at) - 1] * want)[:want]
+        if token_sources is not None:   # lookahead decodes: a padding sequence takes any previous sample
+            token_sources = token_sources + [0] * (len(ids) - len(token_sources))
     cu = [0, *itertools.accumulate(lens)]
     host = HostBatch()
     host.add("input_ids", ids, torch.long)
     host.add("positions", positions, torch.long)
     host.add("context_lens", context, torch.long)
     host.add("slot_mapping", slots, torch.long)
-    host.add("state_indices", [s.request.state_row for s in out.scheduled], torch.long)
+    host.add("state_indices", state_rows, torch.long)
     host.add("logits_indices", logits_at, torch.long)
     host.add("cu_seqlens", cu, torch.int32)
     host.add("block_table", table, torch.int32)
@@ -112,7 +129,7 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
         host.add("token_sources", token_sources, torch.long)
     if prompt_targets:
         host.add("prompt_targets", prompt_targets, torch.long)
-    seq_slots = tuple(s.request.lora_slot for s in out.scheduled)
+    seq_slots = tuple(seq_slots)
     if any(slot >= 0 for slot in seq_slots):
         host.add("lora.token_slots", [slot for slot, n in zip(seq_slots, lens) for _ in range(n)], torch.long)
     uploaded = host.upload(device, pinned=pinned)
@@ -122,12 +139,10 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
     spec = _record(uploaded, "spec.", SpecMetadata) if max_spec else None
     checkpoints = _record(uploaded, "checkpoints.", CheckpointMetadata) if max_ckpt else None
     lora = LoRAMetadata(uploaded.pop("lora.token_slots"), seq_slots) if "lora.token_slots" in uploaded else None
-    # the scheduler puts the decodes first; a one-token prompt chunk is not one (K3_LEGACY_ROUNDING: it was)
-    decodes = [n == 1 for n in lens] if legacy_rounding() else [s.decode for s in out.scheduled]
     num_decodes = 0 if max_spec else leading_one_token_steps([1 if d else 2 for d in decodes])
     meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints, lora=lora,
                            **uploaded)
-    token_starts = cu[:-1]                              # from the host values: no device read
+    token_starts = cu[: len(out.scheduled)]            # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
                      spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,
                      prompt_spans=prompt_spans or None, prompt_targets=targets)

@@ -92,6 +92,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     # (its dispatch sizes the all-to-all on the host, and every rank must replay in lockstep)
     graph_runner = (None if config.enforce_eager or config.batch_invariant or tp > 1 or model.parallel.ep is not None
                     else platform.graph_runner)
+    buckets = platform.shape_buckets(config.max_num_seqs, config.max_num_batched_tokens)
     async_scheduling = (config.async_scheduling if config.async_scheduling is not None
                         else graph_runner is not None and spec is None)
 
@@ -109,7 +110,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
     plan = plan_cache(cfg, fmt, cache_bytes=budget,
                       max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
                       num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-                      kda_rollback=spec.kda_rollback if spec else "states", graph_scratch=graph_runner is not None)
+                      kda_rollback=spec.kda_rollback if spec else "states",
+                      graph_scratch=graph_runner is not None or buckets is not None)
     cache = _allocate_cache(platform, cfg, fmt, plan, config)
     if plan.record_slots:
         cache.allocate_records(slots=plan.record_slots, tokens=plan.record_tokens)
@@ -142,12 +144,18 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                                   model_dir=config.model, token_rows=plan.token_rows)
     graphs, graph_capture_error = None, None
     if graph_runner is not None:
-        graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device)
+        graphs, graph_capture_error = _decode_graphs(config, platform, model, cache, plan, graph_runner, device,
+                                                     buckets)
+    padding = None
+    if buckets is not None:             # static shapes: every step padded to the platform's buckets
+        from .padding import StepPadding
+
+        padding = StepPadding(buckets, plan.graph_scratch_row, logical_block, -(-plan.max_model_len // plan.block_size))
     runner = ModelRunner(model, cache, block_size=logical_block, vocab_size=cfg.vocab_size, device=device,
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
-                         graphs=graphs, pinned_uploads=async_scheduling and device.type != "cpu", broadcast=broadcast,
+                         graphs=graphs, pinned_uploads=async_scheduling and _pins_for(device), broadcast=broadcast,
                          batch_invariant=config.batch_invariant, media=media,
-                         sharded_prefill=_sharded_prefill(config, model, logical_block))
+                         sharded_prefill=_sharded_prefill(config, model, logical_block), padding=padding)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
                               release=proposer.release if proposer else None, media=media,
@@ -172,6 +180,13 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                        strategy=strategy, async_scheduling=async_scheduling, graph_capture_error=graph_capture_error,
                        kv_producer=kv_producer, kv_consumer=kv_consumer, media=media, lora=lora,
                        expert_cache=expert_cache)
+
+
+def _pins_for(device: torch.device) -> bool:
+    """Page-locked staging helps uploads to torch's accelerator (CUDA, HIP...); a device torch
+    pins nothing for (the CPU, an XLA device) uploads from pageable memory."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return device.type != "cpu" and accelerator is not None and accelerator.type == device.type
 
 
 def build_media_encoder(config: EngineConfig, cfg: K3Config, model, device):
@@ -309,12 +324,15 @@ def _prefix_cache(config: EngineConfig, cfg: K3Config, pool: BlockPool, block: i
     return PrefixCache(pool, block_size=block, unit=unit, needs_checkpoints=bool(cfg.kda_layer_ids))
 
 
-def _decode_graphs(config: EngineConfig, platform, model, cache: CachePool, plan: CachePlan, graph_runner, device):
+def _decode_graphs(config: EngineConfig, platform, model, cache: CachePool, plan: CachePlan, graph_runner, device,
+                   shape_buckets=None):
     """(DecodeGraphs, None), or (None, the error) when the platform cannot capture (a capture
-    that fails must not stop serving)."""
+    that fails must not stop serving). The buckets: --graph-batch-sizes, else the platform's
+    static batch buckets (`k3_shape_buckets`), else vLLM's sizes."""
     from .graphs import DecodeGraphs, default_buckets
 
-    buckets = config.graph_batch_sizes or default_buckets(config.max_num_seqs)
+    buckets = config.graph_batch_sizes or (shape_buckets.batch if shape_buckets is not None
+                                           else default_buckets(config.max_num_seqs))
     try:
         return DecodeGraphs(model, cache.views, graph_runner, buckets=buckets, scratch_row=plan.graph_scratch_row,
                             block_size=plan.block_size, max_pages=-(-plan.max_model_len // plan.block_size),

@@ -56,6 +56,7 @@ class DecodeGraphs:
         self._static: dict[int, ForwardMetadata] = {}     # the tensors each bucket's graph reads
         self._padding: dict[int, ForwardMetadata] = {}    # their values when no sequence is real
         self._replay: dict[int, tuple] = {}
+        self.replays = 0                                  # decode steps run from a captured graph
         for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
                       file=sys.stderr, disable=not progress):
             self._capture(b)
@@ -116,7 +117,10 @@ class DecodeGraphs:
         b = next(size for size in self.buckets if size >= n)
         static = self._static[b]
         pad = self._padding[b]                          # the rows past n return to padding
-        if getattr(self.runner, "pads_on_host", False):
+        if n == b and meta.block_table.shape[1] == self.max_pages:
+            for name in (*self._ROWS, "block_table"):   # padded by the engine already (`k3.engine.padding`)
+                getattr(static, name).copy_(getattr(meta, name))
+        elif getattr(self.runner, "pads_on_host", False):
             self._fill_on_host(static, pad, meta, n)
         else:
             for name in self._ROWS:
@@ -127,4 +131,5 @@ class DecodeGraphs:
             static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
         replay, logits = self._replay[b]
         replay()
+        self.replays += 1
         return logits[:n].clone()

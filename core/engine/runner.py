@@ -65,6 +65,8 @@ class ModelRunner:
         plain forward; image requests are refused in it.
     media: the MediaEncoder of a model with a vision tower (None: text only): before a step's
         forward it encodes the images the step's chunks reach, and the forward takes their rows.
+    padding: a `StepPadding` (the platform's `k3_shape_buckets`): every step is padded to its
+        buckets on the host and sampled at the batch bucket; None: steps run at their own shapes.
     sharded_prefill: a `ShardedPrefillStep` (tensor parallelism with
         --token-sharded-prefill-min-tokens): a step it covers (one long fresh prompt chunk) runs
         token-sharded over the TP group instead of the plain forward; None: never.
@@ -73,13 +75,14 @@ class ModelRunner:
     def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
                  tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
                  broadcast: Callable | None = None, batch_invariant: bool = False, media=None,
-                 sharded_prefill=None):
+                 sharded_prefill=None, padding=None):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
         self.stop_token_ids = set(eos_token_ids)
         self.tap_layers, self.graphs = tuple(tap_layers), graphs
         self.pinned_uploads, self.broadcast, self.media = pinned_uploads, broadcast, media
         self.batch_invariant, self.sharded_prefill = batch_invariant, sharded_prefill
+        self.padding = padding                      # StepPadding: static-shape buckets (k3_shape_buckets), or None
         self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = (),
@@ -111,7 +114,7 @@ class ModelRunner:
         """
         sources = None if previous_tokens is None else previous_tokens[1]
         step = build_metadata(out, block_size=self.block_size, device=self.device, pinned=self.pinned_uploads,
-                              token_sources=sources)
+                              token_sources=sources, padding=self.padding)
         if previous_tokens is not None:     # the placeholders become the previous step's tokens, on the device
             step.meta.input_ids.copy_(previous_tokens[0].index_select(0, step.token_sources))
         # Everything the sampler reads is on the device before the forward is launched: a host
@@ -119,10 +122,13 @@ class ModelRunner:
         # sampler's launches would then run with the GPU idle instead of behind the forward.
         sampling = None
         if step.sample_rows:
-            sampling = build_sampling(out, step.sample_rows, vocab_size=self.vocab_size, device=self.device,
+            # a padded step samples at its batch bucket: the padding rows repeat the last request's
+            # parameters and their samples are dropped (`launched.rows` holds the real rows only)
+            rows = step.sample_rows + [step.sample_rows[-1]] * (len(step.sample_logits) - len(step.sample_rows))
+            sampling = build_sampling(out, rows, vocab_size=self.vocab_size, device=self.device,
                                       pinned=self.pinned_uploads)
             sampling.batch_invariant = self.batch_invariant
-            self._block_stop_ids(sampling, [self._not_yet(out.scheduled[i]) for i in step.sample_rows])
+            self._block_stop_ids(sampling, [self._not_yet(out.scheduled[i]) for i in rows])
         media = None
         if self.media is not None:
             self.media.encode_step(out.scheduled)
@@ -162,7 +168,9 @@ class ModelRunner:
         if launched.deferred is None:
             return
         (logits, sampling), launched.deferred = launched.deferred, None
-        sampling.bitmask = self._grammar_bitmask([launched.out.scheduled[i].request.grammar for i in launched.rows])
+        grammars = [launched.out.scheduled[i].request.grammar for i in launched.rows]
+        grammars += [None] * (logits.shape[0] - len(grammars))     # a padded step's padding rows
+        sampling.bitmask = self._grammar_bitmask(grammars)
         launched.samples = sample_batch(logits, sampling)
 
     def _grammar_bitmask(self, grammars: list) -> torch.Tensor | None:

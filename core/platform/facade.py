@@ -29,7 +29,7 @@ import torch.distributed as dist
 from k3.model import K3ForCausalLM, ParallelContext
 from k3.plugin.markers import is_batch_invariant
 from k3.plugin.tables import KERNEL_TABLES, KernelSet
-from k3.plugin.types import KDA_STATE_LAYOUTS, Capabilities, PlatformInfo
+from k3.plugin.types import KDA_STATE_LAYOUTS, Capabilities, PlatformInfo, ShapeBuckets
 
 from .calls import answers
 from .collectives import DispatchingCollectives
@@ -126,6 +126,14 @@ class Platform:
     def graph_runner(self):
         """The platform's decode graph capturer (`k3_graph_runner`), or None: run eagerly."""
         return self._pm.hook.k3_graph_runner(platform=self.info)
+
+    def shape_buckets(self, max_num_seqs: int, max_num_batched_tokens: int) -> ShapeBuckets | None:
+        """The platform's static-shape buckets (`k3_shape_buckets`), or None: no padding."""
+        buckets = self._pm.hook.k3_shape_buckets(platform=self.info, max_num_seqs=max_num_seqs,
+                                                 max_num_batched_tokens=max_num_batched_tokens)
+        if buckets is not None and not isinstance(buckets, ShapeBuckets):
+            raise TypeError(f"k3_shape_buckets returned {type(buckets).__name__}, expected ShapeBuckets or None")
+        return buckets
 
     def allocate_cache(self, num_rows: int, row_bytes: int) -> torch.Tensor:
         """The backing tensor of a packed cache (`k3_allocate_cache`), checked against the plan:

@@ -89,6 +89,22 @@ def k3_graph_runner(platform):
 
 
 @hookspec(firstresult=True)
+def k3_shape_buckets(platform, max_num_seqs, max_num_batched_tokens):
+    """Static shapes for a backend that compiles one program per tensor shape (XLA), as a
+    `ShapeBuckets` (sequence-count buckets and packed-token buckets), or None: every step runs
+    at its own shape (the reference; CUDA and HIP graphs need only `k3_graph_runner`'s batch
+    buckets).
+
+    max_num_seqs / max_num_batched_tokens: the engine's limits, which the buckets should cover
+    (a step past the largest bucket pads to a multiple of it). The engine pads each step to its
+    buckets on the host before the upload (padding sequences on a scratch row, their logits
+    dropped, the sampler run at the batch bucket too), captures decode graphs at the batch
+    buckets, and pads every block table to the longest sequence's width; the plugin never sees
+    a padded row.
+    """
+
+
+@hookspec(firstresult=True)
 def k3_kda_state_layout(platform):
     """The order inside a KDA state row this platform's kernels want: "hkv" (canonical
     [H, K, V]) or "hvk" ([H, V, K]: each head transposed). The row's size and place are the

@@ -38,6 +38,46 @@ class Detection:
 
 
 @dataclass(frozen=True)
+class ShapeBuckets:
+    """Static shapes a platform compiles for (`k3_shape_buckets`): the engine pads every step
+    to them, so a compiling backend (XLA) sees one graph per bucket instead of one per shape.
+
+    batch:  sequence-count buckets, ascending (a step of N sequences runs as the smallest
+            bucket >= N; past the largest, the next multiple of it).
+    tokens: token-count buckets (a step's packed new tokens, so the prefill-chunk length),
+            ascending, the same rule.
+    Padding sequences run on a scratch row the engine reserves (fresh KDA state, their
+    latents and index keys written into and read from that row only) and their logits are
+    dropped, so they never touch a request's rows.
+    """
+
+    batch: tuple[int, ...]
+    tokens: tuple[int, ...]
+
+    def __post_init__(self):
+        for name in ("batch", "tokens"):
+            sizes = getattr(self, name)
+            if not sizes or any(int(s) < 1 for s in sizes):
+                raise ValueError(f"ShapeBuckets.{name} must be positive sizes, got {sizes!r}")
+            object.__setattr__(self, name, tuple(sorted(set(int(s) for s in sizes))))
+
+    @staticmethod
+    def _pick(sizes: tuple[int, ...], n: int) -> int:
+        for size in sizes:
+            if size >= n:
+                return size
+        return -(-n // sizes[-1]) * sizes[-1]
+
+    def batch_for(self, n: int) -> int:
+        """The bucket of n sequences."""
+        return self._pick(self.batch, n)
+
+    def tokens_for(self, n: int) -> int:
+        """The bucket of n packed tokens."""
+        return self._pick(self.tokens, n)
+
+
+@dataclass(frozen=True)
 class PlatformInfo:
     """The selected platform, as every hook receives it."""
 
@@ -72,6 +112,10 @@ class Capabilities:
     dcp: bool = False
     pd_transfer: bool = False
     cache_alignment_bytes: int = 1       # alignment the backing cache tensor's rows need
+    # the device cannot write through dtype-reinterpreting views of one byte tensor (XLA's
+    # functional tensors execute the pending graph at each such write): the cache pool keeps
+    # every region as a tensor of its own dtype, indexed by the same rows (`k3.cache.pool`)
+    typed_cache_regions: bool = False
 
     REQUIREMENTS = ("bf16", "fp16", "fp64", "fp8", "mxfp4_native", "nvfp4_native", "triton", "graph_capture",
                     "symmetric_memory", "hip_ipc", "aiter", "dcp", "pd_transfer", "multi_device")

@@ -1,10 +1,10 @@
 """TPU platform plugin (entry point `tpu`): hook implementations only.
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
-serving defaults, conformance expectations, the XLA graph runner (`graphs.py`: decode steps
-compiled once per batch bucket) and the XLA-clean kernel entries of `kernels.py`; the entries
-it leaves out fall back to the reference plugin's pure-torch kernels on the XLA device
-(docs/kernel-contract.md says which of them an XLA backend must replace).
+serving defaults, conformance expectations, static-shape buckets (`shapes.py`: the engine pads
+every step to them), the XLA graph runner (`graphs.py`: decode steps
+compiled once per batch bucket) and the kernel tables of `kernels.py`: every kernel entry,
+each XLA-clean (no host read, static shapes, no CPU fallback).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from k3.plugin import hookimpl
 
-from . import capabilities, detect, kernels
+from . import capabilities, detect, kernels, shapes
 
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME
@@ -48,6 +48,11 @@ def k3_graph_runner():
 
 
 @hookimpl
+def k3_shape_buckets(max_num_seqs, max_num_batched_tokens):
+    return shapes.buckets(max_num_seqs, max_num_batched_tokens)
+
+
+@hookimpl
 def k3_kda_kernels():
     return kernels.kda_table()
 
@@ -75,3 +80,18 @@ def k3_attn_res_kernels():
 @hookimpl
 def k3_elementwise_kernels():
     return kernels.elementwise_table()
+
+
+@hookimpl
+def k3_quant_kernels():
+    return kernels.quant_table()
+
+
+@hookimpl
+def k3_lora_kernels():
+    return kernels.lora_table()
+
+
+@hookimpl
+def k3_dense_kernels():
+    return kernels.dense_table()

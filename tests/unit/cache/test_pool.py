@@ -136,3 +136,32 @@ def test_records_of_the_recover_rollback_live_beside_the_rows():
     rec = pool.views.kda_records[0]
     assert rec.keys.shape == (2, 4, la.num_heads, la.head_dim) and rec.keys.dtype == torch.float64
     assert rec.qkv.shape == (2, 4, 3 * la.num_heads * la.head_dim) and torch.isnan(rec.corrections).all()
+
+
+@pytest.mark.parametrize("preset", ["k3-tiny", "k3.1-pro-tiny"])
+def test_typed_regions_hold_what_the_packed_views_hold(preset):
+    """`typed_regions` (a device that cannot write through byte views, XLA): every region is a
+    tensor of its own dtype with the views' shapes, poisoned alike, and a row copy moves every
+    region, as one copy of a packed row does. (Packed regions overlap, attention and state rows
+    being one row space; typed ones do not.)"""
+    cfg = K3Config.preset(preset)
+    fmt = CacheFormat.build(cfg, activation_dtype=torch.float32, kv_cache_dtype="bf16", index_cache_dtype="fp8")
+    packed, typed = CachePool(cfg, fmt, 4), CachePool(cfg, fmt, 4, typed_regions=True)
+    assert typed.backing is None
+
+    def tensors(views):
+        out = [t for v in views.kda for t in (v.recurrent, v.conv)] + [v.pages for v in views.latent]
+        return out + [t for v in (views.index_keys or []) for t in (v.values, v.scales)]
+
+    pairs = list(zip(tensors(packed.views), tensors(typed.views), strict=True))
+    g = torch.Generator().manual_seed(0)
+    for p, t in pairs:
+        assert (p.shape, p.dtype) == (t.shape, t.dtype) and t.data_ptr() != p.data_ptr()
+        assert bool((t.contiguous().view(torch.uint8) == 0xFF).all())        # poisoned as a fresh backing
+        fresh = torch.randn(p.shape, generator=g).to(p.dtype)
+        p.copy_(fresh)
+        t.copy_(fresh)
+    packed.copy_row(1, 3)
+    typed.copy_row(1, 3)
+    for p, t in pairs:
+        assert torch.equal(t[3], t[1]) and torch.equal(p[3], p[1])     # (packed regions overlap: a row is one kind)

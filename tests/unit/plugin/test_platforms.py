@@ -20,9 +20,10 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                            "k3_mla_kernels", "k3_moe_kernels", "k3_quant_kernels"],
                 "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
-                # tpu: XLA-clean decode entries (platforms/tpu/kernels.py) and the XLA graph runner
-                "tpu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
-                        "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
+                # tpu: every kernel family, XLA-clean (platforms/tpu/kernels.py), and the XLA graph runner
+                "tpu": ["k3_attn_res_kernels", "k3_dense_kernels", "k3_elementwise_kernels", "k3_graph_runner",
+                        "k3_indexer_kernels", "k3_kda_kernels", "k3_lora_kernels", "k3_mla_kernels",
+                        "k3_moe_kernels", "k3_quant_kernels", "k3_shape_buckets"],
                 # the portable Triton kernels with AMD launch configurations, the (opt-in) IPC all-gather;
                 # no graph runner yet
                 "amd": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels",
@@ -47,7 +48,7 @@ def test_plugin_declares_version_and_backs_only_platform_hooks(vendor):
     record = discover(allow=[vendor]).records[vendor]
     assert record.registered and record.distribution == "k3"
     # kernel hooks: NVIDIA's Triton kernels and its symmetric-memory all-reduce, AMD's Triton kernels, tpu's
-    # XLA-clean decode entries, ppu's torch-native ones; every other entry falls back to the reference
+    # XLA-clean entries, ppu's torch-native ones; every other entry falls back to the reference
     assert record.hooks == sorted(VENDOR_HOOKS + KERNEL_HOOKS.get(vendor, []))
     path = Path(module.k3_conformance_expectations())          # no platform argument: no name check
     assert tomllib.loads(path.read_text())["xfail"] == []
