@@ -26,4 +26,6 @@ def gather_sequences(cache: torch.Tensor, block_table: torch.Tensor,
     pages = block_table[seq, pos // page_size].long()
     cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=cache.device)
     cu[1:] = seq_lens.to(cache.device).cumsum(0)
+    if cache.device.type == "cpu" and cache.element_size() == 1 and cache.is_floating_point():     # fp8 rows gathered as bytes: torch 2.9's
+        return cache.view(torch.uint8)[pages, pos % page_size].view(cache.dtype), cu   # CPU cannot index float8
     return cache[pages, pos % page_size], cu

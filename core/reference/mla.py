@@ -177,7 +177,8 @@ def mla_decode(
         pages = torch.tensor([table[n][s // page_size] for s in range(length)], dtype=torch.long)
         at = (pages.to(kv_cache.device), (pos % page_size).to(kv_cache.device))
         # fp8 rows gathered as bytes: torch 2.9's CPU cannot index float8 tensors (the torch-xla venv)
-        rows = kv_cache.view(torch.uint8)[at].view(kv_cache.dtype) if is_fp8 else kv_cache[at]   # [L, R+Dr]
+        rows = kv_cache.view(torch.uint8)[at].view(kv_cache.dtype) if is_fp8 and kv_cache.device.type == "cpu" \
+            else kv_cache[at]   # [L, R+Dr]
         rows = fp8_dequantize(rows, kv_cache_scale, dtype=cd) if is_fp8 else upcast(rows, cd)
         for t in range(cu[n], cu[n + 1]):
             q_pos = length - (cu[n + 1] - t)                           # the sequence's last q_len tokens

@@ -35,7 +35,10 @@ def indexer_paged_decode_scores(
     n, pages = block_table.shape
     page, d = key_values.shape[1], q.shape[-1]
     rows = block_table.long()
-    values = key_values[rows].reshape(n * pages * page, -1)
+    # fp8 pages gathered as bytes: torch 2.9's CPU cannot index float8 tensors (the torch-xla venv)
+    values = key_values.view(torch.uint8)[rows].view(key_values.dtype) if key_values.device.type == "cpu" \
+        and key_values.is_floating_point() and key_values.element_size() == 1 else key_values[rows]
+    values = values.reshape(n * pages * page, -1)
     scales = key_scales[rows].reshape(n * pages * page, *key_scales.shape[2:])
     keys = ref.indexer_dequantize_keys(values, scales, fmt=fmt, dtype=compute_dtype(q, head_weights))
     return ref.indexer_decode_scores(q, head_weights, keys.view(n, pages * page, d), seq_lens,
