@@ -3,7 +3,7 @@
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
 serving defaults, conformance expectations, static-shape buckets (`shapes.py`: the engine pads
 every step to them), the XLA graph runner (`graphs.py`: decode steps
-compiled once per batch bucket) and the kernel tables of `kernels.py`: every kernel entry,
+compiled once per batch bucket) and the kernel tables of `k3.platforms.xla_kernels.tables`: every kernel entry,
 each XLA-clean (no host read, static shapes, no CPU fallback).
 """
 
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from k3.platforms.xla_kernels import tables as kernels
 from k3.plugin import hookimpl
 
-from . import capabilities, detect, kernels, shapes
+from . import capabilities, detect, shapes
 
 K3_HOOKSPEC_VERSIONS = (1,)
 NAME = detect.NAME

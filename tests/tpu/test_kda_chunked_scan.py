@@ -1,4 +1,4 @@
-"""The tpu plugin's KDA chunked prefill (platforms/tpu/kda_chunked.py) on the XLA device against
+"""The tpu plugin's KDA chunked prefill (platforms/xla_kernels/kda_chunked.py) on the XLA device against
 `k3.reference.kda_chunked` (float64 on the CPU): packed ragged sequences (one of length 0),
 checkpoints at offsets inside chunks, lanes without `cu_seqlens`; no CPU fallback and no
 device-to-host transfer inside the call, one compiled graph per shape."""
@@ -26,7 +26,7 @@ def test_scan_matches_the_reference(lens, B, T, offsets):
     import torch_xla
     import torch_xla.debug.metrics as met
 
-    from k3.platforms.tpu.kda_chunked import kda_chunked
+    from k3.platforms.xla_kernels.kda_chunked import kda_chunked
 
     N = len(lens) if lens else B
     q, k, v, g, beta, init = _inputs(B, T, 2, 4, 16, 32, N, seed=T)

@@ -20,7 +20,7 @@ LAYERS = (
     ("contract", {"k3.plugin"}),
     ("op helpers", {"k3.ops_helpers"}),
     ("reference", {"k3.reference"}),
-    ("kernel libraries", {"k3.platforms.torch_kernels", "k3.platforms.triton_kernels"}),
+    ("kernel libraries", {"k3.platforms.torch_kernels", "k3.platforms.triton_kernels", "k3.platforms.xla_kernels"}),
     ("model", {"k3.model"}),
     ("platform", {"k3.platform"}),
     ("cache and checkpoints", {"k3.cache", "k3.checkpoint", "k3.vision", "k3.lora"}),
@@ -30,7 +30,7 @@ LAYERS = (
 )
 RANK = {package: rank for rank, (_, packages) in enumerate(LAYERS) for package in packages}
 SCANNED = (("core", "k3"), ("platforms/torch_kernels", "k3.platforms.torch_kernels"),
-           ("platforms/triton_kernels", "k3.platforms.triton_kernels"))
+           ("platforms/triton_kernels", "k3.platforms.triton_kernels"), ("platforms/xla_kernels", "k3.platforms.xla_kernels"))
 
 
 def module_name(path: Path, folder: str, package: str) -> str:
@@ -106,11 +106,11 @@ def test_vendor_hook_modules_import_only_the_contract_and_kernel_libraries():
     """A vendor plugin's hook modules build on the contract (k3.plugin), the kernel libraries, the
     number formats and their own package; only `serve.py`, a console script, reaches the CLI."""
     allowed = {"k3.plugin", "k3.quant", "k3.dtypes", "k3.platforms.torch_kernels", "k3.platforms.triton_kernels",
-               "k3.platforms._probe"}
+               "k3.platforms.xla_kernels", "k3.platforms._probe"}
     found = []
     for path in sorted((ROOT / "platforms").glob("*/*.py")):
         vendor = path.parent.name
-        if vendor in ("torch_kernels", "triton_kernels") or path.name == "serve.py":
+        if vendor in ("torch_kernels", "triton_kernels", "xla_kernels") or path.name == "serve.py":
             continue
         module = module_name(path, "platforms", "k3.platforms")
         for line, target in imported(path, module):

@@ -1,4 +1,4 @@
-"""The tpu platform's kernel tables: every kernel entry of k3 (docs/ops.md), each one XLA-clean:
+"""The XLA kernel tables the tpu platform serves: every kernel entry of k3 (docs/ops.md), each one XLA-clean:
 it traces into an XLA graph with static shapes, no host read of a device value, no
 data-dependent shape and no op torch-xla 2.9 runs on the CPU (checked entry by entry on PJRT's
 CPU device with torch-xla's metrics by tests/tpu/test_xla_kernels.py and by
