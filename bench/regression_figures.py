@@ -114,11 +114,18 @@ def _kda_decode_one_sequence(result: dict) -> float | None:
     return _number(entry.get("k3_fused_default_graph_us")) if isinstance(entry, dict) else None
 
 
-K3_SLICE = ("k3_slice-{machine}-*.json",)
+# each session's runs of the served configuration: its first `check` (before the session's changes),
+# a second one where there was one, and the last one (no tag); the 32k-router, kda-chunked-torch,
+# workload and 32k-prefix-ngram files ran experimental settings or one phase alone and are left out
+K3_SLICE = ("k3_slice-{machine}-*.json", "k3_slice-first-{machine}-*.json", "k3_slice-second-{machine}-*.json")
 # the main run of each session, and the grouped-gemv runs of 2026-12-04, which time the served
 # default in the same run (`k3_default_us`); the fp16x2-no-convert, gemv-mma, row-split and
 # prefill-dequant files changed the kernel before timing it and are left out
 MOE = ("moe_mxfp4-{machine}-*.json", "moe_mxfp4-grouped-{machine}-*.json", "moe_mxfp4-grouped-k128-{machine}-*.json")
+# the main run of each session, and the seventh session's last call (split-variants: the served
+# code, BENCHMARKS.md's 12.05 ms); launch-variants timed intermediate launch settings; the diag,
+# torch-batched and tf32x3 files predate the field
+KDA_PREFILL = ("kda_prefill-{machine}-*.json", "kda_prefill-split-variants-{machine}-*.json")
 
 FIGURES: tuple[Figure, ...] = (
     Figure("k3-slice TPOT, 1 request (synchronous)", "ms", LOWER, K3_SLICE,
@@ -142,7 +149,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("MXFP4 MoE, T = 64, served launch", "% of weight-bytes floor", HIGHER, MOE,
            _moe_fraction_of_floor(64), goal=70.0, must=55.0,
            source="T64.roofline_us / T64.k3_default_us"),
-    Figure("conformant KDA chunked prefill, 8K tokens", "ms a layer", LOWER, ("kda_prefill-{machine}-*.json",),
+    Figure("conformant KDA chunked prefill, 8K tokens", "ms a layer", LOWER, KDA_PREFILL,
            _kda_prefill_conformant_8k, goal=2.5, must=3.5,
            source="T8192_no_checkpoints.triton_phases_ms"),
     Figure("k3-slice TTFT, 8K prompt", "ms", LOWER, K3_SLICE,

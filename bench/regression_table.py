@@ -6,7 +6,8 @@
 
 The figures, their result files and the issue's bars are in `regression_figures.py`. Each result
 file's name carries the machine kind (h200 / h100 / cpu), the date and sometimes a session tag
-(`-s9`, `-s3b`); a measurement is ordered by (date, session, tag suffix, run within the file).
+(`-s9`, `-s3b`); a measurement is ordered by (date, session, tag suffix, call within the session,
+run within the file).
 Only files of one machine kind are compared (`--machine`, H200 by default). A file that lacks a
 figure's field is skipped; a figure no file holds prints "not measured".
 """
@@ -29,6 +30,9 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
 BEGIN = "<!-- regression-table:begin -->"
 END = "<!-- regression-table:end -->"
+# calls of one session tagged in the file name, in the order they ran; an untagged file is the
+# session's last call (BENCHMARKS.md: "the first `check` of this session ... the last `check`")
+_CALL_RANK = (("-first-", 0), ("-second-", 1))
 _NAME = re.compile(r"-(?P<date>\d{4}-\d\d-\d\d)(?:-s(?P<session>\d+)(?P<suffix>[a-z]*))?(?:-[\w-]+)?\.json$")
 
 
@@ -40,16 +44,18 @@ class Measurement:
     file: str
     date: str
     machine: str
-    order: tuple                                  # (date, session, suffix, file name, run index)
+    order: tuple                                  # (date, session, suffix, call, file name, run)
 
 
 def order_of(file_name: str, run_index: int) -> tuple | None:
-    """The ordering key of a result file's run: (date, session number or 0, tag suffix, file name,
-    run). The file name only breaks ties between files of one day without session tags."""
+    """The ordering key of a result file's run: (date, session number or 0, tag suffix, call within
+    the session (first, second, then the untagged last), file name, run). The file name only breaks
+    the remaining ties, such as two untagged files of one day."""
     match = _NAME.search(file_name)
     if match is None:
         return None
-    return (match["date"], int(match["session"] or 0), match["suffix"] or "", file_name, run_index)
+    call = next((rank for tag, rank in _CALL_RANK if tag in file_name), len(_CALL_RANK))
+    return (match["date"], int(match["session"] or 0), match["suffix"] or "", call, file_name, run_index)
 
 
 def measurements(figure: Figure, results_dir: Path, machine: str) -> list[Measurement]:

@@ -79,6 +79,17 @@ def test_files_without_the_field_other_machines_and_experiments_are_skipped(tmp_
     assert "none before it" in reg.row(TPOT, reg.measurements(TPOT, tmp_path, "h200"))
 
 
+def test_a_sessions_first_and_second_calls_come_before_its_untagged_last(tmp_path):
+    _k3_slice(tmp_path, "k3_slice-h200-2026-12-01-s9.json", 7.1)             # the session's last call
+    _k3_slice(tmp_path, "k3_slice-second-h200-2026-12-01-s9.json", 7.0)
+    _k3_slice(tmp_path, "k3_slice-first-h200-2026-12-01-s9.json", 7.2)
+    _k3_slice(tmp_path, "k3_slice-32k-router-h200-2026-12-01-s9.json", 6.0)  # experimental: not read
+    found = reg.measurements(TPOT, tmp_path, "h200")
+    assert [m.value for m in found] == [7.2, 7.0, 7.1]
+    newest, best = reg.newest_and_previous_best(TPOT, found)
+    assert (newest.file, best.file) == ("k3_slice-h200-2026-12-01-s9.json", "k3_slice-second-h200-2026-12-01-s9.json")
+
+
 def test_several_runs_in_one_file_are_ordered_within_it(tmp_path):
     runs = [{"note": "first", "result": {"nvidia": {"decode": [{"concurrency": 1, "tpot_ms": 14.0}]}}},
             {"note": "second", "result": {"nvidia": {"decode": [{"concurrency": 1, "tpot_ms": 15.0}]}}}]
