@@ -79,10 +79,11 @@ class W4A16Experts:
         self.workspace = Workspace()
         self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
 
-    def way(self, w13: ExpertWeight, w2: ExpertWeight, cd: torch.dtype, dense_dispatch: bool) -> str:
-        """"grouped", "slots" or "host": which way a call with these weights takes."""
+    def way(self, w13: ExpertWeight, w2: ExpertWeight, x_dtype: torch.dtype, dense_dispatch: bool) -> str:
+        """"grouped", "slots" or "host": which way a call with these weights and activations of
+        `x_dtype` takes (grouped: bf16 activations against dense bf16 stacks)."""
         dense = isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor)
-        if dense and self.grouped and cd == w13.dtype == w2.dtype == torch.bfloat16 \
+        if dense and self.grouped and x_dtype == w13.dtype == w2.dtype == torch.bfloat16 \
                 and w13.shape[2] % 8 == 0 and w2.shape[2] % 8 == 0:
             return "grouped"
         return "slots" if dense_dispatch else "host"
@@ -109,9 +110,9 @@ class W4A16Experts:
         xf, weights = x.to(cd), topk_weights.to(cd)                           # [T, L], [T, k]
         local = topk_ids.long() - expert_start                                 # [T, k] local ids
         glu = self._glu(activation, beta, linear_beta)
-        way = self.way(w13, w2, cd, dense_dispatch)
+        way = self.way(w13, w2, x.dtype, dense_dispatch)
         if way == "grouped":
-            return self._grouped(xf, w13, w2, local, weights, out, glu).to(x.dtype)
+            return self._grouped(x, w13, w2, local, weights, out, glu).to(x.dtype)
         mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
         # experts the workspace holds (their weights and transient LUT indices), the same for every
         # call of a shape (one pair of buffers); the slots also bound a group's activations [g, T, 3I]
@@ -128,14 +129,17 @@ class W4A16Experts:
     def _glu(self, activation, beta, linear_beta):
         return lambda h: self._glu_fn(h, activation=activation, beta=beta, linear_beta=linear_beta)
 
-    def _grouped(self, xf, w13, w2, local, weights, out, glu):
-        """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs (no host read)."""
+    def _grouped(self, x, w13, w2, local, weights, out, glu):
+        """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs (no host read).
+        The products take bf16 operands with fp32 accumulation and round their outputs to bf16
+        (torch._grouped_mm returns its operands' dtype); the GLU, the routing weights and the sum
+        over a token's experts stay in `out`'s dtype (fp32)."""
         k = local.shape[1]
         order, counts = sort_pairs(local.reshape(-1), w13.shape[0])
         offs = counts[:-1].cumsum(0).to(torch.int32)                              # [E] end row of each expert
         tok = order // k                                                           # [M] each row's token
-        h = glu(_grouped_mm(xf[tok], w13, offs))                                   # [M, I]
-        o = _grouped_mm(h, w2, offs)                                               # [M, L]
+        h = glu(_grouped_mm(x[tok], w13, offs).to(out.dtype))                     # [M, I]
+        o = _grouped_mm(h.to(x.dtype), w2, offs).to(out.dtype)                     # [M, L]
         live = torch.arange(o.shape[0], device=o.device) < offs[-1]                # rows of this rank's experts
         return out.index_add_(0, tok, torch.where(live[:, None], o * weights.reshape(-1)[order, None], 0))
 

@@ -129,3 +129,22 @@ def test_dense_weights_and_the_set_up():
     torch.testing.assert_close(fn(x, w13, w2, tw, ids, activation="situ", beta=4.0, linear_beta=1.0),
                                ref.experts_forward(x, w13, w2, tw, ids, activation="situ", beta=4.0, linear_beta=1.0),
                                rtol=1e-5, atol=1e-4)
+
+
+@needs_grouped
+@pytest.mark.parametrize("dense", [False, True], ids=["host", "device"])
+def test_bf16_activations_on_dense_bf16_stacks_take_the_grouped_gemm(dense, monkeypatch):
+    """The served call (bf16 activations, the expert cache's bf16 stacks) runs the two grouped
+    GEMMs, not the fp32 slot / host products (the H200 profile of 2026-12-05 found the grouped
+    way never taken: the entry asked `way` with the fp32 compute dtype)."""
+    from k3.platforms.torch_kernels import moe_w4a16
+    calls = []
+    real = moe_w4a16._grouped_mm
+    monkeypatch.setattr(moe_w4a16, "_grouped_mm", lambda a, w, offs: calls.append(a.dtype) or real(a, w, offs))
+    fn = W4A16Experts(grouped=True, compiled_glu=False)
+    w13, w2 = _experts(seed=11, held=torch.bfloat16)
+    x, tw, ids = _routing("random", seed=12)
+    got = _call(fn, x.bfloat16(), w13, w2, tw, ids, dense)
+    want = ref.experts_forward(x.bfloat16(), w13, w2, tw, ids, activation="situ", beta=4.0, expert_start=START)
+    assert calls == [torch.bfloat16, torch.bfloat16]
+    assert got.dtype == torch.bfloat16 and _error(got, want) < TOL[torch.bfloat16]
