@@ -19,29 +19,21 @@ import torch
 import torch.nn.functional as F
 
 from k3.dtypes import compute_dtype, upcast
+from k3.ops_helpers import check_conv_state, check_conv_weight
 from k3.plugin.kernels import ShortConvOut
 
 from . import varlen
 
 
 def _check(x, weight, conv_state, cu_seqlens, activation):
+    """The contract's checks without a host read: the weight as [C, W], N sequences, W taps."""
     op = "short_conv"
-    if x.dim() != 3 or not x.is_floating_point():
-        raise ValueError(f"{op}: x must be a float tensor [B, T, C]; got {x.dtype} {tuple(x.shape)}")
+    weight = check_conv_weight(op, x, weight, activation)
     B, T, C = x.shape
-    if weight.dim() == 3 and weight.shape[1] == 1:
-        weight = weight[:, 0]                                                     # Conv1d's [C, 1, W]
-    if weight.dim() != 2 or weight.shape[0] != C or weight.shape[1] < 1:
-        raise ValueError(f"{op}: weight must be [C, W] or [C, 1, W] with C={C} (x's channels); "
-                         f"got {tuple(weight.shape)}")
-    if activation not in ("silu", None):
-        raise ValueError(f"{op}: activation must be 'silu' or None; got {activation!r}")
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"{op}: with cu_seqlens, B must be 1; got {B}")
     N, W = (B if cu_seqlens is None else cu_seqlens.shape[0] - 1), weight.shape[1]
-    if conv_state is not None and tuple(conv_state.shape) != (N, C, W - 1):
-        raise ValueError(f"{op}: conv_state must be [N, C, W-1] = [{N}, {C}, {W - 1}]; "
-                         f"got {tuple(conv_state.shape)}")
+    check_conv_state(op, conv_state, N, C, W)
     return weight, N, W
 
 
