@@ -79,7 +79,9 @@ def fp8_quantize(
     xb = x.to(cd) if block_size is None else _blocks(x.to(cd), block_size, "fp8_quantize")
     scale_shape = () if block_size is None else xb.shape[:-1]
     if scale is None:
-        amax = xb.abs().amax() if block_size is None else xb.abs().amax(-1)  # scale_shape
+        # the whole-tensor max as a 0-d reduction over the flattened tensor: torch-xla 2.9's
+        # amax() without dim keeps the input's shape, so this form serves XLA too
+        amax = xb.abs().reshape(-1).amax(0) if block_size is None else xb.abs().amax(-1)  # scale_shape
         s = (amax.clamp_min(amax_floor) / fmax).to(torch.float32)
     else:
         given = torch.as_tensor(scale, dtype=torch.float32, device=x.device)

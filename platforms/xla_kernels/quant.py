@@ -9,7 +9,8 @@ oracles, `k3.reference.mxfp4_quantize` / `nvfp4_quantize` / `indexer_quantize_ke
   floor (-127) either way.
 - A whole-tensor amax as `reshape(-1).amax(0)`: torch-xla 2.9's `amax()` without `dim` returns a
   tensor of the input's shape (not 0-d), which broke the per-tensor fp8 scale and the NVFP4
-  global scale (`fp8_quantize` here is `k3.quant`'s with that one change).
+  global scale (`k3.quant.fp8_quantize` takes its whole-tensor max this way itself, so it is
+  served as is).
 The dequantisers of `k3.quant` are XLA-clean as they are (served as is).
 """
 
@@ -19,7 +20,7 @@ import torch
 
 from k3.plugin.kernels import QuantizedKeys
 from k3.quant.fp4 import E2M1_MAX, pack_nibbles
-from k3.quant.fp8 import DEFAULT_AMAX_FLOOR, fp8_max
+from k3.quant.fp8 import fp8_quantize
 from k3.quant.mxfp4 import E8M0_BIAS, MXFP4_BLOCK, MXFP4Packed
 from k3.quant.nvfp4 import E4M3_MAX, NVFP4_BLOCK, NVFP4Packed
 
@@ -30,31 +31,6 @@ _E2M1_EMAX = 2
 def whole_amax(x: torch.Tensor) -> torch.Tensor:
     """0-d max |x| over every element (see the module docstring for why not `amax()`)."""
     return x.abs().reshape(-1).amax(0)
-
-
-def fp8_quantize(x: torch.Tensor, *, block_size: int | None = None, scale: torch.Tensor | float | None = None,
-                 dtype: torch.dtype = torch.float8_e4m3fn, amax_floor: float = DEFAULT_AMAX_FLOOR):
-    """`k3.quant.fp8.fp8_quantize` (per tensor, per block or a given scale), XLA-clean."""
-    from k3.quant.fp8 import FP8Quantized, _blocks
-
-    fmax = fp8_max(dtype)
-    if not x.is_floating_point():
-        raise ValueError(f"fp8_quantize: x must be a floating tensor, got {x.dtype}")
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xb = x.to(cd) if block_size is None else _blocks(x.to(cd), block_size, "fp8_quantize")
-    scale_shape = () if block_size is None else xb.shape[:-1]
-    if scale is None:
-        amax = whole_amax(xb) if block_size is None else xb.abs().amax(-1)
-        s = (amax.clamp_min(amax_floor) / fmax).to(torch.float32)
-    else:
-        given = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
-        try:
-            s = torch.broadcast_to(given, scale_shape).clone()
-        except RuntimeError:
-            raise ValueError(f"fp8_quantize: scale must broadcast to {tuple(scale_shape)} (block_size={block_size}); "
-                             f"got {tuple(given.shape)}") from None
-    sb = s.to(cd) if block_size is None else s.to(cd).unsqueeze(-1)
-    return FP8Quantized((xb / sb).clamp(-fmax, fmax).to(dtype).reshape(x.shape), s)
 
 
 def negative_bit(x: torch.Tensor) -> torch.Tensor:

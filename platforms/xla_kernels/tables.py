@@ -10,13 +10,13 @@ Three kinds of entries:
   recurrence and short conv (`kda_recurrent.py`, `short_conv.py`), MLA prefill and the
   indexer's prefill scores with masks from `cu_seqlens` on the device (`mla_prefill.py`,
   `indexer_scores.py`), the MXFP4 / NVFP4 quantisers and the index-key quantiser without
-  `frexp` / `signbit` and the fp8 quantiser around torch-xla's whole-tensor `amax` (`quant.py`), the LoRA experts and the MoE experts with the dense
+  `frexp` / `signbit` (`quant.py`), the LoRA experts and the MoE experts with the dense
   dispatch (`lora_experts.py`, `experts_dense` here);
 - the reference platform's torch kernels that are XLA-clean as they are
   (`k3.platforms.torch_kernels`: decode-path KDA, MLA decode, paged index scores, rebuild_state,
   Hadamard, dense.linear);
 - `k3.reference` ops that are XLA-clean as they are (norms, activations, router, AttnRes, the
-  dequantisers, LoRA delta, the indexer's decode scores and key dequantiser).
+  fp8 quantiser, the dequantisers, LoRA delta, the indexer's decode scores and key dequantiser).
 
 The conformance report names the function that serves each entry (its `implementation`).
 """
@@ -83,8 +83,8 @@ def elementwise_table() -> ElementwiseKernels:
 
 
 def quant_table() -> QuantKernels:
-    """The dequantisers as `k3.quant`'s; the quantisers of `quant.py`."""
-    return QuantKernels(fp8_quantize=quant.fp8_quantize, fp8_dequantize=ref.fp8_dequantize,
+    """The fp8 codec and the dequantisers as `k3.quant`'s; the MXFP4 / NVFP4 quantisers of `quant.py`."""
+    return QuantKernels(fp8_quantize=ref.fp8_quantize, fp8_dequantize=ref.fp8_dequantize,
                         mxfp4_quantize=quant.mxfp4_quantize, mxfp4_dequantize=ref.mxfp4_dequantize,
                         nvfp4_quantize=quant.nvfp4_quantize, nvfp4_dequantize=ref.nvfp4_dequantize)
 
