@@ -68,6 +68,7 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
     layout) or, without one, on `device`; the model runs through the engine's ModelRunner. With
     `graph_buckets` (and a platform), pure decode steps replay graphs captured by the platform's
     `k3_graph_runner` (`k3.engine.graphs.DecodeGraphs`, padding on one extra row after the pages).
+    With a platform, the runner calls its `k3_step_end` after every forward, as the engine does.
     """
     n = len(requests)
     pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
@@ -83,7 +84,7 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
         graphs = DecodeGraphs(model, pool.views, platform.graph_runner, buckets=graph_buckets, scratch_row=scratch,
                               block_size=PAGE_SIZE, max_pages=pages_each, device=device, progress=False)
     runner = ModelRunner(model, pool, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device=device,
-                         graphs=graphs)
+                         graphs=graphs, step_end=None if platform is None else platform.step_end)
     fed = [0] * n                                       # prompt tokens fed so far
     traces = [Trace() for _ in range(n)]
     while True:

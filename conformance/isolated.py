@@ -7,7 +7,8 @@ then starts `python -m k3.conformance.isolated`, which selects the same platform
 item with the usual runner and writes its outcome as JSON; the parent reads it back. A child
 that dies (a signal, an abort) or outlives the [run] timeout_s is the item's failure, with its
 exit status (or the timeout) and the end of its output as the message, and the run goes on with
-the next item.
+the next item. A case that skips itself in the child (pytest.skip, a capability reason) is
+skipped in the parent with the same reason.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def run_isolated(ctx, item) -> Outcome:
             return Outcome([OutputResult("process", "isolated", False,
                                          message=f"the item's own process exited with status {proc.returncode}: "
                                                  f"{tail}")])
-        return outcome_from_dict(json.loads(out.read_text()))
+        data = json.loads(out.read_text())
+    if "skipped" in data:                       # the case skipped itself in the child (a capability reason)
+        import pytest
+
+        pytest.skip(data["skipped"])
+    return outcome_from_dict(data)
 
 
 def _command(ctx, item, out: Path) -> list[str]:
@@ -86,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no conformance item {args.item!r}", file=sys.stderr)
         return 2
     ctx = RunContext(select_platform(args.platform), workdir=Path(args.workdir))
-    outcome = run_item(ctx, item)
+    try:
+        outcome = run_item(ctx, item)
+    except BaseException as e:
+        if type(e).__name__ != "Skipped":       # pytest.skip's exception: the parent skips the item with it
+            raise
+        Path(args.out).write_text(json.dumps({"skipped": str(getattr(e, "msg", e))}))
+        return 0
     Path(args.out).write_text(json.dumps(outcome.to_dict()))
     return 0
 

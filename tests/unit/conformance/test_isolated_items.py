@@ -66,3 +66,16 @@ def test_an_item_past_the_timeout_fails_saying_so(tmp_path, monkeypatch):
     outcome = isolated.run_isolated(RunContext(select_platform("reference"), workdir=tmp_path, isolate_timeout_s=0.5),
                                     item)
     assert not outcome.passed and "did not finish in 0.5 s" in outcome.outputs[0].message
+
+
+def test_a_case_that_skips_in_the_child_is_skipped(tmp_path, monkeypatch):
+    import sys
+
+    from k3.conformance import isolated
+    from k3.platform import select_platform
+
+    item = _item("elementwise.rms_norm", "T37")
+    write = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'skipped': 'no batch-invariant kernel'}))"
+    monkeypatch.setattr(isolated, "_command", lambda ctx, item, out: [sys.executable, "-c", write, str(out)])
+    with pytest.raises(pytest.skip.Exception, match="no batch-invariant kernel"):
+        isolated.run_isolated(RunContext(select_platform("reference"), workdir=tmp_path), item)
