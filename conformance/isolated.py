@@ -29,13 +29,14 @@ TAIL = 2000          # characters of a crashed child's output kept in the messag
 
 def run_isolated(ctx, item) -> Outcome:
     """`item`'s outcome, computed by `run_item` in a child process on ctx's platform (its
-    scratch directory shared, so the tiny checkpoints are written once)."""
+    scratch directory shared, so the tiny checkpoints are written once; the [run] env set in
+    its environment)."""
     with tempfile.TemporaryDirectory(prefix="k3-isolated-", dir=ctx.workdir) as tmp:
         out = Path(tmp) / "outcome.json"
         cmd = _command(ctx, item, out)
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=os.environ.copy(), timeout=ctx.isolate_timeout_s)
+                                  env={**os.environ, **ctx.isolate_env}, timeout=ctx.isolate_timeout_s)
         except subprocess.TimeoutExpired as e:
             tail = _text(e.output)[-TAIL:].strip().replace("\n", " | ")
             return Outcome([OutputResult("process", "isolated", False,
@@ -51,7 +52,10 @@ def run_isolated(ctx, item) -> Outcome:
         import pytest
 
         pytest.skip(data["skipped"])
-    return outcome_from_dict(data)
+    outcome = outcome_from_dict(data)
+    if ctx.isolate_env:
+        outcome.notes.append("its environment from [run] env: " + ", ".join(f"{k}={v}" for k, v in ctx.isolate_env.items()))
+    return outcome
 
 
 def _command(ctx, item, out: Path) -> list[str]:
