@@ -17,6 +17,7 @@ HOOK_FAMILIES = {
     "k3_allocate_cache": "model",           # the model cases run the platform on a packed CachePool
     "k3_kda_state_layout": "model",         # ... whose KDA state rows use the platform's layout
     "k3_graph_runner": "model",             # model.graph_decode: replayed decode equals eager decode
+    "k3_step_end": "model",                 # every model case's runner cuts each step there
 }
 
 TESTED_ELSEWHERE = (

@@ -68,6 +68,9 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
     layout) or, without one, on `device`; the model runs through the engine's ModelRunner. With
     `graph_buckets` (and a platform), pure decode steps replay graphs captured by the platform's
     `k3_graph_runner` (`k3.engine.graphs.DecodeGraphs`, padding on one extra row after the pages).
+    With a platform, the runner calls its `k3_step_end` after every forward, as the engine does.
+    With graphs, every call where each sequence brings one token must have replayed one (else
+    RuntimeError: model.graph_decode would compare eager decode with itself).
     """
     n = len(requests)
     pages_each = -(-max(len(r.prompt) + steps for r in requests) // PAGE_SIZE)
@@ -83,12 +86,16 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
         graphs = DecodeGraphs(model, pool.views, platform.graph_runner, buckets=graph_buckets, scratch_row=scratch,
                               block_size=PAGE_SIZE, max_pages=pages_each, device=device, progress=False)
     runner = ModelRunner(model, pool, block_size=PAGE_SIZE, vocab_size=model.cfg.vocab_size, device=device,
-                         graphs=graphs)
+                         graphs=graphs, step_end=None if platform is None else platform.step_end)
     fed = [0] * n                                       # prompt tokens fed so far
     traces = [Trace() for _ in range(n)]
+    one_token_steps = 0                                 # calls where every sequence brings one token
     while True:
         active = [i for i in range(n) if len(traces[i].tokens) < steps]
         if not active:
+            if graphs is not None and (graphs.replays != one_token_steps or not one_token_steps):
+                raise RuntimeError(f"{one_token_steps} one-token steps but {graphs.replays} replayed a captured "
+                                   "decode graph: the graph runner was bypassed")
             return traces
         pieces, context = [], []
         for i in active:
@@ -105,6 +112,7 @@ def run(model, requests: list[Request], *, steps: int, chunk: int | None, slots:
         meta = ForwardMetadata.build(pieces, context_lens=context, state_indices=[slots[i] for i in active],
                                      block_table=table[[slots[i] for i in active]], page_size=PAGE_SIZE,
                                      device=device)
+        one_token_steps += all(len(p) == 1 for p in pieces)
         poison_freed_memory(device)
         with torch.no_grad():
             logits = runner.forward(meta).logits.detach().double().cpu()    # [len(active), V]

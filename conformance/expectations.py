@@ -17,6 +17,8 @@ A file may also hold one `[run]` table of runner options for its platform (`run_
                               # of them in one process
     timeout_s = 600           # optional: an isolated item's process is killed after this many
                               # seconds and the item fails, saying so (bounds the run's time)
+    env = { XLA_FLAGS = "..." }   # optional: environment variables set in those processes (over
+                              # the runner's own); two files may not give one variable two values
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ except ModuleNotFoundError:  # Python 3.10
         tomllib = None
 
 KEYS = {"case", "dtype", "reason"}
-RUN_KEYS = {"isolate", "timeout_s"}
+RUN_KEYS = {"isolate", "timeout_s", "env"}
 
 
 class ExpectationError(ValueError):
@@ -107,14 +109,18 @@ def _run_table(data: dict, source: str) -> dict:
     timeout = run.get("timeout_s")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ExpectationError(f"{source} [run]: timeout_s must be a positive number of seconds")
+    env = run.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k and isinstance(v, str) for k, v in env.items()):
+        raise ExpectationError(f"{source} [run]: env must be a table of variable names to strings")
     return run
 
 
 def run_options(paths) -> dict:
     """The runner options of every file's [run] table, merged: {"isolate": (globs...),
-    "timeout_s": the smallest given, or None}."""
+    "timeout_s": the smallest given, or None, "env": {name: value} of every file}."""
     isolate: list[str] = []
     timeouts: list[float] = []
+    env: dict[str, str] = {}
     for path in paths:
         path = Path(path)
         if path.is_file() and tomllib is not None:
@@ -125,7 +131,10 @@ def run_options(paths) -> dict:
             run = _run_table(data, str(path))
             isolate += [g.strip() for g in run.get("isolate", [])]
             timeouts += [float(run["timeout_s"])] if "timeout_s" in run else []
-    return {"isolate": tuple(dict.fromkeys(isolate)), "timeout_s": min(timeouts, default=None)}
+            for name, value in run.get("env", {}).items():
+                if env.setdefault(name, value) != value:
+                    raise ExpectationError(f"{path} [run]: env {name} = {value!r}, another file sets {env[name]!r}")
+    return {"isolate": tuple(dict.fromkeys(isolate)), "timeout_s": min(timeouts, default=None), "env": env}
 
 
 def isolated(globs, case_name: str) -> bool:

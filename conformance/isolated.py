@@ -7,7 +7,8 @@ then starts `python -m k3.conformance.isolated`, which selects the same platform
 item with the usual runner and writes its outcome as JSON; the parent reads it back. A child
 that dies (a signal, an abort) or outlives the [run] timeout_s is the item's failure, with its
 exit status (or the timeout) and the end of its output as the message, and the run goes on with
-the next item.
+the next item. A case that skips itself in the child (pytest.skip, a capability reason) is
+skipped in the parent with the same reason.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ TAIL = 2000          # characters of a crashed child's output kept in the messag
 
 def run_isolated(ctx, item) -> Outcome:
     """`item`'s outcome, computed by `run_item` in a child process on ctx's platform (its
-    scratch directory shared, so the tiny checkpoints are written once)."""
+    scratch directory shared, so the tiny checkpoints are written once; the [run] env set in
+    its environment)."""
     with tempfile.TemporaryDirectory(prefix="k3-isolated-", dir=ctx.workdir) as tmp:
         out = Path(tmp) / "outcome.json"
         cmd = _command(ctx, item, out)
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=os.environ.copy(), timeout=ctx.isolate_timeout_s)
+                                  env={**os.environ, **ctx.isolate_env}, timeout=ctx.isolate_timeout_s)
         except subprocess.TimeoutExpired as e:
             tail = _text(e.output)[-TAIL:].strip().replace("\n", " | ")
             return Outcome([OutputResult("process", "isolated", False,
@@ -45,7 +47,15 @@ def run_isolated(ctx, item) -> Outcome:
             return Outcome([OutputResult("process", "isolated", False,
                                          message=f"the item's own process exited with status {proc.returncode}: "
                                                  f"{tail}")])
-        return outcome_from_dict(json.loads(out.read_text()))
+        data = json.loads(out.read_text())
+    if "skipped" in data:                       # the case skipped itself in the child (a capability reason)
+        import pytest
+
+        pytest.skip(data["skipped"])
+    outcome = outcome_from_dict(data)
+    if ctx.isolate_env:
+        outcome.notes.append("its environment from [run] env: " + ", ".join(f"{k}={v}" for k, v in ctx.isolate_env.items()))
+    return outcome
 
 
 def _command(ctx, item, out: Path) -> list[str]:
@@ -86,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no conformance item {args.item!r}", file=sys.stderr)
         return 2
     ctx = RunContext(select_platform(args.platform), workdir=Path(args.workdir))
-    outcome = run_item(ctx, item)
+    try:
+        outcome = run_item(ctx, item)
+    except BaseException as e:
+        if type(e).__name__ != "Skipped":       # pytest.skip's exception: the parent skips the item with it
+            raise
+        Path(args.out).write_text(json.dumps({"skipped": str(getattr(e, "msg", e))}))
+        return 0
     Path(args.out).write_text(json.dumps(outcome.to_dict()))
     return 0
 

@@ -44,6 +44,7 @@ class RunContext:
     # [run] isolate option; k3.conformance.isolated)
     isolate: tuple[str, ...] = ()
     isolate_timeout_s: float | None = None      # an isolated item's process is killed after this
+    isolate_env: dict = field(default_factory=dict)     # environment set in an isolated item's process
 
     @property
     def device(self) -> str:

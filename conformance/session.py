@@ -27,6 +27,7 @@ class ConformanceSession:
         self.expectations = exp.load(self.expectation_files)
         options = exp.run_options(self.expectation_files)
         self.isolate, self.isolate_timeout_s = options["isolate"], options["timeout_s"]
+        self.isolate_env = options["env"]
         self.stale = exp.stale(self.expectations, items("full"))
         self.by_nodeid: dict[str, Item] = {}
         self.records: dict[str, dict] = {}

@@ -75,7 +75,7 @@ class _Pool:
                                    device=device)
         self.device = device
         self.runner = ModelRunner(model, pool, block_size=PAGE, vocab_size=model.cfg.vocab_size, device=device,
-                                  batch_invariant=True)
+                                  batch_invariant=True, step_end=platform.step_end)
 
     def forward(self, pieces, context, slots, *, all_logits=False) -> torch.Tensor:
         order = sorted(range(len(pieces)), key=lambda r: len(pieces[r]) != 1)     # one-token steps first

@@ -35,7 +35,8 @@ def k3_ctx(k3_session, tmp_path_factory):
     from k3.conformance.runner import RunContext
 
     return RunContext(k3_session.platform, workdir=tmp_path_factory.mktemp("k3-conformance"),
-                      isolate=k3_session.isolate, isolate_timeout_s=k3_session.isolate_timeout_s)
+                      isolate=k3_session.isolate, isolate_timeout_s=k3_session.isolate_timeout_s,
+                      isolate_env=k3_session.isolate_env)
 
 
 @pytest.fixture

@@ -155,7 +155,8 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                          eos_token_ids=cfg.eos_token_ids, tap_layers=proposer.tap_layers if proposer else (),
                          graphs=graphs, pinned_uploads=async_scheduling and _pins_for(device), broadcast=broadcast,
                          batch_invariant=config.batch_invariant, media=media,
-                         sharded_prefill=_sharded_prefill(config, model, logical_block), padding=padding)
+                         sharded_prefill=_sharded_prefill(config, model, logical_block), padding=padding,
+                         step_end=platform.step_end)
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=cfg.eos_token_ids, vocab_size=cfg.vocab_size,
                               max_model_len=plan.max_model_len, seed=config.seed,
                               release=proposer.release if proposer else None, media=media,

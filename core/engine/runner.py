@@ -67,6 +67,8 @@ class ModelRunner:
         forward it encodes the images the step's chunks reach, and the forward takes their rows.
     padding: a `StepPadding` (the platform's `k3_shape_buckets`): every step is padded to its
         buckets on the host and sampled at the batch bucket; None: steps run at their own shapes.
+    step_end: called after every forward (the platform's `k3_step_end`: a lazy backend cuts its
+        trace there, so a step is one graph), or None.
     sharded_prefill: a `ShardedPrefillStep` (tensor parallelism with
         --token-sharded-prefill-min-tokens): a step it covers (one long fresh prompt chunk) runs
         token-sharded over the TP group instead of the plain forward; None: never.
@@ -75,7 +77,7 @@ class ModelRunner:
     def __init__(self, model, cache, *, block_size: int, vocab_size: int, device, eos_token_ids=(),
                  tap_layers: tuple[int, ...] = (), graphs=None, pinned_uploads: bool = False,
                  broadcast: Callable | None = None, batch_invariant: bool = False, media=None,
-                 sharded_prefill=None, padding=None):
+                 sharded_prefill=None, padding=None, step_end: Callable | None = None):
         self.model, self.cache, self.block_size, self.device = model, cache, block_size, device
         self.vocab_size = vocab_size                # the logits' width
         self.stop_token_ids = set(eos_token_ids)
@@ -83,6 +85,7 @@ class ModelRunner:
         self.pinned_uploads, self.broadcast, self.media = pinned_uploads, broadcast, media
         self.batch_invariant, self.sharded_prefill = batch_invariant, sharded_prefill
         self.padding = padding                      # StepPadding: static-shape buckets (k3_shape_buckets), or None
+        self.step_end = step_end                    # k3_step_end: called after each forward, or None
         self.num_forwards = 0                       # forwards run (expert parallelism keeps DP ranks in lockstep by it)
 
     def forward(self, meta: ForwardMetadata, row_copies: list[tuple[int, int]] = (),
@@ -93,6 +96,12 @@ class ModelRunner:
         self.num_forwards += 1
         for src, dst in row_copies:
             self.cache.copy_row(src, dst)
+        result = self._forward(meta, media)
+        if self.step_end is not None:
+            self.step_end()
+        return result
+
+    def _forward(self, meta: ForwardMetadata, media):
         if media is not None:
             return self.model(meta, self.cache.views, media_embeds=media[0], media_positions=media[1],
                               tap_layers=self.tap_layers)

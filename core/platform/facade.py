@@ -127,6 +127,12 @@ class Platform:
         """The platform's decode graph capturer (`k3_graph_runner`), or None: run eagerly."""
         return self._pm.hook.k3_graph_runner(platform=self.info)
 
+    @property
+    def step_end(self):
+        """What to call after each model forward (`k3_step_end`: a lazy backend cuts its trace
+        there), or None."""
+        return self._pm.hook.k3_step_end(platform=self.info)
+
     def shape_buckets(self, max_num_seqs: int, max_num_batched_tokens: int) -> ShapeBuckets | None:
         """The platform's static-shape buckets (`k3_shape_buckets`), or None: no padding."""
         buckets = self._pm.hook.k3_shape_buckets(platform=self.info, max_num_seqs=max_num_seqs,

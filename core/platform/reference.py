@@ -90,6 +90,11 @@ def k3_graph_runner():
 
 
 @hookimpl(trylast=True)
+def k3_step_end():
+    return None                 # eager: nothing to cut
+
+
+@hookimpl(trylast=True)
 def k3_shape_buckets():
     return None                 # every step runs at its own shape
 

@@ -89,6 +89,19 @@ def k3_graph_runner(platform):
 
 
 @hookspec(firstresult=True)
+def k3_step_end(platform):
+    """A no-argument callable the engine calls after every model forward it runs, or None
+    (the reference: an eager backend has nothing to do).
+
+    For a backend that traces lazily (torch-xla): the call cuts the trace there, so the step's
+    work (its logits and its cache writes) is compiled and launched as one graph per step
+    shape; without it the cache tensors keep the pending trace of every earlier step and each
+    later step's graph carries all of them (a new, ever larger program per step). It must not
+    wait for the device to finish.
+    """
+
+
+@hookspec(firstresult=True)
 def k3_shape_buckets(platform, max_num_seqs, max_num_batched_tokens):
     """Static shapes for a backend that compiles one program per tensor shape (XLA), as a
     `ShapeBuckets` (sequence-count buckets and packed-token buckets), or None: every step runs

@@ -2,8 +2,9 @@
 
 Backs detection, capabilities (from torch-xla, imported only when the TPU is selected),
 serving defaults, conformance expectations, static-shape buckets (`shapes.py`: the engine pads
-every step to them), the XLA graph runner (`graphs.py`: decode steps
-compiled once per batch bucket) and the kernel tables of `k3.platforms.xla_kernels.tables`: every kernel entry,
+every step to them), the step end (`graphs.step_end`: `torch_xla.sync` after each forward), the
+XLA graph runner (`graphs.py`: decode steps compiled once per batch bucket) and the kernel tables
+of `k3.platforms.xla_kernels.tables`: every kernel entry,
 each XLA-clean (no host read, static shapes, no CPU fallback).
 """
 
@@ -46,6 +47,13 @@ def k3_graph_runner():
     from .graphs import XlaGraphRunner
 
     return XlaGraphRunner()
+
+
+@hookimpl
+def k3_step_end():
+    from .graphs import step_end
+
+    return step_end
 
 
 @hookimpl

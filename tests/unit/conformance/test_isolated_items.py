@@ -15,7 +15,8 @@ def test_run_table_is_parsed_and_checked(tmp_path):
     other = tmp_path / "b.toml"
     other.write_text('[run]\nisolate = ["model.*"]\n')
     assert exp.load([good]) == []
-    assert exp.run_options([good, other]) == {"isolate": ("model.*", "cache.kda_state_rows"), "timeout_s": None}
+    assert exp.run_options([good, other]) == {"isolate": ("model.*", "cache.kda_state_rows"), "timeout_s": None,
+                                              "env": {}}
     assert exp.isolated(("model.*",), "model.greedy") and not exp.isolated(("model.*",), "kda.chunked")
     bad = tmp_path / "c.toml"
     bad.write_text('[run]\nisolate = ["model.*"]\nparallel = 2\n')
@@ -24,7 +25,7 @@ def test_run_table_is_parsed_and_checked(tmp_path):
     bad.write_text('[run]\nisolate = "model.*"\n')
     with pytest.raises(exp.ExpectationError, match="list of case-name globs"):
         exp.load([bad])
-    assert exp.run_options([tmp_path / "missing.toml"]) == {"isolate": (), "timeout_s": None}
+    assert exp.run_options([tmp_path / "missing.toml"]) == {"isolate": (), "timeout_s": None, "env": {}}
 
 
 def _item(case, shape_prefix):
@@ -66,3 +67,41 @@ def test_an_item_past_the_timeout_fails_saying_so(tmp_path, monkeypatch):
     outcome = isolated.run_isolated(RunContext(select_platform("reference"), workdir=tmp_path, isolate_timeout_s=0.5),
                                     item)
     assert not outcome.passed and "did not finish in 0.5 s" in outcome.outputs[0].message
+
+
+def test_a_case_that_skips_in_the_child_is_skipped(tmp_path, monkeypatch):
+    import sys
+
+    from k3.conformance import isolated
+    from k3.platform import select_platform
+
+    item = _item("elementwise.rms_norm", "T37")
+    write = "import json, sys; open(sys.argv[1], 'w').write(json.dumps({'skipped': 'no batch-invariant kernel'}))"
+    monkeypatch.setattr(isolated, "_command", lambda ctx, item, out: [sys.executable, "-c", write, str(out)])
+    with pytest.raises(pytest.skip.Exception, match="no batch-invariant kernel"):
+        isolated.run_isolated(RunContext(select_platform("reference"), workdir=tmp_path), item)
+
+
+def test_run_env_is_merged_checked_and_reaches_the_child(tmp_path, monkeypatch):
+    import sys
+
+    from k3.conformance import isolated
+    from k3.platform import select_platform
+
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.write_text('[run]\nisolate = ["model.*"]\nenv = { K3_TEST_FLAG = "on" }\n')
+    b.write_text('[run]\nenv = { K3_TEST_FLAG = "on", OTHER = "1" }\n')
+    assert exp.run_options([a, b])["env"] == {"K3_TEST_FLAG": "on", "OTHER": "1"}
+    b.write_text('[run]\nenv = { K3_TEST_FLAG = "off" }\n')
+    with pytest.raises(exp.ExpectationError, match="another file sets"):
+        exp.run_options([a, b])
+    b.write_text('[run]\nenv = { K3_TEST_FLAG = 1 }\n')
+    with pytest.raises(exp.ExpectationError, match="env must be a table"):
+        exp.load([b])
+    # the child sees it: it skips with the variable's value as its reason
+    write = ("import json, os, sys; open(sys.argv[1], 'w').write(json.dumps({'skipped': "
+             "'flag=' + os.environ.get('K3_TEST_FLAG', 'unset')}))")
+    monkeypatch.setattr(isolated, "_command", lambda ctx, item, out: [sys.executable, "-c", write, str(out)])
+    ctx = RunContext(select_platform("reference"), workdir=tmp_path, isolate_env={"K3_TEST_FLAG": "on"})
+    with pytest.raises(pytest.skip.Exception, match="flag=on"):
+        isolated.run_isolated(ctx, _item("elementwise.rms_norm", "T37"))

@@ -20,10 +20,10 @@ KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_
                            "k3_mla_kernels", "k3_moe_kernels", "k3_quant_kernels"],
                 "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
-                # tpu: every kernel family, XLA-clean (k3.platforms.xla_kernels.tables), and the XLA graph runner
+                # tpu: every kernel family, XLA-clean (k3.platforms.xla_kernels.tables), the XLA graph runner, buckets, step end
                 "tpu": ["k3_attn_res_kernels", "k3_dense_kernels", "k3_elementwise_kernels", "k3_graph_runner",
                         "k3_indexer_kernels", "k3_kda_kernels", "k3_lora_kernels", "k3_mla_kernels",
-                        "k3_moe_kernels", "k3_quant_kernels", "k3_shape_buckets"],
+                        "k3_moe_kernels", "k3_quant_kernels", "k3_shape_buckets", "k3_step_end"],
                 # the portable Triton kernels with AMD launch configurations, the (opt-in) IPC all-gather;
                 # no graph runner yet
                 "amd": ["k3_attn_res_kernels", "k3_collective_backends", "k3_elementwise_kernels",
