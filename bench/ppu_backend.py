@@ -178,10 +178,12 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
             enforce_eager=variant.eager, graph_batch_sizes=tuple(concurrency)))
     out["providers"] = dict(collections.Counter(engine.platform.kernels.providers.values()))
     out["graphs"] = engine.runner.graphs.buckets if engine.runner.graphs is not None else None
+    out["graph_capture_error"] = engine.graph_capture_error        # why graphs is None, when capture failed
     decision = engine.expert_cache
     out["expert_cache"] = {"on": decision.on, "reason": decision.reason} if decision is not None else None
     out["built_at_s"] = time.perf_counter() - STARTED
-    log(f"{variant.name}: engine built (graphs {out['graphs']}, expert cache {out['expert_cache']})")
+    log(f"{variant.name}: engine built (graphs {out['graphs']}, capture error {out['graph_capture_error']}, "
+        f"expert cache {out['expert_cache']})")
     tokens = args.naive_decode_tokens if naive else args.decode_tokens
     decode(engine, 1, 16, min(3, tokens), vocab)                       # warm-up
     out["decode"] = []

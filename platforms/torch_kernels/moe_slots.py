@@ -23,6 +23,7 @@ import torch
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from .mxfp4_lut import lut_dequantize
+from .split_products import batched_split_product
 
 
 def sort_pairs(local: torch.Tensor, e_local: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +58,10 @@ class Materialiser:
 def slot_experts(xf: torch.Tensor, local: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, *,
                  e_local: int, g: int, w13: Materialiser, w2: Materialiser, glu) -> torch.Tensor:
     """Slot-dense experts (module docstring): out [T, L] += sum over slots of the masked,
-    weighted expert outputs. xf [T, L] and weights [T, k] in the compute dtype, local [T, k]
-    local expert ids (others out of range). Returns out."""
+    weighted expert outputs. xf [T, L] holds the operands (the materialised weights' dtype:
+    bf16 or the compute dtype), weights [T, k] and out the compute dtype, local [T, k] local
+    expert ids (others out of range). Products are taken to the compute dtype for the GLU and the
+    sum; on bf16 operands the down product splits the activation (`split_products`). Returns out."""
     t, k = local.shape
     n = min(t * k, e_local)
     slots = None                                                      # slot i is expert i
@@ -74,7 +77,9 @@ def slot_experts(xf: torch.Tensor, local: torch.Tensor, weights: torch.Tensor, o
         member = hit.any(-1)                                                       # [g, T]
         gate = (hit.to(weights.dtype) * weights[None]).sum(-1)                     # [g, T]
         index = None if slots is None else experts
-        h = torch.matmul(xf, w13(s0, s1, index).transpose(1, 2))                   # [g, T, 2I]
-        o = torch.matmul(glu(h), w2(s0, s1, index).transpose(1, 2))                # [g, T, L]
+        h = torch.matmul(xf, w13(s0, s1, index).transpose(1, 2)).to(out.dtype)     # [g, T, 2I]
+        w2_t = w2(s0, s1, index).transpose(1, 2)                                   # [g, I, L]
+        a = glu(h)                                                                 # [g, T, I]
+        o = batched_split_product(a, w2_t) if w2_t.dtype != a.dtype else torch.matmul(a, w2_t)   # [g, T, L]
         out += torch.where(member[..., None], o * gate[..., None], 0).sum(0)
     return out

@@ -17,7 +17,16 @@ found the device can do (never by trying):
   a time (MXFP4 dequantised into the workspace), each on its exact rows (a grouped GEMM over
   the group where the device has it, else one product per expert).
 
-The workspace (`Workspace`) holds one group of w13 and w2 in the compute dtype, never the whole
+Operands: bf16 activations against MXFP4 or bf16 experts take bf16 operands in every way (an
+MXFP4 weight is exact in bf16: a 2-bit mantissa times a power of two), so the MXFP4 ways
+dequantise to 2 bytes a weight, not 4, and dense bf16 stacks are never copied to fp32. Every way
+then rounds at the same two points: the gate/up and the down products' outputs (fp32
+accumulation, bf16 output). The GLU's fp32 output enters the down product split into bf16 hi and
+lo rows (`split_products`: one product, the weights read once), not rounded, and the GLU, the
+routing weights and the sum over a token's experts stay in the compute dtype (fp32). Anything
+else (fp32 / fp64 activations or weights) runs in the compute dtype throughout.
+
+The workspace (`Workspace`) holds one group of w13 and w2 in the operand dtype, never the whole
 stack; its buffers are kept for good (a captured decode graph holds their addresses).
 """
 
@@ -35,6 +44,7 @@ from .device_support import compile_supported, grouped_gemm_supported
 from .moe_experts import _check_2d
 from .moe_slots import Materialiser, slot_experts, sort_pairs
 from .mxfp4_lut import lut_dequantize
+from .split_products import interleave_groups, merge_rows
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
 WORKSPACE_BYTES = 512 << 20     # bound of one group's dequantised w13 + w2 and its transient indices / activations
@@ -60,6 +70,13 @@ class Workspace:
             self.buffers[key] = (torch.empty(g, 2 * inter, hidden, dtype=dtype, device=device),    # [g, 2I, L]
                                  torch.empty(g, hidden, inter, dtype=dtype, device=device))        # [g, L, I]
         return self.buffers[key]
+
+
+def operand_dtype(x_dtype: torch.dtype, w13: "ExpertWeight", w2: "ExpertWeight", compute: torch.dtype) -> torch.dtype:
+    """The products' operand dtype (module docstring): bf16 for bf16 activations when every
+    weight is MXFP4 or bf16 (each exact in bf16), else the compute dtype."""
+    exact = all(isinstance(w, MXFP4Tensor) or w.dtype == torch.bfloat16 for w in (w13, w2))
+    return torch.bfloat16 if x_dtype == torch.bfloat16 and exact else compute
 
 
 def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -107,7 +124,8 @@ class W4A16Experts:
         out = torch.zeros(t, hidden, dtype=cd, device=x.device)
         if topk_ids.numel() == 0:
             return out.to(x.dtype)
-        xf, weights = x.to(cd), topk_weights.to(cd)                           # [T, L], [T, k]
+        od = operand_dtype(x.dtype, w13, w2, cd)
+        xf, weights = x.to(od), topk_weights.to(cd)                           # [T, L] operands, [T, k]
         local = topk_ids.long() - expert_start                                 # [T, k] local ids
         glu = self._glu(activation, beta, linear_beta)
         way = self.way(w13, w2, x.dtype, dense_dispatch)
@@ -116,10 +134,10 @@ class W4A16Experts:
         mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
         # experts the workspace holds (their weights and transient LUT indices), the same for every
         # call of a shape (one pair of buffers); the slots also bound a group's activations [g, T, 3I]
-        g = group_size(e_local, 3 * inter * hidden * (cd.itemsize + INDEX_BYTES), self.workspace_bytes)
+        g = group_size(e_local, 3 * inter * hidden * (od.itemsize + INDEX_BYTES), self.workspace_bytes)
         gathered = mxfp4 or (way == "slots" and t * topk_ids.shape[1] < e_local)   # weights copied per call
-        ws13, ws2 = self.workspace.get(g, inter, hidden, cd, x.device) if gathered else (None, None)
-        m13, m2 = Materialiser(w13, ws13, cd), Materialiser(w2, ws2, cd)
+        ws13, ws2 = self.workspace.get(g, inter, hidden, od, x.device) if gathered else (None, None)
+        m13, m2 = Materialiser(w13, ws13, od), Materialiser(w2, ws2, od)
         if way == "host":
             return self._host(xf, m13, m2, local, weights, out, glu, g=g, e_local=e_local, mxfp4=mxfp4).to(x.dtype)
         g_act = group_size(e_local, t * 3 * inter * cd.itemsize, self.workspace_bytes)
@@ -132,20 +150,23 @@ class W4A16Experts:
     def _grouped(self, x, w13, w2, local, weights, out, glu):
         """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs (no host read).
         The products take bf16 operands with fp32 accumulation and round their outputs to bf16
-        (torch._grouped_mm returns its operands' dtype); the GLU, the routing weights and the sum
-        over a token's experts stay in `out`'s dtype (fp32)."""
+        (torch._grouped_mm returns its operands' dtype); the down product takes the activation
+        split (hi / lo rows, offsets doubled); the GLU, the routing weights and the sum over a
+        token's experts stay in `out`'s dtype (fp32)."""
         k = local.shape[1]
-        order, counts = sort_pairs(local.reshape(-1), w13.shape[0])
+        order, counts = sort_pairs(local.reshape(-1), w13.shape[0])               # counts [E + 1]: last = others'
         offs = counts[:-1].cumsum(0).to(torch.int32)                              # [E] end row of each expert
         tok = order // k                                                           # [M] each row's token
         h = glu(_grouped_mm(x[tok], w13, offs).to(out.dtype))                     # [M, I]
-        o = _grouped_mm(h.to(x.dtype), w2, offs).to(out.dtype)                     # [M, L]
+        rows, hi_pos, lo_pos = interleave_groups(h, counts)                       # [2M, I] bf16
+        o = merge_rows(_grouped_mm(rows, w2, 2 * offs), hi_pos, lo_pos, out.dtype)   # [M, L]
         live = torch.arange(o.shape[0], device=o.device) < offs[-1]                # rows of this rank's experts
         return out.index_add_(0, tok, torch.where(live[:, None], o * weights.reshape(-1)[order, None], 0))
 
     def _host(self, xf, m13, m2, local, weights, out, glu, *, g, e_local, mxfp4):
         """Host dispatch: the expert-sorted pairs' bounds read once; used experts only, g at a
-        time, each on its exact rows."""
+        time, each on its exact rows. xf holds the operands; products are taken to `out`'s dtype
+        for the GLU and the sum."""
         k = local.shape[1]
         order, counts = sort_pairs(local.reshape(-1), e_local)
         bounds = [0] + counts[:-1].cumsum(0).tolist()                              # one host read
@@ -161,13 +182,22 @@ class W4A16Experts:
                 consecutive = chunk[-1] - chunk[0] == len(chunk) - 1
                 index = None if consecutive else torch.tensor(chunk, device=xf.device)
                 w13g, w2g = m13(chunk[0], chunk[0] + len(chunk), index), m2(chunk[0], chunk[0] + len(chunk), index)
-                h = glu(self._products(a, w13g, rows))
-                o = self._products(h, w2g, rows)
+                h = glu(self._products(a, w13g, rows).to(out.dtype))
+                o = self._down(h, a.dtype, rows, lambda r, n: self._products(r, w2g, n))
             else:                                                                  # dense stacks read in place
-                h = glu(_per_expert(a, m13.w, chunk, rows, m13.dtype))
-                o = _per_expert(h, m2.w, chunk, rows, m2.dtype)
+                h = glu(_per_expert(a, m13.w, chunk, rows, m13.dtype).to(out.dtype))
+                o = self._down(h, a.dtype, rows, lambda r, n: _per_expert(r, m2.w, chunk, n, m2.dtype))
             out.index_add_(0, tok[r0:r1], o * weight[r0:r1, None])
         return out
+
+    @staticmethod
+    def _down(h: torch.Tensor, operand: torch.dtype, rows: list[int], product) -> torch.Tensor:
+        """The down product of the GLU output h [r, I] (rows[i] rows of expert i in turn) in h's
+        dtype: `product(a, rows)` on h itself, or on bf16 operands on its hi / lo split."""
+        if operand == h.dtype:
+            return product(h, rows)
+        split, hi_pos, lo_pos = interleave_groups(h, torch.tensor(rows, device=h.device))
+        return merge_rows(product(split, [2 * n for n in rows]), hi_pos, lo_pos, h.dtype)
 
     def _products(self, a: torch.Tensor, w: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """a [r, in] (rows[i] rows of expert i in turn) times each expert's w[i]^T ([out, in])."""

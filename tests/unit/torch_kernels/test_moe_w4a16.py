@@ -148,3 +148,24 @@ def test_bf16_activations_on_dense_bf16_stacks_take_the_grouped_gemm(dense, monk
     want = ref.experts_forward(x.bfloat16(), w13, w2, tw, ids, activation="situ", beta=4.0, expert_start=START)
     assert calls == [torch.bfloat16, torch.bfloat16]
     assert got.dtype == torch.bfloat16 and _error(got, want) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("grouped", [False, pytest.param(True, marks=needs_grouped)], ids=["loops", "grouped"])
+@pytest.mark.parametrize("dense", [False, True], ids=["host", "device"])
+def test_bf16_activations_on_mxfp4_experts_take_bf16_operands(dense, grouped, monkeypatch):
+    """MXFP4 weights are exact in bf16, so bf16 activations dequantise into a bf16 workspace
+    (2 bytes a weight, not 4) and take bf16 products; the host way's products are the grouped
+    GEMMs where the device has them. fp32 activations keep an fp32 workspace."""
+    from k3.platforms.torch_kernels import moe_w4a16
+    calls = []
+    real = moe_w4a16._grouped_mm
+    monkeypatch.setattr(moe_w4a16, "_grouped_mm", lambda a, w, offs: calls.append(a.dtype) or real(a, w, offs))
+    w13, w2 = _experts(seed=13)
+    x, tw, ids = _routing("random", seed=14)
+    for dtype in (torch.bfloat16, torch.float32):
+        fn = W4A16Experts(grouped=grouped, compiled_glu=False)
+        got = _call(fn, x.to(dtype), w13, w2, tw, ids, dense)
+        want = ref.experts_forward(x.to(dtype), w13, w2, tw, ids, activation="situ", beta=4.0, expert_start=START)
+        assert {b.dtype for pair in fn.workspace.buffers.values() for b in pair} == {dtype}
+        assert got.dtype == dtype and _error(got, want) < TOL[dtype], dtype
+    assert calls == ([torch.bfloat16, torch.bfloat16] if grouped and not dense else [])
