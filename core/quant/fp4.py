@@ -45,6 +45,8 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     the input's sign bit, so -0.0 and small negatives that round to zero give code 8 (-0).
     Comparisons are exact in x's own dtype (every midpoint is exactly representable in
     bf16/fp16/fp32/fp64). NaN input is not supported (it encodes as a signed zero).
+    The sign bit is read without `torch.signbit` (`negative_bit`), which torch-xla 2.9 runs on
+    the CPU, so the XLA platforms serve this codec as is.
     """
     if not x.is_floating_point():
         raise ValueError(f"e2m1_encode: x must be a floating tensor, got {x.dtype}")
@@ -52,7 +54,13 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
     for mid, tie_up in _MIDPOINTS:
         code += (mag >= mid if tie_up else mag > mid).to(torch.uint8)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
+    return code | (negative_bit(x).to(torch.uint8) << 3)
+
+
+def negative_bit(x: torch.Tensor) -> torch.Tensor:
+    """bool: x's sign bit for non-NaN x (True for negatives and -0.0), as `torch.signbit`
+    without it: -0.0 is told from +0.0 by its reciprocal (-inf)."""
+    return (x < 0) | ((x == 0) & (torch.reciprocal(x) < 0))
 
 
 def e2m1_decode(codes: torch.Tensor, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -51,7 +51,9 @@ def nvfp4_quantize(
     n = x.shape[-1]
     xb = x.to(cd).reshape(*x.shape[:-1], n // NVFP4_BLOCK, NVFP4_BLOCK)  # [..., N/16, 16]
     if global_scale is None:
-        amax = x.abs().amax().to(torch.float32)
+        # a 0-d reduction over the flattened tensor: torch-xla 2.9's amax() without dim keeps
+        # the input's shape, so this form serves XLA too
+        amax = x.abs().reshape(-1).amax(0).to(torch.float32)
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
         # a number is checked here; a tensor only for its size (its value would need a host

@@ -83,10 +83,10 @@ def elementwise_table() -> ElementwiseKernels:
 
 
 def quant_table() -> QuantKernels:
-    """The fp8 codec and the dequantisers as `k3.quant`'s; the MXFP4 / NVFP4 quantisers of `quant.py`."""
+    """`k3.quant`'s codecs as they are, but for the MXFP4 quantiser of `quant.py` (no `frexp`)."""
     return QuantKernels(fp8_quantize=ref.fp8_quantize, fp8_dequantize=ref.fp8_dequantize,
                         mxfp4_quantize=quant.mxfp4_quantize, mxfp4_dequantize=ref.mxfp4_dequantize,
-                        nvfp4_quantize=quant.nvfp4_quantize, nvfp4_dequantize=ref.nvfp4_dequantize)
+                        nvfp4_quantize=ref.nvfp4_quantize, nvfp4_dequantize=ref.nvfp4_dequantize)
 
 
 def lora_table() -> LoRAKernels:
