@@ -36,6 +36,18 @@ def _gemv(block_n, block_k, num_warps, row_split, prefetch, chain=0):
 VARIANTS = {
     "ds_n64_k128_t16": dict(mode="dot_scaled", block_n=64, block_k=128, block_t=16),
     "ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8),
+    # issue 27: deeper software pipelines and longer column steps for 16-64-token batches
+    **{f"ds_n{n}_k{k}_t16_w{w}_s{st}": dict(mode="dot_scaled", block_n=n, block_k=k, block_t=16, num_warps=w,
+                                            stages=st)
+       for n, k, w, st in ((128, 64, 8, 4), (128, 128, 8, 3), (64, 128, 4, 4))},
+    # issue 27: the codes decoded to bf16 pairs in the registers by PTX (decode_bf16), bf16 tensor-core
+    # products without dot_scaled's upcast; "dbbits": the same tiles decoded by fp32 bit placement
+    **{f"db_n{n}_k{k}_t16_w{w}_s{st}": dict(mode="decode_bf16", block_n=n, block_k=k, block_t=16, num_warps=w,
+                                            stages=st)
+       for n, k, w, st in ((128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3),
+                           (64, 128, 4, 4), (64, 256, 4, 3), (256, 64, 8, 3))},
+    "dbbits_n128_k64_t16_w8_s3": dict(mode="decode_bf16", ptx=False, block_n=128, block_k=64, block_t=16,
+                                      num_warps=8, stages=3),
     # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),
     # weights loaded a step ahead (pf: prefetch)
     "gemv_n32_k512_w4_u4": _gemv(32, 512, 4, 4, False),

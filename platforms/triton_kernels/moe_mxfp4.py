@@ -41,7 +41,12 @@ Four ways to multiply (the `mode` launch option):
     exponent bits and top mantissa bit is its value / 2^14), scales each 32-element group, and multiplies
     the even columns of x by the low nibbles and the odd columns by the high ones (MXFP4 packs
     element 2j in the low nibble of byte j); IEEE products for fp32 models, tf32 for fp16 (which
-    holds fp16 activations and every MXFP4 weight exactly); activations kept in fp32.
+    holds fp16 activations and every MXFP4 weight exactly); activations kept in fp32;
+  - "decode_bf16" (bf16 activations, measured against dot_scaled for 16-64-token decode batches,
+    issue 27): the same tiles, each nibble placed by integer shifts as a bf16's sign, two lowest
+    exponent bits and top mantissa bit (its value / 2^126) and scaled by two power-of-two bf16
+    multiplies (exact), then bf16 tensor-core products with fp32 accumulation, in the registers
+    without dot_scaled's upcast; gate/up activations stored in bf16 as for dot_scaled.
 """
 
 from __future__ import annotations
@@ -55,11 +60,12 @@ from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, rounding
 from .rounding import round_to
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, expert_tile_grid, gated_activation
+from .moe_mxfp4_common import e2m1_bf16_pairs, e2m1_over_16384, e8m0_multiplier, expert_tile_grid
+from .moe_mxfp4_common import gated_activation
 from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_kernels.moe_mxfp4.expert_tiles)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
-MODES = ("dot_scaled", "decode", "gemv", "gemv_grouped", "dequant")
+MODES = ("dot_scaled", "decode", "decode_bf16", "gemv", "gemv_grouped", "dequant")
 
 
 @triton.jit
@@ -80,10 +86,29 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
 
 
 @triton.jit
+def _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
+                       ASM: tl.constexpr):
+    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e as bf16, exact
+    (`e2m1_bf16_pairs`): ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns
+    (high nibbles))."""
+    G: tl.constexpr = BLOCK_K // 32
+    group = k0 // 32 + tl.arange(0, G)
+    byte = (k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])          # [G, 16]
+    packed = tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
+                     mask=mask_r[:, None, None], other=0)                               # [R, G, 16] u8
+    sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
+                 other=127).to(tl.int32)                                               # [R, G]
+    lo, hi = e2m1_bf16_pairs(packed, sc, ASM)
+    return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
+
+
+@triton.jit
 def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row, s_src, mask_t, k0, acc,
                        s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr):
     """acc [R, T] += W_e[rows, k0:k0+BLOCK_K] @ src[src_row, k0:k0+BLOCK_K]^T (src: activations,
-    one row per token; MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel)."""
+    one row per token; MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel to fp32,
+    2 / 3: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement /
+    by PTX on bf16 pairs)."""
     if MODE == 0:
         packed = tl.load(packed_ptr + e * s_pe + rows[:, None] * s_pr + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
                          mask=mask_r[:, None], other=0)                                # [R, BLOCK_K/2] u8
@@ -92,6 +117,14 @@ def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row
         xt = tl.load(src_ptr + src_row[None, :] * s_src + (k0 + tl.arange(0, BLOCK_K))[:, None], mask=mask_t[None, :],
                      other=0.0).to(tl.bfloat16)                                        # [BLOCK_K, T]
         return tl.dot_scaled(packed, sc, "e2m1", xt, None, "bf16", acc)
+    elif MODE >= 2:
+        lo, hi = _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K,
+                                    MODE == 3)
+        half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+        x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
+        x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
+        acc = tl.dot(lo, x_even.to(tl.bfloat16), acc)                                   # fp32 accumulation
+        return tl.dot(hi, x_odd.to(tl.bfloat16), acc)
     else:
         lo, hi = _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
         half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
@@ -261,7 +294,8 @@ def launch_options(t: int, mode: str) -> dict:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
-                    stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None, group_tokens=None):
+                    stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None, group_tokens=None,
+                    ptx=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
@@ -272,7 +306,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     fp16 activations; None: only under K3_LEGACY_ROUNDING, for bf16 activations), chain (gemv's fp16x2 form: code words summed in
     fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
     fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950),
-    group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8):
+    group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8), ptx (decode_bf16:
+    the PTX decode of bf16 pairs; None: on a GPU, not under the interpreter; False: fp32 bit placement):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -283,9 +318,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     mode = mode or default_mode(x)
     if dense_dispatch and mode == "dequant":
         mode = "dot_scaled"                 # the caller needs no host synchronisation (graph capture)
-    if mode not in MODES or (mode in ("dot_scaled", "dequant", "gemv_grouped") and x.dtype != torch.bfloat16):
-        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled, gemv_grouped and "
-                         f"dequant take bf16 activations, got {x.dtype})")
+    if mode not in MODES or (mode in ("dot_scaled", "decode_bf16", "dequant", "gemv_grouped")
+                             and x.dtype != torch.bfloat16):
+        raise ValueError(f"experts_forward: mode {mode!r} is not one of {MODES} (dot_scaled, decode_bf16, gemv_grouped "
+                         f"and dequant take bf16 activations, got {x.dtype})")
     t, l = x.shape
     if t == 0:
         return torch.zeros_like(x)
@@ -317,16 +353,20 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
                          expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
+                         bf16_decode=(("ptx" if ptx is None and not interpreted() or ptx else "bits")
+                                      if mode == "decode_bf16" else False),
                          block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages)
 
 
 def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
-                  block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None):
+                  block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None, bf16_decode=False):
     """The two tensor-core launches of the module docstring ("dot_scaled", or "decode" without
     dot_scaled). delta13: [T*k, 2I] fp32 rows added to each (token, choice)'s gate / up rows
     before the activation; delta2: a function of the activation rows [T*k, I] returning [T*k, L]
     fp32 rows added to the down rows before the routing weight (LoRA adapters,
-    `triton_kernels.lora`); None: nothing added (the served experts)."""
+    `triton_kernels.lora`); None: nothing added (the served experts). bf16_decode (bf16
+    activations, not with dot_scaled): "decode_bf16", the codes decoded to bf16 in the kernel by
+    "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode."""
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
@@ -335,10 +375,16 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     order, starts, counts, tile_expert, tile_start = expert_tile_grid(topk_ids, expert_start, e_local, block_t)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
-    act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if dot_scaled else torch.float32, device=x.device)
+    if bf16_decode and (dot_scaled or x.dtype != torch.bfloat16):
+        raise ValueError("tiled_experts: bf16_decode takes bf16 activations and excludes dot_scaled")
+    bf16_operands = dot_scaled or bf16_decode
+    act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if bf16_operands else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     legacy = rounding.legacy()
-    common = dict(MODE=0 if dot_scaled else 1, IEEE=ieee, ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
+    if bf16_decode not in (False, "ptx", "bits"):
+        raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx' or 'bits', got {bf16_decode!r}")
+    common = dict(MODE=0 if dot_scaled else {"ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
+                  ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
                   BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     tiles = tile_expert.numel()

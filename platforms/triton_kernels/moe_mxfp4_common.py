@@ -75,6 +75,79 @@ def e2m1_over_16384(code):
 
 
 @triton.jit
+def e2m1_f32_over_2_126(code):
+    """E2M1 nibbles (an integer tensor, 0..15) -> fp32 values / 2^126: the code placed as an
+    fp32's sign, two lowest exponent bits and top mantissa bit (code 1, 0.5, lands on an fp32
+    subnormal, which the multiplies after it keep)."""
+    return (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+# Four bytes of packed codes (one 32-bit register) -> their eight values as bf16, times the
+# elements' bf16 multipliers: outputs $0 $1 the low nibbles (elements 0 1, 2 3), $2 $3 the high
+# nibbles, inputs $4 the bytes, $5 $6 the multipliers (elements 0 1, 2 3). prmt spreads bytes
+# 0 1 (2 3) into the two 16-bit halves of a register; a nibble's magnitude bits shifted to bits
+# 8..6 and its sign to bit 15 of its half (lop3 (a | b) & c, LUT 0xA8) is a bf16 of value / 2^126;
+# fma.rn.bf16x2 with a -0 addend multiplies exactly by 2^126 (0x7E80) and then by the multiplier
+# (a power of two). About 2.9 instructions a weight. GPU only (the interpreter runs no PTX).
+E2M1_BF16X2_PTX = tl.constexpr("""{
+.reg .b32 x, a, b, z, two126, mz;
+mov.b32 two126, 0x7E807E80;
+mov.b32 mz, 0x80008000;
+prmt.b32 x, $4, 0, 0x4140;
+shl.b32 a, x, 6;
+shl.b32 b, x, 12;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 a, a, two126, mz;
+fma.rn.bf16x2 $0, a, $5, mz;
+and.b32 z, x, 0x00F000F0;
+shl.b32 a, z, 2;
+shl.b32 b, z, 8;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 a, a, two126, mz;
+fma.rn.bf16x2 $2, a, $5, mz;
+prmt.b32 x, $4, 0, 0x4342;
+shl.b32 a, x, 6;
+shl.b32 b, x, 12;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 a, a, two126, mz;
+fma.rn.bf16x2 $1, a, $6, mz;
+and.b32 z, x, 0x00F000F0;
+shl.b32 a, z, 2;
+shl.b32 b, z, 8;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 a, a, two126, mz;
+fma.rn.bf16x2 $3, a, $6, mz;
+}""")
+
+
+@triton.jit
+def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr):
+    """MXFP4 codes as bf16, exact (every MXFP4 value is a bf16; products past bf16's range are
+    inf, as in fp32): packed uint8 codes [R, G, 16] (G groups of 32 elements) and their E8M0
+    scale codes [R, G] (int32) -> (low nibbles, high nibbles), bf16 [R, G, 16]. ASM: the
+    E2M1_BF16X2_PTX form (GPU); else fp32 bit placement, fp32 multiplies and rounding to bf16,
+    which is exact (the Triton interpreter, whose bf16 arithmetic is not IEEE)."""
+    if ASM:
+        multiplier = tl.broadcast_to(e8m0_bf16(scale_codes)[:, :, None], packed.shape)
+        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,=r,=r,r,r,r", [packed, multiplier],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        code = packed.to(tl.int32)
+        m = e8m0_multiplier(scale_codes)[:, :, None]
+        lo = ((e2m1_f32_over_2_126(code & 15) * 8.507059173023462e37) * m).to(tl.bfloat16)   # * 2^126, exact
+        hi = ((e2m1_f32_over_2_126(code >> 4) * 8.507059173023462e37) * m).to(tl.bfloat16)
+    return lo, hi
+
+
+@triton.jit
+def e8m0_bf16(code):
+    """E8M0 scale codes (an integer tensor) -> 2^(code - 127) as bf16 (code 0 is the subnormal
+    2^-127, code 255 NaN), by bit placement."""
+    bits = tl.where(code == 0, 0x0040, tl.where(code == 255, 0x7FC0, code << 7))
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def e8m0_multiplier(code):
     """E8M0 scale code (int32) -> 2^(code - 127) in fp32; code 255 is NaN."""
     return tl.where(code == 255, float("nan"), tl.exp2((tl.minimum(code, 254) - 127).to(tl.float32)))

@@ -335,6 +335,56 @@ def test_a_token_naming_an_expert_twice_counts_twice(mode):
     _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.float32)
 
 
+@triton.jit
+def _decoded_bf16_kernel(packed_ptr, scales_ptr, lo_ptr, hi_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    mask = rows < ROWS
+    lo, hi = kernel._decoded_rows_bf16(packed_ptr, scales_ptr, 0, rows, mask, 0, 0, COLS // 2, 0, COLS // 32, COLS,
+                                      False)
+    out = rows[:, None] * (COLS // 2) + tl.arange(0, COLS // 2)[None, :]
+    tl.store(lo_ptr + out, lo)
+    tl.store(hi_ptr + out, hi)
+
+
+def test_bf16_decode_is_exact_for_every_code_and_scale():
+    """decode_bf16's in-kernel decode (its interpreter form: fp32 bit placement, two
+    power-of-two multiplies, rounding to bf16; the PTX form is checked on the GPU by
+    bench/moe_mxfp4.py and conformance) gives the MXFP4 value exactly, as bf16, for all 256 code bytes under E8M0 scales from the
+    bottom of the range (code 0: 2^-127, a bf16 subnormal) to the top (254; products past bf16's
+    range are inf, as the fp32 dequantisation then rounded to bf16 gives) and NaN (255)."""
+    rows, cols = 16, 512                                   # 16 groups of 32 a row: 256 bytes a row
+    packed = torch.arange(256, dtype=torch.int32).repeat(rows, 1).to(torch.uint8)           # [16, 256]
+    codes = torch.tensor([0, 1, 2, 60, 100, 126, 127, 128, 129, 200, 250, 252, 253, 254, 255, 127], dtype=torch.int32)
+    scales = ((codes[:, None] + torch.arange(16)[None, :] * 0)).to(torch.uint8)            # [16, 16]: one code a row
+    scales[15] = torch.tensor([0, 1, 126, 127, 128, 254, 3, 9, 90, 140, 180, 220, 240, 251, 7, 127], dtype=torch.uint8)
+    lo = torch.full((rows, cols // 2), float("nan"), dtype=torch.bfloat16)                  # poisoned
+    hi = torch.full_like(lo, float("nan"))
+    _decoded_bf16_kernel[(1,)](packed, scales, lo, hi, ROWS=rows, COLS=cols)
+    want = MXFP4Tensor(packed, scales).dequantize(torch.float32).to(torch.bfloat16)       # [16, 512]
+    got = torch.stack([lo, hi], -1).reshape(rows, cols)
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert same.all(), (got[~same][:8], want[~same][:8])
+    assert got.isinf().any() and got.isnan().any() and (got == 0).any()   # the ends were exercised
+
+
+@pytest.mark.parametrize("act", ["situ_linear_beta", "silu"])
+def test_bf16_decode_mode_matches_the_reference(act):
+    """decode_bf16 (the bf16 tensor-core tiles without dot_scaled): bf16 activations, an expert
+    with every token, some with none, the token tile smaller than an expert's load."""
+    activation, beta, linear_beta = ACTIVATIONS[act]
+    g = torch.Generator().manual_seed(11)
+    t, k, e, inter, l = 21, 3, 6, 64, 96
+    w13, w2 = _experts(e, inter, l, g)
+    weights, ids = _routing(t, k, e, g)
+    ids[:, 0] = 2
+    x = torch.randn(t, l, generator=g).to(torch.bfloat16)
+    kw = {"activation": activation, "beta": beta, "linear_beta": linear_beta}
+    got = kernel.experts_forward(x, w13, w2, weights, ids, mode="decode_bf16", block_k=64, block_t=16, block_n=32, **kw)
+    _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16 activations"):
+        kernel.experts_forward(x.float(), w13, w2, weights, ids, mode="decode_bf16", **kw)
+
+
 @pytest.mark.parametrize("mode", ["decode", "gemv"])
 def test_scales_near_the_top_of_the_e8m0_range_stay_finite(mode):
     """Weights of magnitude 2^120 (E8M0 scale codes near 247): every intermediate of the kernel
