@@ -40,14 +40,14 @@ class Materialiser:
     """Dense weights of a run of expert slots in the compute dtype: a view of a dense stack,
     a gather of it, or MXFP4 dequantised (`lut_dequantize`) into `buffer` ([g, R, C], reused)."""
 
-    def __init__(self, w, buffer: torch.Tensor | None, dtype: torch.dtype):
-        self.w, self.buffer, self.dtype = w, buffer, dtype
+    def __init__(self, w, buffer: torch.Tensor | None, dtype: torch.dtype, fused=None):
+        self.w, self.buffer, self.dtype, self.fused = w, buffer, dtype, fused    # fused: lut_dequantize's
 
     def __call__(self, start: int, stop: int, index: torch.Tensor | None) -> torch.Tensor:
         """Experts start..stop (index None) or index [stop - start] as [stop - start, R, C]."""
         n, w = stop - start, self.w
         if isinstance(w, MXFP4Tensor):
-            return lut_dequantize(w, self.buffer[:n], start=start, index=index)
+            return lut_dequantize(w, self.buffer[:n], start=start, index=index, fused=self.fused)
         if index is None:
             return w[start:stop].to(self.dtype)
         if w.dtype == self.dtype:

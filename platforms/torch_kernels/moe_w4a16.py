@@ -11,7 +11,8 @@ found the device can do (never by trying):
   once (k3-slice, one token: 16 experts x 33M weights x 2 B = 1.06 GB a layer).
 - **slots** (`moe_slots.slot_experts`; dense_dispatch=True otherwise): no host read either; each
   expert slot a step can touch runs on every token, masked. MXFP4 experts are dequantised g at
-  a time (`mxfp4_lut.lut_dequantize`, 6.5 bytes a weight) into one reused workspace.
+  a time (`mxfp4_lut.lut_dequantize`: 6.5 bytes a weight in two eager passes, 2.5 in the one
+  kernel torch.compile fuses from them where the device compiles) into one reused workspace.
 - **host** (dense_dispatch=False otherwise: prefill, eager steps): the expert-sorted pairs'
   bounds read on the host once; the experts no pair names are skipped, the others walked g at
   a time (MXFP4 dequantised into the workspace), each on its exact rows (a grouped GEMM over
@@ -43,7 +44,7 @@ from k3.quant.mxfp4 import MXFP4Tensor
 from .device_support import compile_supported, grouped_gemm_supported
 from .moe_experts import _check_2d
 from .moe_slots import Materialiser, slot_experts, sort_pairs
-from .mxfp4_lut import lut_dequantize
+from .mxfp4_lut import lookup_into
 from .split_products import interleave_groups, merge_rows
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
@@ -95,6 +96,8 @@ class W4A16Experts:
         self.workspace_bytes = workspace_bytes
         self.workspace = Workspace()
         self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
+        # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.lookup_into)
+        self._lookup = torch.compile(lookup_into, dynamic=True) if compiled_glu else None
 
     def way(self, w13: ExpertWeight, w2: ExpertWeight, x_dtype: torch.dtype, dense_dispatch: bool) -> str:
         """"grouped", "slots" or "host": which way a call with these weights and activations of
@@ -137,7 +140,7 @@ class W4A16Experts:
         g = group_size(e_local, 3 * inter * hidden * (od.itemsize + INDEX_BYTES), self.workspace_bytes)
         gathered = mxfp4 or (way == "slots" and t * topk_ids.shape[1] < e_local)   # weights copied per call
         ws13, ws2 = self.workspace.get(g, inter, hidden, od, x.device) if gathered else (None, None)
-        m13, m2 = Materialiser(w13, ws13, od), Materialiser(w2, ws2, od)
+        m13, m2 = Materialiser(w13, ws13, od, self._lookup), Materialiser(w2, ws2, od, self._lookup)
         if way == "host":
             return self._host(xf, m13, m2, local, weights, out, glu, g=g, e_local=e_local, mxfp4=mxfp4).to(x.dtype)
         g_act = group_size(e_local, t * 3 * inter * cd.itemsize, self.workspace_bytes)

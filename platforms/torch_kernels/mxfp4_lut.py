@@ -13,7 +13,8 @@ words writes the dense row directly. Two passes over each weight:
     out.view(word) = table[idx]                                                         2 B in, 2 B out
 
 6.5 bytes a weight (bf16 out) in two kernels, against ~11.5 in five for the nibble table plus a
-scale multiply it replaces; int32 indices only. The table (256 KiB in bf16) is built on a
+scale multiply it replaces; int32 indices only. Where the device compiles (torch.compile),
+`lookup_into` fuses both passes into one kernel: 2.5 bytes a weight. The table (256 KiB in bf16) is built on a
 device's first call, before any graph capture (the decode-graph warm-up calls run first).
 """
 
@@ -49,15 +50,39 @@ def scaled_byte_table(dtype: torch.dtype, device) -> torch.Tensor:
     return _TABLES[key]
 
 
+def lookup_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
+                index: torch.Tensor | None = None) -> torch.Tensor:
+    """The two passes of the module docstring as one function of tensors, for torch.compile to
+    fuse into one kernel (0.5 B read and 2 B written a bf16 weight, the int32 indices never
+    stored): out [n, R, C] (contiguous) = the experts `index` of packed [E, R, C/2] / scales
+    [E, R, C/32] (all of them when index is None) through `table` (`scaled_byte_table` of out's
+    dtype). Eager, it runs the same two passes as `lut_dequantize`. Returns `out`."""
+    if index is not None:
+        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
+    n, rows, blocks = scales.shape
+    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
+        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)                       # [n, R, C/32, 16]
+    if table.dim() == 1:
+        out.view(table.dtype).view(idx.shape).copy_(table[idx])
+    else:
+        out.view(*idx.shape, 2).copy_(table[idx])
+    return out
+
+
 def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
-                   index: torch.Tensor | None = None) -> torch.Tensor:
+                   index: torch.Tensor | None = None, fused=None) -> torch.Tensor:
     """Experts of the stacked MXFP4 `w` ([E, R, C] logical) written densely into `out`
     ([n, R, C], contiguous, any float dtype): w[start:start + n], or w[index] (a device index
-    tensor of n experts: no host read). Returns `out`."""
+    tensor of n experts: no host read). fused: `lookup_into` compiled (one kernel, where the
+    device compiles: `moe_w4a16.build_experts`), or None for the two eager passes. Returns `out`."""
     n, rows, cols = out.shape
     if not out.is_contiguous() or tuple(w.shape[1:]) != (rows, cols):
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
                          f"got {tuple(out.shape)}")
+    if fused is not None:
+        packed = w.packed if index is not None else w.packed[start:start + n]           # views: no copy
+        scales = w.scales if index is not None else w.scales[start:start + n]
+        return fused(out, packed, scales, scaled_byte_table(out.dtype, out.device), index)
     if index is None:
         packed, scales = w.packed[start:start + n], w.scales[start:start + n]             # views: no copy
     else:

@@ -5,7 +5,7 @@
 import pytest
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import lut_dequantize, scaled_byte_table
+from k3.platforms.torch_kernels.mxfp4_lut import lookup_into, lut_dequantize, scaled_byte_table
 from k3.quant.mxfp4 import MXFP4Tensor
 
 
@@ -52,3 +52,26 @@ def test_a_wrong_out_is_refused():
         lut_dequantize(w, torch.empty(3, 512, 64).transpose(1, 2))
     with pytest.raises(ValueError, match="contiguous"):
         lut_dequantize(w, torch.empty(3, 64, 256))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_the_fused_lookup_gives_the_same_bits(dtype):
+    """`lookup_into`, the function torch.compile fuses where the device compiles (the fused
+    argument), decodes every (scale, code) pair as the two eager passes do: whole stack, slice
+    and index, into NaN-poisoned outputs."""
+    w = _every_pair()
+    want = w.dequantize(dtype)
+    out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
+    assert torch.equal(_bits(lut_dequantize(w, out, fused=lookup_into)), _bits(want))
+    part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
+    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=lookup_into)), _bits(want[1:]))
+    part.fill_(float("nan"))
+    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=lookup_into)),
+                       _bits(want[[2, 0]]))
+
+
+def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
+    from k3.platforms.torch_kernels.moe_w4a16 import W4A16Experts
+
+    assert W4A16Experts(grouped=False, compiled_glu=False)._lookup is None
+    assert W4A16Experts(grouped=False, compiled_glu=True)._lookup is not None
