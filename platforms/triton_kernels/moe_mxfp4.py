@@ -267,6 +267,24 @@ def experts_forward_grouped(x, w13, w2, topk_weights, topk_ids, *, activation, b
                            mode="gemv_grouped" if grouped else None)
 
 
+BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)   # issue 27's sweep decides
+
+
+def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None,
+                                expert_start=0, dense_dispatch=False):
+    """`k3.reference.experts_forward` (same signature and contract) with the decode_bf16 mode
+    (BF16_DECODE_TILE) for bf16 batches on a GPU where `default_mode` picks dot_scaled
+    (GEMV_MAX_TOKENS < T < DEQUANT_MIN_TOKENS), `default_mode` elsewhere: the nvidia plugin's
+    experimental `moe_experts_bf16`, served in place of the promoted kernel when
+    K3_NVIDIA_EXPERIMENTAL names it."""
+    if default_mode(x) == "dot_scaled":
+        return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+                               linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
+                               mode="decode_bf16", **BF16_DECODE_TILE)
+    return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
+                           linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
+
+
 PREFILL_TOKENS = 512      # from here on an expert sees ~T*k/E >= 64 tokens: larger token tiles
 
 

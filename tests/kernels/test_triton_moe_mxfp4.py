@@ -596,3 +596,23 @@ def test_gemv_grouped_checks_its_options():
         grouped.experts_forward(x, w13, w2, weights, ids, tokens=2, **{**common, "block_n": 16}, split=1)
     with pytest.raises(ValueError, match="take bf16 activations"):
         kernel.experts_forward(x.float(), w13, w2, weights, ids, activation="silu", mode="gemv_grouped")
+
+
+def test_the_experimental_bf16_entry_takes_decode_bf16_where_dot_scaled_would_serve(monkeypatch):
+    """nvidia's experimental `moe_experts_bf16`: batches `default_mode` gives to dot_scaled go to
+    decode_bf16 (its tile, BF16_DECODE_TILE), every other batch to the default mode."""
+    g = torch.Generator().manual_seed(12)
+    w13, w2 = _experts(4, 32, 64, g)
+    weights, ids = _routing(18, 2, 4, g)
+    x = torch.randn(18, 64, generator=g).to(torch.bfloat16)
+    modes = []
+    forward = kernel.experts_forward
+    monkeypatch.setattr(kernel, "experts_forward", lambda *a, **k: modes.append(k.get("mode")) or forward(*a, **k))
+    monkeypatch.setattr(kernel, "BF16_DECODE_TILE", dict(block_t=16, block_n=32, block_k=32, num_warps=4, stages=2))
+    got = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")      # interpreter: decode
+    monkeypatch.setattr(kernel, "default_mode", lambda x: "dot_scaled")
+    got_bf16 = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
+    assert modes == [None, "decode_bf16"]
+    want = ref.experts_forward(x, w13, w2, weights, ids, activation="silu")
+    _check(got, want, torch.bfloat16)
+    _check(got_bf16, want, torch.bfloat16)
