@@ -82,41 +82,31 @@ def e2m1_f32_over_2_126(code):
     return (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
 
-# Four bytes of packed codes (one 32-bit register) -> their eight values as bf16, times the
-# elements' bf16 multipliers: outputs $0 $1 the low nibbles (elements 0 1, 2 3), $2 $3 the high
-# nibbles, inputs $4 the bytes, $5 $6 the multipliers (elements 0 1, 2 3). prmt spreads bytes
-# 0 1 (2 3) into the two 16-bit halves of a register; a nibble's magnitude bits shifted to bits
-# 8..6 and its sign to bit 15 of its half (lop3 (a | b) & c, LUT 0xA8) is a bf16 of value / 2^126;
-# fma.rn.bf16x2 with a -0 addend multiplies exactly by 2^126 (0x7E80) and then by the multiplier
-# (a power of two). About 2.9 instructions a weight. GPU only (the interpreter runs no PTX).
+# Two bytes of packed codes -> their four values as bf16, times the elements' bf16 multipliers:
+# outputs $0 the low nibbles (elements 0 1 in the low / high half), $1 the high nibbles; inputs $2
+# the two bytes (low 16 bits), $3 the multipliers (elements 0 1). prmt spreads bytes 0 1 into the
+# two 16-bit halves of a register; a nibble's magnitude bits shifted to bits 8..6 and its sign to
+# bit 15 of its half (lop3 (a | b) & c, LUT 0xA8) is a bf16 of value / 2^126; fma.rn.bf16x2 with a
+# -0 addend multiplies exactly by 2^126 (0x7E80) and then by the multiplier (a power of two).
+# Two elements an instance because the bf16 tensor-core operand layout gives each thread pairs of
+# neighbouring columns (bytes j, j + 1: one 16-bit shared-memory load); three instructions a
+# weight. GPU only (the interpreter runs no PTX).
 E2M1_BF16X2_PTX = tl.constexpr("""{
 .reg .b32 x, a, b, z, two126, mz;
 mov.b32 two126, 0x7E807E80;
 mov.b32 mz, 0x80008000;
-prmt.b32 x, $4, 0, 0x4140;
+prmt.b32 x, $2, 0, 0x4140;
 shl.b32 a, x, 6;
 shl.b32 b, x, 12;
 lop3.b32 a, a, b, 0x81C081C0, 0xA8;
 fma.rn.bf16x2 a, a, two126, mz;
-fma.rn.bf16x2 $0, a, $5, mz;
+fma.rn.bf16x2 $0, a, $3, mz;
 and.b32 z, x, 0x00F000F0;
 shl.b32 a, z, 2;
 shl.b32 b, z, 8;
 lop3.b32 a, a, b, 0x81C081C0, 0xA8;
 fma.rn.bf16x2 a, a, two126, mz;
-fma.rn.bf16x2 $2, a, $5, mz;
-prmt.b32 x, $4, 0, 0x4342;
-shl.b32 a, x, 6;
-shl.b32 b, x, 12;
-lop3.b32 a, a, b, 0x81C081C0, 0xA8;
-fma.rn.bf16x2 a, a, two126, mz;
-fma.rn.bf16x2 $1, a, $6, mz;
-and.b32 z, x, 0x00F000F0;
-shl.b32 a, z, 2;
-shl.b32 b, z, 8;
-lop3.b32 a, a, b, 0x81C081C0, 0xA8;
-fma.rn.bf16x2 a, a, two126, mz;
-fma.rn.bf16x2 $3, a, $6, mz;
+fma.rn.bf16x2 $1, a, $3, mz;
 }""")
 
 
@@ -129,8 +119,8 @@ def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr):
     which is exact (the Triton interpreter, whose bf16 arithmetic is not IEEE)."""
     if ASM:
         multiplier = tl.broadcast_to(e8m0_bf16(scale_codes)[:, :, None], packed.shape)
-        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,=r,=r,r,r,r", [packed, multiplier],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,r,r", [packed, multiplier],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
     else:
         code = packed.to(tl.int32)
         m = e8m0_multiplier(scale_codes)[:, :, None]
