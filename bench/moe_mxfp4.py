@@ -46,6 +46,9 @@ VARIANTS = {
                                             stages=st)
        for n, k, w, st in ((128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3),
                            (64, 128, 4, 4), (64, 256, 4, 3), (256, 64, 8, 3))},
+    **{f"dbfold_n{n}_k{k}_t16_w{w}_s{st}": dict(mode="decode_bf16", ptx="folded", block_n=n, block_k=k, block_t=16,
+                                                num_warps=w, stages=st)       # the bench's scale codes are <= 128
+       for n, k, w, st in ((128, 64, 8, 3), (128, 128, 8, 3))},
     "dbbits_n128_k64_t16_w8_s3": dict(mode="decode_bf16", ptx=False, block_n=128, block_k=64, block_t=16,
                                       num_warps=8, stages=3),
     # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),

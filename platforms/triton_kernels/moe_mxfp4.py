@@ -87,7 +87,7 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
 
 @triton.jit
 def _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
-                       ASM: tl.constexpr):
+                       ASM: tl.constexpr, FOLD: tl.constexpr = False):
     """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e as bf16, exact
     (`e2m1_bf16_pairs`): ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns
     (high nibbles))."""
@@ -98,7 +98,7 @@ def _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, 
                      mask=mask_r[:, None, None], other=0)                               # [R, G, 16] u8
     sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
                  other=127).to(tl.int32)                                               # [R, G]
-    lo, hi = e2m1_bf16_pairs(packed, sc, ASM)
+    lo, hi = e2m1_bf16_pairs(packed, sc, ASM, FOLD)
     return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
 
 
@@ -107,8 +107,8 @@ def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row
                        s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr):
     """acc [R, T] += W_e[rows, k0:k0+BLOCK_K] @ src[src_row, k0:k0+BLOCK_K]^T (src: activations,
     one row per token; MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel to fp32,
-    2 / 3: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement /
-    by PTX on bf16 pairs)."""
+    2 / 3 / 4: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement /
+    by PTX on bf16 pairs / by PTX with the bias folded into the scale, for scale codes <= 128)."""
     if MODE == 0:
         packed = tl.load(packed_ptr + e * s_pe + rows[:, None] * s_pr + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
                          mask=mask_r[:, None], other=0)                                # [R, BLOCK_K/2] u8
@@ -119,7 +119,7 @@ def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row
         return tl.dot_scaled(packed, sc, "e2m1", xt, None, "bf16", acc)
     elif MODE >= 2:
         lo, hi = _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K,
-                                    MODE == 3)
+                                    MODE >= 3, MODE == 4)
         half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
         x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
         x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
@@ -267,6 +267,27 @@ def experts_forward_grouped(x, w13, w2, topk_weights, topk_ids, *, activation, b
                            mode="gemv_grouped" if grouped else None)
 
 
+FOLD_MAX_SCALE_CODE = 128    # 2^(code - 1), the folded PTX's multiplier, is a bf16 up to here
+_MAX_CODE_ATTR = "_k3_max_scale_code"      # remembered on the scales tensor itself
+
+
+def folding_safe(*weights: MXFP4Tensor) -> bool:
+    """Whether every E8M0 scale code of `weights` is <= FOLD_MAX_SCALE_CODE, so decode_bf16 may
+    take the folded PTX (one multiply a pair, not two). Each scales tensor is read on the host
+    once and remembered (the weights do not change); during CUDA-graph capture, where no host
+    read may happen, a tensor not read yet answers False (the general PTX)."""
+    for w in weights:
+        code = getattr(w.scales, _MAX_CODE_ATTR, None)
+        if code is None:
+            if w.scales.is_cuda and torch.cuda.is_current_stream_capturing():
+                return False
+            code = int(w.scales.max()) if w.scales.numel() else 0
+            setattr(w.scales, _MAX_CODE_ATTR, code)
+        if code > FOLD_MAX_SCALE_CODE:
+            return False
+    return True
+
+
 BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)   # issue 27's sweep decides
 
 
@@ -280,7 +301,9 @@ def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activatio
     if default_mode(x) == "dot_scaled":
         return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
-                               mode="decode_bf16", **BF16_DECODE_TILE)
+                               mode="decode_bf16",
+                               ptx=False if interpreted() else "folded" if folding_safe(w13, w2) else True,
+                               **BF16_DECODE_TILE)
     return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                            linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
 
@@ -325,7 +348,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     fp16 before each fp32 add, 1 or 4), ieee (dot_scaled / decode: IEEE fp32 products; None: for
     fp32 activations, tf32 otherwise; True where the target has no tf32, AMD's gfx950),
     group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8), ptx (decode_bf16:
-    the PTX decode of bf16 pairs; None: on a GPU, not under the interpreter; False: fp32 bit placement):
+    the PTX decode of bf16 pairs; None: on a GPU, not under the interpreter; False: fp32 bit placement;
+    "folded": the PTX with the bias in the scale, correct only while every E8M0 scale code is <= 128,
+    for measuring what the second multiply costs):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -371,9 +396,17 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
                          expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
-                         bf16_decode=(("ptx" if ptx is None and not interpreted() or ptx else "bits")
-                                      if mode == "decode_bf16" else False),
+                         bf16_decode=_bf16_decode_form(mode, ptx),
                          block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages)
+
+
+def _bf16_decode_form(mode: str, ptx) -> str | bool:
+    """tiled_experts' bf16_decode for experts_forward's mode and ptx option."""
+    if mode != "decode_bf16":
+        return False
+    if ptx == "folded":
+        return "folded"
+    return "ptx" if (ptx is None and not interpreted()) or ptx is True else "bits"
 
 
 def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
@@ -399,9 +432,9 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if bf16_operands else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     legacy = rounding.legacy()
-    if bf16_decode not in (False, "ptx", "bits"):
-        raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx' or 'bits', got {bf16_decode!r}")
-    common = dict(MODE=0 if dot_scaled else {"ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
+    if bf16_decode not in (False, "ptx", "bits", "folded"):
+        raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
+    common = dict(MODE=0 if dot_scaled else {"folded": 4, "ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
                   ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
                   BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))

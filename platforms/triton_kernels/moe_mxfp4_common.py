@@ -110,14 +110,37 @@ fma.rn.bf16x2 $1, a, $3, mz;
 }""")
 
 
+# E2M1_BF16X2_PTX with the 2^126 folded into the multiplier ($3 = 2^(scale - 1), one fma a pair):
+# only for E8M0 scale codes up to 128, where 2^(code - 1) is a bf16 (`e2m1_bf16_pairs`' FOLD).
+E2M1_BF16X2_FOLDED_PTX = tl.constexpr("""{
+.reg .b32 x, a, b, z, mz;
+mov.b32 mz, 0x80008000;
+prmt.b32 x, $2, 0, 0x4140;
+shl.b32 a, x, 6;
+shl.b32 b, x, 12;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 $0, a, $3, mz;
+and.b32 z, x, 0x00F000F0;
+shl.b32 a, z, 2;
+shl.b32 b, z, 8;
+lop3.b32 a, a, b, 0x81C081C0, 0xA8;
+fma.rn.bf16x2 $1, a, $3, mz;
+}""")
+
+
 @triton.jit
-def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr):
+def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr, FOLD: tl.constexpr = False):
     """MXFP4 codes as bf16, exact (every MXFP4 value is a bf16; products past bf16's range are
     inf, as in fp32): packed uint8 codes [R, G, 16] (G groups of 32 elements) and their E8M0
     scale codes [R, G] (int32) -> (low nibbles, high nibbles), bf16 [R, G, 16]. ASM: the
-    E2M1_BF16X2_PTX form (GPU); else fp32 bit placement, fp32 multiplies and rounding to bf16,
+    E2M1_BF16X2_PTX form (GPU; FOLD: E2M1_BF16X2_FOLDED_PTX, for scale codes up to 128 only); else fp32 bit placement, fp32 multiplies and rounding to bf16,
     which is exact (the Triton interpreter, whose bf16 arithmetic is not IEEE)."""
-    if ASM:
+    if ASM and FOLD:        # every scale code <= 128 (the caller knows): 2^(code - 1) by bit placement
+        folded = ((scale_codes + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        multiplier = tl.broadcast_to(folded[:, :, None], packed.shape)
+        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_FOLDED_PTX, "=r,=r,r,r", [packed, multiplier],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+    elif ASM:
         multiplier = tl.broadcast_to(e8m0_bf16(scale_codes)[:, :, None], packed.shape)
         lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,r,r", [packed, multiplier],
                                            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
