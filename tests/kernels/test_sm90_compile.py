@@ -50,3 +50,25 @@ def test_every_kernel_compiles_for_sm90():
     assert all(compiled[("rms_norm", f"bf16_D{d}")] == 0 for d in (7168, 3584, 1536, 512))
     assert compiled[("glu", "bf16_situ_I1536")] == 0
     assert compiled[("attn_res", "boundary_nvis8_d4096_w8")] == 0                  # the decode launch
+
+
+CENSUS = SCRIPT.parent / "moe_sass_census.py"
+CUOBJDUMP = PTXAS.parent / "cuobjdump"
+
+
+@pytest.mark.skipif(not (os.access(PTXAS, os.X_OK) and os.access(CUOBJDUMP, os.X_OK)),
+                    reason="this Triton wheel ships no ptxas / cuobjdump (Linux x86_64 has both)")
+def test_the_bf16_decode_ptx_loop_issues_fewer_instructions_than_dot_scaled(tmp_path):
+    """decode_bf16's PTX decode exists to issue fewer instructions a weight than dot_scaled's
+    upcast (issue 27): the sm_90a SASS census of the MoE k-loop keeps it so (a Triton layout
+    that splits the two-byte packs again, or a lost fold, shows here before any device time)."""
+    out = tmp_path / "census.json"
+    done = subprocess.run([sys.executable, str(CENSUS), "--out", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600, cwd=CENSUS.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(r["form"], r["tile"]): r for r in json.loads(out.read_text())["rows"]}
+    served = rows[("dot_scaled", "n128_t16_k64_w8_s3")]["instructions_a_weight"]
+    ptx = rows[("decode_bf16 ptx", "n128_t16_k64_w8_s3")]["instructions_a_weight"]
+    folded = rows[("decode_bf16 folded ptx", "n128_t16_k64_w8_s3")]["instructions_a_weight"]
+    assert folded < ptx < 0.8 * served, (folded, ptx, served)
+    assert all(r["loop_instructions"] > 100 for r in rows.values())       # the loop was found
