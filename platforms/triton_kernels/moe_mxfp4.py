@@ -274,15 +274,16 @@ _MAX_CODE_ATTR = "_k3_max_scale_code"      # remembered on the scales tensor its
 def folding_safe(*weights: MXFP4Tensor) -> bool:
     """Whether every E8M0 scale code of `weights` is <= FOLD_MAX_SCALE_CODE, so decode_bf16 may
     take the folded PTX (one multiply a pair, not two). Each scales tensor is read on the host
-    once and remembered (the weights do not change); during CUDA-graph capture, where no host
-    read may happen, a tensor not read yet answers False (the general PTX)."""
+    once and remembered with its version counter (a checkpoint loaded into it in place later is
+    read again); during CUDA-graph capture, where no host read may happen, a tensor not read at
+    its current version answers False (the general PTX)."""
     for w in weights:
-        code = getattr(w.scales, _MAX_CODE_ATTR, None)
-        if code is None:
+        version, code = getattr(w.scales, _MAX_CODE_ATTR, (None, None))
+        if version != w.scales._version:                  # never read, or written in place since
             if w.scales.is_cuda and torch.cuda.is_current_stream_capturing():
                 return False
             code = int(w.scales.max()) if w.scales.numel() else 0
-            setattr(w.scales, _MAX_CODE_ATTR, code)
+            setattr(w.scales, _MAX_CODE_ATTR, (w.scales._version, code))
         if code > FOLD_MAX_SCALE_CODE:
             return False
     return True

@@ -620,13 +620,17 @@ def test_the_experimental_bf16_entry_takes_decode_bf16_where_dot_scaled_would_se
 
 def test_folding_is_safe_only_when_every_scale_code_is_at_most_128():
     """decode_bf16's folded PTX multiplies by 2^(code - 1), a bf16 only up to code 128:
-    `folding_safe` reads each scales tensor once and refuses any stack with a larger code."""
+    `folding_safe` reads each scales tensor once per version and refuses any stack with a larger
+    code."""
     g = torch.Generator().manual_seed(13)
     w13, w2 = _experts(2, 32, 64, g)
     assert kernel.folding_safe(w13, w2)                         # randn / sqrt(n): codes near 120
     big = MXFP4Tensor(w2.packed, w2.scales.clone())
     big.scales[1, 3, 0] = 129
     assert not kernel.folding_safe(w13, big)
-    assert getattr(big.scales, kernel._MAX_CODE_ATTR) == 129
-    big.scales[1, 3, 0] = 100                                   # remembered: the weights do not change
-    assert not kernel.folding_safe(big)
+    assert getattr(big.scales, kernel._MAX_CODE_ATTR)[1] == 129
+    big.scales[1, 3, 0] = 100                                   # written in place: read again
+    assert kernel.folding_safe(big)
+    with torch.no_grad():
+        w2.scales.copy_(w2.scales.clone().fill_(200))           # a checkpoint loaded after the first call
+    assert not kernel.folding_safe(w13, w2)
