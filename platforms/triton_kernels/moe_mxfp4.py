@@ -405,9 +405,10 @@ def _bf16_decode_form(mode: str, ptx) -> str | bool:
     """tiled_experts' bf16_decode for experts_forward's mode and ptx option."""
     if mode != "decode_bf16":
         return False
-    if ptx == "folded":
-        return "folded"
-    return "ptx" if (ptx is None and not interpreted()) or ptx is True else "bits"
+    form = "folded" if ptx == "folded" else "ptx" if (ptx is None and not interpreted()) or ptx is True else "bits"
+    if form != "bits" and torch.version.hip is not None:
+        raise ValueError("experts_forward: decode_bf16's PTX forms run on NVIDIA GPUs only; pass ptx=False on ROCm")
+    return form
 
 
 def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
