@@ -289,17 +289,20 @@ def folding_safe(*weights: MXFP4Tensor) -> bool:
     return True
 
 
-BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)   # issue 27's sweep decides
+# the H100 sweep (2026-12-06, bench/moe_mxfp4.py): this tile beat every other decode_bf16 and
+# dot_scaled tile swept at 16 / 32 / 64 tokens, and the served fp32-product gemv at 16 (1,491 vs 1,805 us)
+BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)
+BF16_DECODE_MIN_TOKENS = 16      # measured from 16 tokens; the gemv keeps smaller batches
 
 
 def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None,
                                 expert_start=0, dense_dispatch=False):
     """`k3.reference.experts_forward` (same signature and contract) with the decode_bf16 mode
-    (BF16_DECODE_TILE) for bf16 batches on a GPU where `default_mode` picks dot_scaled
-    (GEMV_MAX_TOKENS < T < DEQUANT_MIN_TOKENS), `default_mode` elsewhere: the nvidia plugin's
+    (BF16_DECODE_TILE) for bf16 batches on a GPU of BF16_DECODE_MIN_TOKENS up to
+    DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), `default_mode` elsewhere: the nvidia plugin's
     experimental `moe_experts_bf16`, served in place of the promoted kernel when
     K3_NVIDIA_EXPERIMENTAL names it."""
-    if default_mode(x) == "dot_scaled":
+    if default_mode(x) == "dot_scaled" or (default_mode(x) == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS):
         return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
                                mode="decode_bf16",

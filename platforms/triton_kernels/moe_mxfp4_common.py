@@ -74,14 +74,6 @@ def e2m1_over_16384(code):
     return fp16_bits_to_f32(((code << 9) & 0x0E00) | ((code << 12) & 0x8000))
 
 
-@triton.jit
-def e2m1_f32_over_2_126(code):
-    """E2M1 nibbles (an integer tensor, 0..15) -> fp32 values / 2^126: the code placed as an
-    fp32's sign, two lowest exponent bits and top mantissa bit (code 1, 0.5, lands on an fp32
-    subnormal, which the multiplies after it keep)."""
-    return (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True)
-
-
 # Two bytes of packed codes -> their four values as bf16, times the elements' bf16 multipliers:
 # outputs $0 the low nibbles (elements 0 1 in the low / high half), $1 the high nibbles; inputs $2
 # the two bytes (low 16 bits), $3 the multipliers (elements 0 1). prmt spreads bytes 0 1 into the
@@ -133,8 +125,11 @@ def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr, FOLD: tl.constexpr =
     """MXFP4 codes as bf16, exact (every MXFP4 value is a bf16; products past bf16's range are
     inf, as in fp32): packed uint8 codes [R, G, 16] (G groups of 32 elements) and their E8M0
     scale codes [R, G] (int32) -> (low nibbles, high nibbles), bf16 [R, G, 16]. ASM: the
-    E2M1_BF16X2_PTX form (GPU; FOLD: E2M1_BF16X2_FOLDED_PTX, for scale codes up to 128 only); else fp32 bit placement, fp32 multiplies and rounding to bf16,
-    which is exact (the Triton interpreter, whose bf16 arithmetic is not IEEE)."""
+    E2M1_BF16X2_PTX form (NVIDIA GPU; FOLD: E2M1_BF16X2_FOLDED_PTX, for scale codes up to 128
+    only); else the fp16 placement of `e2m1_over_16384` widened to fp32, fp32 multiplies and
+    rounding to bf16, exact (the Triton interpreter, whose bf16 arithmetic is not IEEE, and any
+    GPU: an fp32 placement would put code 1 on an fp32 subnormal, which GPU multiplies flush).
+    """
     if ASM and FOLD:        # every scale code <= 128 (the caller knows): 2^(code - 1) by bit placement
         folded = ((scale_codes + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
         multiplier = tl.broadcast_to(folded[:, :, None], packed.shape)
@@ -147,8 +142,8 @@ def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr, FOLD: tl.constexpr =
     else:
         code = packed.to(tl.int32)
         m = e8m0_multiplier(scale_codes)[:, :, None]
-        lo = ((e2m1_f32_over_2_126(code & 15) * 8.507059173023462e37) * m).to(tl.bfloat16)   # * 2^126, exact
-        hi = ((e2m1_f32_over_2_126(code >> 4) * 8.507059173023462e37) * m).to(tl.bfloat16)
+        lo = ((e2m1_over_16384(code & 15) * 16384.0) * m).to(tl.bfloat16)                # exact, then scaled
+        hi = ((e2m1_over_16384(code >> 4) * 16384.0) * m).to(tl.bfloat16)
     return lo, hi
 
 

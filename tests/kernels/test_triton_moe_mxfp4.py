@@ -599,8 +599,9 @@ def test_gemv_grouped_checks_its_options():
 
 
 def test_the_experimental_bf16_entry_takes_decode_bf16_where_dot_scaled_would_serve(monkeypatch):
-    """nvidia's experimental `moe_experts_bf16`: batches `default_mode` gives to dot_scaled go to
-    decode_bf16 (its tile, BF16_DECODE_TILE), every other batch to the default mode."""
+    """nvidia's experimental `moe_experts_bf16`: batches `default_mode` gives to dot_scaled, and
+    gemv batches from BF16_DECODE_MIN_TOKENS, go to decode_bf16 (its tile, BF16_DECODE_TILE), every
+    other batch to the default mode."""
     g = torch.Generator().manual_seed(12)
     w13, w2 = _experts(4, 32, 64, g)
     weights, ids = _routing(18, 2, 4, g)
@@ -612,7 +613,10 @@ def test_the_experimental_bf16_entry_takes_decode_bf16_where_dot_scaled_would_se
     got = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")      # interpreter: decode
     monkeypatch.setattr(kernel, "default_mode", lambda x: "dot_scaled")
     got_bf16 = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
-    assert modes == [None, "decode_bf16"]
+    monkeypatch.setattr(kernel, "default_mode", lambda x: "gemv")       # the gemv's range, from 16 tokens
+    kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
+    kernel.experts_forward_bf16_decode(x[:15], w13, w2, weights[:15], ids[:15], activation="silu")
+    assert modes == [None, "decode_bf16", "decode_bf16", None]
     want = ref.experts_forward(x, w13, w2, weights, ids, activation="silu")
     _check(got, want, torch.bfloat16)
     _check(got_bf16, want, torch.bfloat16)
