@@ -47,6 +47,20 @@ def codes(device) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.to(device), scales.to(device)
 
 
+def decoded(packed: torch.Tensor, scales: torch.Tensor, block_k: int, asm: bool, fold: bool) -> torch.Tensor:
+    """`codes`' [256, 512] values through `_decode_rows` (outputs poisoned with NaN first), bf16."""
+    lo = torch.full((256, 256), float("nan"), dtype=torch.bfloat16, device=packed.device)
+    hi = torch.full_like(lo, float("nan"))
+    _decode_rows[(16, 512 // block_k)](packed, scales, lo, hi, ROWS=256, COLS=512, BLOCK_K=block_k, ASM=asm,
+                                       FOLD=fold, num_warps=4)
+    return torch.stack([lo, hi], -1).reshape(256, 512)
+
+
+def same_bits(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Where got and want hold the same bf16 bits, NaN counting as NaN."""
+    return (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="moe_bf16_decode_check.json")
@@ -58,12 +72,8 @@ def main() -> int:
     folded_ok = (scales.repeat_interleave(32, -1) <= 128)                               # [256, 512]
     for form, asm, fold in (("ptx", True, False), ("bits", False, False), ("folded", True, True)):
         for block_k in (64, 128, 256):
-            lo = torch.full((256, 256), float("nan"), dtype=torch.bfloat16, device="cuda")
-            hi = torch.full_like(lo, float("nan"))
-            _decode_rows[(16, 512 // block_k)](packed, scales, lo, hi, ROWS=256, COLS=512, BLOCK_K=block_k, ASM=asm,
-                                               FOLD=fold, num_warps=4)
-            got = torch.stack([lo, hi], -1).reshape(256, 512)
-            same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+            got = decoded(packed, scales, block_k, asm, fold)
+            same = same_bits(got, want)
             if fold:                                      # the folded form serves scale codes <= 128 only
                 same |= ~folded_ok
             key = f"{form}_k{block_k}"

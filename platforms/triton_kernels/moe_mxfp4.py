@@ -42,11 +42,13 @@ Four ways to multiply (the `mode` launch option):
     the even columns of x by the low nibbles and the odd columns by the high ones (MXFP4 packs
     element 2j in the low nibble of byte j); IEEE products for fp32 models, tf32 for fp16 (which
     holds fp16 activations and every MXFP4 weight exactly); activations kept in fp32;
-  - "decode_bf16" (bf16 activations, measured against dot_scaled for 16-64-token decode batches,
-    issue 27): the same tiles, each nibble placed by integer shifts as a bf16's sign, two lowest
-    exponent bits and top mantissa bit (its value / 2^126) and scaled by two power-of-two bf16
-    multiplies (exact), then bf16 tensor-core products with fp32 accumulation, in the registers
-    without dot_scaled's upcast; gate/up activations stored in bf16 as for dot_scaled.
+  - "decode_bf16" (bf16 activations; nvidia's experimental `moe_experts_bf16` for 16-1,023 tokens,
+    issue 27): the same tiles, each nibble placed by PTX bit operations as a bf16's sign, two
+    lowest exponent bits and top mantissa bit (its value / 2^126) and scaled by power-of-two bf16
+    multiplies (exact; one instead of two where every scale code is <= 128, `folding_safe`), then
+    bf16 tensor-core products with fp32 accumulation, in the registers without dot_scaled's
+    upcast; gate/up activations stored in bf16 as for dot_scaled. Under the interpreter (no PTX)
+    the fp32 decode rounded to bf16.
 """
 
 from __future__ import annotations
@@ -69,16 +71,25 @@ MODES = ("dot_scaled", "decode", "decode_bf16", "gemv", "gemv_grouped", "dequant
 
 
 @triton.jit
-def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr):
-    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e, dequantised in fp32:
-    ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns (high nibbles))."""
+def _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr):
+    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e as stored: (packed codes
+    [R, BLOCK_K/32, 16] uint8, E8M0 scale codes [R, BLOCK_K/32] int32)."""
     G: tl.constexpr = BLOCK_K // 32
     group = k0 // 32 + tl.arange(0, G)
     byte = (k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])          # [G, 16]
     packed = tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
-                     mask=mask_r[:, None, None], other=0).to(tl.int32)                  # [R, G, 16]
+                     mask=mask_r[:, None, None], other=0)                               # [R, G, 16]
     sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
                  other=127).to(tl.int32)                                               # [R, G]
+    return packed, sc
+
+
+@triton.jit
+def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr):
+    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e, dequantised in fp32:
+    ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns (high nibbles))."""
+    packed, sc = _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
+    packed = packed.to(tl.int32)
     mult = e8m0_multiplier(sc)[:, :, None]
     lo = (e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
     hi = (e2m1_over_16384(packed >> 4) * 16384.0) * mult
@@ -88,18 +99,16 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
 @triton.jit
 def _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
                        ASM: tl.constexpr, FOLD: tl.constexpr = False):
-    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e as bf16, exact
-    (`e2m1_bf16_pairs`): ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns
-    (high nibbles))."""
-    G: tl.constexpr = BLOCK_K // 32
-    group = k0 // 32 + tl.arange(0, G)
-    byte = (k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])          # [G, 16]
-    packed = tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
-                     mask=mask_r[:, None, None], other=0)                               # [R, G, 16] u8
-    sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
-                 other=127).to(tl.int32)                                               # [R, G]
-    lo, hi = e2m1_bf16_pairs(packed, sc, ASM, FOLD)
-    return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
+    """`_decoded_rows` as bf16, exact (every MXFP4 value is a bf16; products past bf16's range
+    are inf, as in fp32): ASM, the PTX of `e2m1_bf16_pairs` (NVIDIA GPUs; FOLD: its folded form,
+    for scale codes up to 128 only); else `_decoded_rows` rounded to bf16 (the interpreter, whose
+    bf16 arithmetic is not IEEE)."""
+    if ASM:
+        packed, sc = _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
+        lo, hi = e2m1_bf16_pairs(packed, sc, FOLD)
+        return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
+    lo, hi = _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
+    return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
 @triton.jit
@@ -117,25 +126,24 @@ def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row
         xt = tl.load(src_ptr + src_row[None, :] * s_src + (k0 + tl.arange(0, BLOCK_K))[:, None], mask=mask_t[None, :],
                      other=0.0).to(tl.bfloat16)                                        # [BLOCK_K, T]
         return tl.dot_scaled(packed, sc, "e2m1", xt, None, "bf16", acc)
-    elif MODE >= 2:
+    if MODE >= 2:
         lo, hi = _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K,
                                     MODE >= 3, MODE == 4)
-        half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
-        x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
-        acc = tl.dot(lo, x_even.to(tl.bfloat16), acc)                                   # fp32 accumulation
-        return tl.dot(hi, x_odd.to(tl.bfloat16), acc)
     else:
         lo, hi = _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
-        half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
-        x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
+    half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+    x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
+    x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
+    if MODE >= 2:                                                                      # bf16 operands, fp32 sums
+        acc = tl.dot(lo, x_even.to(tl.bfloat16), acc)
+        acc = tl.dot(hi, x_odd.to(tl.bfloat16), acc)
+    else:
         x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)                    # [BLOCK_K/2, T]
         if IEEE:
             acc += tl.dot(lo, x_even, input_precision="ieee") + tl.dot(hi, x_odd, input_precision="ieee")
         else:
             acc += tl.dot(lo, x_even, input_precision="tf32") + tl.dot(hi, x_odd, input_precision="tf32")
-        return acc
+    return acc
 
 
 @triton.jit
@@ -302,7 +310,8 @@ def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activatio
     DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), `default_mode` elsewhere: the nvidia plugin's
     experimental `moe_experts_bf16`, served in place of the promoted kernel when
     K3_NVIDIA_EXPERIMENTAL names it."""
-    if default_mode(x) == "dot_scaled" or (default_mode(x) == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS):
+    mode = default_mode(x)
+    if mode == "dot_scaled" or (mode == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS):
         return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
                                mode="decode_bf16",
@@ -431,14 +440,14 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     order, starts, counts, tile_expert, tile_start = expert_tile_grid(topk_ids, expert_start, e_local, block_t)
     y = torch.zeros(t * topk, l, dtype=torch.float32, device=x.device)                # rows of other ranks stay 0
     weights = topk_weights.reshape(-1).to(torch.float32)
+    if bf16_decode not in (False, "ptx", "bits", "folded"):
+        raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
     if bf16_decode and (dot_scaled or x.dtype != torch.bfloat16):
         raise ValueError("tiled_experts: bf16_decode takes bf16 activations and excludes dot_scaled")
     bf16_operands = dot_scaled or bf16_decode
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if bf16_operands else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     legacy = rounding.legacy()
-    if bf16_decode not in (False, "ptx", "bits", "folded"):
-        raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
     common = dict(MODE=0 if dot_scaled else {"folded": 4, "ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
                   ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,

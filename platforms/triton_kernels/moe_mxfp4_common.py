@@ -121,30 +121,20 @@ fma.rn.bf16x2 $1, a, $3, mz;
 
 
 @triton.jit
-def e2m1_bf16_pairs(packed, scale_codes, ASM: tl.constexpr, FOLD: tl.constexpr = False):
-    """MXFP4 codes as bf16, exact (every MXFP4 value is a bf16; products past bf16's range are
-    inf, as in fp32): packed uint8 codes [R, G, 16] (G groups of 32 elements) and their E8M0
-    scale codes [R, G] (int32) -> (low nibbles, high nibbles), bf16 [R, G, 16]. ASM: the
-    E2M1_BF16X2_PTX form (NVIDIA GPU; FOLD: E2M1_BF16X2_FOLDED_PTX, for scale codes up to 128
-    only); else the fp16 placement of `e2m1_over_16384` widened to fp32, fp32 multiplies and
-    rounding to bf16, exact (the Triton interpreter, whose bf16 arithmetic is not IEEE, and any
-    GPU: an fp32 placement would put code 1 on an fp32 subnormal, which GPU multiplies flush).
-    """
-    if ASM and FOLD:        # every scale code <= 128 (the caller knows): 2^(code - 1) by bit placement
+def e2m1_bf16_pairs(packed, scale_codes, FOLD: tl.constexpr = False):
+    """MXFP4 codes as bf16 by PTX (NVIDIA GPUs; the interpreter runs no PTX), exact (every MXFP4
+    value is a bf16; products past bf16's range are inf, as in fp32): packed uint8 codes
+    [R, G, 16] (G groups of 32 elements) and their E8M0 scale codes [R, G] (int32) -> (low
+    nibbles, high nibbles), bf16 [R, G, 16]. E2M1_BF16X2_PTX, or FOLD: E2M1_BF16X2_FOLDED_PTX
+    (2^(code - 1) by bit placement: scale codes up to 128 only)."""
+    if FOLD:
         folded = ((scale_codes + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
         multiplier = tl.broadcast_to(folded[:, :, None], packed.shape)
-        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_FOLDED_PTX, "=r,=r,r,r", [packed, multiplier],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
-    elif ASM:
-        multiplier = tl.broadcast_to(e8m0_bf16(scale_codes)[:, :, None], packed.shape)
-        lo, hi = tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,r,r", [packed, multiplier],
-                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
-    else:
-        code = packed.to(tl.int32)
-        m = e8m0_multiplier(scale_codes)[:, :, None]
-        lo = ((e2m1_over_16384(code & 15) * 16384.0) * m).to(tl.bfloat16)                # exact, then scaled
-        hi = ((e2m1_over_16384(code >> 4) * 16384.0) * m).to(tl.bfloat16)
-    return lo, hi
+        return tl.inline_asm_elementwise(E2M1_BF16X2_FOLDED_PTX, "=r,=r,r,r", [packed, multiplier],
+                                         dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+    multiplier = tl.broadcast_to(e8m0_bf16(scale_codes)[:, :, None], packed.shape)
+    return tl.inline_asm_elementwise(E2M1_BF16X2_PTX, "=r,=r,r,r", [packed, multiplier],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
 
 
 @triton.jit

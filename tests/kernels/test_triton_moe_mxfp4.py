@@ -335,34 +335,33 @@ def test_a_token_naming_an_expert_twice_counts_twice(mode):
     _check(got, ref.experts_forward(x, w13, w2, weights, ids, **kw), torch.float32)
 
 
-@triton.jit
-def _decoded_bf16_kernel(packed_ptr, scales_ptr, lo_ptr, hi_ptr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    rows = tl.arange(0, ROWS)
-    mask = rows < ROWS
-    lo, hi = kernel._decoded_rows_bf16(packed_ptr, scales_ptr, 0, rows, mask, 0, 0, COLS // 2, 0, COLS // 32, COLS,
-                                      False)
-    out = rows[:, None] * (COLS // 2) + tl.arange(0, COLS // 2)[None, :]
-    tl.store(lo_ptr + out, lo)
-    tl.store(hi_ptr + out, hi)
+def _bench_decode_check():
+    """bench/moe_bf16_decode_check.py, the GPU check of the same decode, as a module."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "moe_bf16_decode_check.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))                  # its `measure` import, as `python3 bench/...` finds it
+    spec = importlib.util.spec_from_file_location("bench_moe_bf16_decode_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_bf16_decode_is_exact_for_every_code_and_scale():
-    """decode_bf16's in-kernel decode (its interpreter form: fp32 bit placement, two
-    power-of-two multiplies, rounding to bf16; the PTX form is checked on the GPU by
-    bench/moe_mxfp4.py and conformance) gives the MXFP4 value exactly, as bf16, for all 256 code bytes under E8M0 scales from the
-    bottom of the range (code 0: 2^-127, a bf16 subnormal) to the top (254; products past bf16's
-    range are inf, as the fp32 dequantisation then rounded to bf16 gives) and NaN (255)."""
-    rows, cols = 16, 512                                   # 16 groups of 32 a row: 256 bytes a row
-    packed = torch.arange(256, dtype=torch.int32).repeat(rows, 1).to(torch.uint8)           # [16, 256]
-    codes = torch.tensor([0, 1, 2, 60, 100, 126, 127, 128, 129, 200, 250, 252, 253, 254, 255, 127], dtype=torch.int32)
-    scales = ((codes[:, None] + torch.arange(16)[None, :] * 0)).to(torch.uint8)            # [16, 16]: one code a row
-    scales[15] = torch.tensor([0, 1, 126, 127, 128, 254, 3, 9, 90, 140, 180, 220, 240, 251, 7, 127], dtype=torch.uint8)
-    lo = torch.full((rows, cols // 2), float("nan"), dtype=torch.bfloat16)                  # poisoned
-    hi = torch.full_like(lo, float("nan"))
-    _decoded_bf16_kernel[(1,)](packed, scales, lo, hi, ROWS=rows, COLS=cols)
-    want = MXFP4Tensor(packed, scales).dequantize(torch.float32).to(torch.bfloat16)       # [16, 512]
-    got = torch.stack([lo, hi], -1).reshape(rows, cols)
-    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    """decode_bf16's in-kernel decode (its interpreter form: the fp32 decode rounded to bf16;
+    the PTX forms are checked on the GPU by bench/moe_bf16_decode_check.py, whose kernel and
+    codes this runs) gives the MXFP4 value exactly, as bf16, for all 256 code bytes under every
+    E8M0 scale code from the bottom of the range (code 0: 2^-127, a bf16 subnormal) to the top
+    (254; products past bf16's range are inf, as the fp32 dequantisation then rounded to bf16
+    gives) and NaN (255), into NaN-poisoned outputs."""
+    check = _bench_decode_check()
+    packed, scales = check.codes("cpu")
+    want = MXFP4Tensor(packed, scales).dequantize(torch.float32).to(torch.bfloat16)
+    got = check.decoded(packed, scales, 64, False, False)
+    same = check.same_bits(got, want)
     assert same.all(), (got[~same][:8], want[~same][:8])
     assert got.isinf().any() and got.isnan().any() and (got == 0).any()   # the ends were exercised
 
