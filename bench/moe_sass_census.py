@@ -19,15 +19,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import subprocess
-import tempfile
 
 import triton
-from triton.compiler import ASTSource
 
-from ptxas_report import TARGET, _types, ptxas_path
+from ptxas_report import _types, assemble
 
 FORMS = {0: "dot_scaled", 2: "decode_bf16 bits", 3: "decode_bf16 ptx", 4: "decode_bf16 folded ptx"}
 # (form, rows, tokens, columns a step, warps, stages): the served dot_scaled tile first
@@ -62,25 +58,12 @@ def compile_tile(mode, rows, tokens, cols, warps, stages) -> dict:
                         "delta_ptr": "*fp32"}, ("beta", "linear_beta"))
     constants = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1,
                      HAS_DELTA=False, MODE=mode, BLOCK_T=tokens, BLOCK_N=rows, BLOCK_K=cols)
-    signature = {a: "constexpr" if a in constants else types[a] for a in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-               if types.get(a, "")[:1] == "*" or (types.get(a) == "i32" and a.startswith("s_"))}
-    source = ASTSource(fn, signature=signature, attrs=aligned,
-                       constexprs={(fn.arg_names.index(k),): v for k, v in constants.items()})
-    kernel = triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(kernel.asm["ptx"])
-        done = subprocess.run([ptxas_path(), "-v", "--gpu-name=sm_90a", ptx, "-o", cubin], capture_output=True,
-                              text=True, check=True)
-        sass = subprocess.run([os.path.join(os.path.dirname(ptxas_path()), "cuobjdump"), "-sass", cubin],
-                              capture_output=True, text=True, check=True).stdout
+    _, report, sass = assemble(fn, types, constants, warps, stages, disassemble=True)
     census = loop_census(sass)
     weights_a_thread = 2 * rows * cols / (32 * warps)
     per_weight = census["loop_instructions"] / weights_a_thread
     return {"form": FORMS[mode], "tile": f"n{rows}_t{tokens}_k{cols}_w{warps}_s{stages}",
-            "registers": int(re.search(r"Used (\d+) registers", done.stderr).group(1)),
+            "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
             **census, "instructions_a_weight": round(per_weight, 2),
             "issue_bound_us_T64": round(WEIGHTS_T64 * per_weight / ISSUE_RATE * 1e6, 1)}
 

@@ -38,11 +38,14 @@ def ptxas_path() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
-def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) -> dict:
-    """Compile fn (a @triton.jit function) for sm_90a: {"registers", "spill_bytes", "shared_bytes"}.
+def assemble(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int | None = None,
+             disassemble: bool = False):
+    """Compile fn (a @triton.jit function) for sm_90a and assemble it with ptxas: (the Triton
+    kernel, ptxas's -v report, the SASS when `disassemble`, by the wheel's cuobjdump, else "").
 
     types: Triton type of every runtime argument ("*bf16", "*fp32", "i32", "fp32"...);
-    constexprs: the compile-time arguments.
+    constexprs: the compile-time arguments; num_stages: Triton's software-pipeline depth (None:
+    its default).
     """
     signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
     # pointers 16-byte aligned and strides (s_*) multiples of 16, as Triton specialises them at
@@ -51,16 +54,25 @@ def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) 
                if types.get(name, "")[:1] == "*" or (types.get(name) == "i32" and name.startswith("s_"))}
     source = ASTSource(fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    kernel = triton.compile(source, target=TARGET, options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages else {})}
+    kernel = triton.compile(source, target=TARGET, options=options)
     with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "kernel.ptx")
+        ptx, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
             f.write(kernel.asm["ptx"])
-        done = subprocess.run([ptxas_path(), "-v", "--gpu-name=sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
+        done = subprocess.run([ptxas_path(), "-v", "--gpu-name=sm_90a", ptx, "-o", cubin],
                               capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"ptxas failed for {fn.__name__}: {done.stderr[-2000:]}")
-    text = done.stderr
+        if done.returncode:
+            raise RuntimeError(f"ptxas failed for {fn.__name__}: {done.stderr[-2000:]}")
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas_path()), "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout if disassemble else ""
+    return kernel, done.stderr, sass
+
+
+def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) -> dict:
+    """Compile fn (a @triton.jit function) for sm_90a (`assemble`): {"registers",
+    "spill_bytes", "shared_bytes", "convert_layouts", "barriers"}."""
+    kernel, text, _ = assemble(fn, types, constexprs, num_warps)
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0  # noqa: E731
     # layout conversions (TTGIR) and barriers (PTX): each is a shared-memory round trip; in a loop
     # body they are paid every step (the grouped gemv's census: BENCHMARKS.md, 2026-12-04)
