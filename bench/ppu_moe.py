@@ -61,7 +61,7 @@ def moe_kernels(device: str, args) -> dict:
     from k3.platforms.torch_kernels.moe_w4a16 import W4A16Experts, build_experts
 
     built = build_experts(device)
-    slots = W4A16Experts(grouped=False, compiled_glu=built.compiled_glu)
+    slots = W4A16Experts(grouped=False, compiled=built.compiled)
     kernels = {"reference_table": (reference_experts, False, False, None),
                "ppu_cache": (built, True, True, None), "ppu_cache_slots": (slots, True, True, 64),
                "ppu_mxfp4_host": (built, False, False, None), "ppu_mxfp4_device": (built, True, False, 64),

@@ -87,17 +87,18 @@ def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.T
 
 
 class W4A16Experts:
-    """The `moe.experts` entry for one device (module docstring); `grouped` and `compiled_glu`
-    are what `build_experts` decided for it."""
+    """The `moe.experts` entry for one device (module docstring); `grouped` and `compiled`
+    (torch.compile fuses the GLU and the MXFP4 dequantisation) are what `build_experts` decided
+    for it."""
 
-    def __init__(self, *, grouped: bool, compiled_glu: bool, workspace_bytes: int = WORKSPACE_BYTES):
+    def __init__(self, *, grouped: bool, compiled: bool, workspace_bytes: int = WORKSPACE_BYTES):
         self.grouped = grouped
-        self.compiled_glu = compiled_glu
+        self.compiled = compiled
         self.workspace_bytes = workspace_bytes
         self.workspace = Workspace()
-        self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled_glu else ref.glu_activation
+        self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled else ref.glu_activation
         # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.lookup_into)
-        self._lookup = torch.compile(lookup_into, dynamic=True) if compiled_glu else None
+        self._lookup = torch.compile(lookup_into, dynamic=True) if compiled else None
 
     def way(self, w13: ExpertWeight, w2: ExpertWeight, x_dtype: torch.dtype, dense_dispatch: bool) -> str:
         """"grouped", "slots" or "host": which way a call with these weights and activations of
@@ -223,5 +224,5 @@ def _per_expert(a: torch.Tensor, w: torch.Tensor, experts, rows: list[int], dtyp
 def build_experts(device: str, *, workspace_bytes: int = WORKSPACE_BYTES) -> W4A16Experts:
     """The entry for `device` ("cuda", "cpu", ...), with grouped GEMM and the compiled GLU where
     the device supports them (decided here, once)."""
-    return W4A16Experts(grouped=grouped_gemm_supported(device), compiled_glu=compile_supported(device),
+    return W4A16Experts(grouped=grouped_gemm_supported(device), compiled=compile_supported(device),
                         workspace_bytes=workspace_bytes)

@@ -79,18 +79,18 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     if not out.is_contiguous() or tuple(w.shape[1:]) != (rows, cols):
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
                          f"got {tuple(out.shape)}")
-    if fused is not None:
-        packed = w.packed if index is not None else w.packed[start:start + n]           # views: no copy
-        scales = w.scales if index is not None else w.scales[start:start + n]
-        return fused(out, packed, scales, scaled_byte_table(out.dtype, out.device), index)
+    table = scaled_byte_table(out.dtype, out.device)
     if index is None:
         packed, scales = w.packed[start:start + n], w.scales[start:start + n]             # views: no copy
-    else:
+    elif fused is None:
         packed, scales = w.packed.index_select(0, index), w.scales.index_select(0, index)
+    else:
+        packed, scales = w.packed, w.scales                                               # the fused gather selects
+    if fused is not None:
+        return fused(out, packed, scales, table, index)
     blocks = cols // MXFP4_BLOCK
     shift = scales.to(torch.int32).mul_(256).view(n, rows, blocks, 1)                      # [n, R, C/32, 1]
     idx = torch.add(packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2), shift)             # int32 [n, R, C/32, 16]
-    table = scaled_byte_table(out.dtype, out.device)
     if table.dim() == 1:
         torch.index_select(table, 0, idx.view(-1), out=out.view(table.dtype).view(-1))
     else:

@@ -62,7 +62,7 @@ def test_matches_the_reference(kind, dense, grouped, held):
     x, tw, ids = _routing(kind, seed=hash((kind, dense)) % 89)
     for budget, dtype in ((1, torch.bfloat16), (1 << 30, torch.float32)):    # groups of one expert / all
         w13, w2 = _experts(seed=hash(kind) % 97, held=dtype if held else None)
-        fn = W4A16Experts(grouped=grouped, compiled_glu=False, workspace_bytes=budget)
+        fn = W4A16Experts(grouped=grouped, compiled=False, workspace_bytes=budget)
         xd = x.to(dtype)
         want = ref.experts_forward(xd, w13, w2, tw, ids, activation="situ", beta=4.0, expert_start=START)
         got = _call(fn, xd, w13, w2, tw, ids, dense)
@@ -71,12 +71,12 @@ def test_matches_the_reference(kind, dense, grouped, held):
 
 
 def test_the_ways():
-    fn = W4A16Experts(grouped=True, compiled_glu=False)
+    fn = W4A16Experts(grouped=True, compiled=False)
     mx, cache, cache32 = _experts(1), _experts(1, torch.bfloat16), _experts(1, torch.float32)
     assert fn.way(*cache, torch.bfloat16, True) == fn.way(*cache, torch.bfloat16, False) == "grouped"
     assert fn.way(*cache32, torch.float32, True) == "slots" and fn.way(*mx, torch.bfloat16, True) == "slots"
     assert fn.way(*mx, torch.bfloat16, False) == "host"
-    loops = W4A16Experts(grouped=False, compiled_glu=False)
+    loops = W4A16Experts(grouped=False, compiled=False)
     assert loops.way(*cache, torch.bfloat16, True) == "slots" and loops.way(*cache, torch.bfloat16, False) == "host"
 
 
@@ -84,7 +84,7 @@ def test_the_ways():
                                                (None, True, "one_token"), ("cache", True, "one_token")])
 def test_a_poisoned_workspace_never_reaches_the_output(held, dense, kind):
     per_expert = 3 * I * L * (4 + 2)                              # fp32 weights + their LUT indices
-    fn = W4A16Experts(grouped=False, compiled_glu=False, workspace_bytes=2 * per_expert)
+    fn = W4A16Experts(grouped=False, compiled=False, workspace_bytes=2 * per_expert)
     assert group_size(E, per_expert, 2 * per_expert) == 2
     w13, w2 = _experts(seed=3, held=torch.float32 if held else None)
     _call(fn, *_routing("random", seed=5)[:1], w13, w2, *_routing("random", seed=5)[1:], dense=False)
@@ -103,7 +103,7 @@ def test_a_poisoned_workspace_never_reaches_the_output(held, dense, kind):
                                            pytest.param("cache", True, marks=needs_grouped)])
 @pytest.mark.parametrize("kind", ["one_token", "random"])
 def test_device_dispatch_captures_whole(held, grouped, kind):
-    fn = W4A16Experts(grouped=grouped, compiled_glu=False, workspace_bytes=1)
+    fn = W4A16Experts(grouped=grouped, compiled=False, workspace_bytes=1)
     w13, w2 = _experts(seed=7, held=torch.bfloat16 if held else None)
     x, tw, ids = _routing(kind, seed=8)
     x = x.bfloat16()
@@ -125,7 +125,7 @@ def test_dense_weights_and_the_set_up():
     w13, w2 = torch.randn(E, 2 * I, L, generator=g), torch.randn(E, L, I, generator=g)
     x, tw, ids = _routing("random", seed=10)
     fn = build_experts("cpu")
-    assert fn.compiled_glu is False and fn.grouped == grouped_gemm_supported("cpu")   # no compilation on the CPU
+    assert fn.compiled is False and fn.grouped == grouped_gemm_supported("cpu")   # no compilation on the CPU
     torch.testing.assert_close(fn(x, w13, w2, tw, ids, activation="situ", beta=4.0, linear_beta=1.0),
                                ref.experts_forward(x, w13, w2, tw, ids, activation="situ", beta=4.0, linear_beta=1.0),
                                rtol=1e-5, atol=1e-4)
@@ -141,7 +141,7 @@ def test_bf16_activations_on_dense_bf16_stacks_take_the_grouped_gemm(dense, monk
     calls = []
     real = moe_w4a16._grouped_mm
     monkeypatch.setattr(moe_w4a16, "_grouped_mm", lambda a, w, offs: calls.append(a.dtype) or real(a, w, offs))
-    fn = W4A16Experts(grouped=True, compiled_glu=False)
+    fn = W4A16Experts(grouped=True, compiled=False)
     w13, w2 = _experts(seed=11, held=torch.bfloat16)
     x, tw, ids = _routing("random", seed=12)
     got = _call(fn, x.bfloat16(), w13, w2, tw, ids, dense)
@@ -163,7 +163,7 @@ def test_bf16_activations_on_mxfp4_experts_take_bf16_operands(dense, grouped, mo
     w13, w2 = _experts(seed=13)
     x, tw, ids = _routing("random", seed=14)
     for dtype in (torch.bfloat16, torch.float32):
-        fn = W4A16Experts(grouped=grouped, compiled_glu=False)
+        fn = W4A16Experts(grouped=grouped, compiled=False)
         got = _call(fn, x.to(dtype), w13, w2, tw, ids, dense)
         want = ref.experts_forward(x.to(dtype), w13, w2, tw, ids, activation="situ", beta=4.0, expert_start=START)
         assert {b.dtype for pair in fn.workspace.buffers.values() for b in pair} == {dtype}

@@ -73,5 +73,5 @@ def test_the_fused_lookup_gives_the_same_bits(dtype):
 def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
     from k3.platforms.torch_kernels.moe_w4a16 import W4A16Experts
 
-    assert W4A16Experts(grouped=False, compiled_glu=False)._lookup is None
-    assert W4A16Experts(grouped=False, compiled_glu=True)._lookup is not None
+    assert W4A16Experts(grouped=False, compiled=False)._lookup is None
+    assert W4A16Experts(grouped=False, compiled=True)._lookup is not None
