@@ -62,6 +62,20 @@
 #     (bench/symm_mem_allreduce.py: answers checked first, exit 1 on a difference; with one GPU
 #     an API check, with 2-8 the speed against NCCL), then the conformance collectives cases
 #     through them (K3_NVIDIA_SYMM_MEM=1; skipped by `multi_device` with one GPU).
+#   bash bench/h200_session.sh moe-bf16                     (about 8 minutes)
+#     issue 27: the decode_bf16 MoE mode's in-kernel decode bit for bit (bench/moe_bf16_decode_check.py),
+#     how fast the tiles' access pattern streams the expert weights (bench/moe_weight_stream.py), the
+#     tiles at 16 / 32 / 64 tokens with their loads pipelined and in the loop (bench/moe_mxfp4.py), then
+#     Nsight Compute's full set on the decode_bf16 and dot_scaled tiles at 16 and 64 tokens
+#     (bench/moe_ncu.py; the report as text in moe_ncu.txt);
+#   bash bench/h200_session.sh moe-tiled                    (about 5 minutes)
+#     issue 27: the MoE tiles reading the tile-major copy of the experts (moe_mxfp4_layout.py) against the
+#     checkpoint layout's at 1 / 16 / 32 / 64 tokens, the prefill tiles with their loads pipelined and in the
+#     loop at 1K / 2K tokens (bench/moe_mxfp4.py), and Nsight Compute on the tiled decode_bf16 tile at 64;
+#   bash bench/h200_session.sh moe-bf16-e2e                 (about 9 minutes)
+#     the experimental entry (K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16, with the experts' tiled copies) under
+#     the moe and model conformance cases, then k3-slice decode at 1 / 16 / 64 requests with it;
+#     ONLY="conformance-served-moe k3-slice-served": the served set's moe cases and figures instead;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
@@ -71,8 +85,8 @@ set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
       && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
-      && $phase != amd && $phase != company ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company" >&2
+      && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -144,6 +158,37 @@ moe-grouped)
         --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
     step k3-slice-grouped 280 env K3_NVIDIA_EXPERIMENTAL=moe_experts_grouped python3 bench/k3_slice.py \
         --out "$OUT/k3_slice_grouped.json" --peer= --decode-only --concurrency 1 4 16 64 --ttft 1024
+    ;;
+moe-bf16)
+    step decode-check 60 python3 bench/moe_bf16_decode_check.py --out "$OUT/moe_bf16_decode_check.json"
+    step weight-stream 60 python3 bench/moe_weight_stream.py --out "$OUT/moe_weight_stream.json"
+    step moe-tiles 200 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4.json" --batch 16 32 64 \
+        --variants dbfold_ db_n128_k64_t16_w8_s3 ds_n128_k64_t16_w8 inloop_
+    step ncu-moe 170 ncu --set full --profile-from-start off --kernel-name regex:'_gate_up_kernel|_down_kernel' \
+        -f -o "$OUT/moe_ncu" python3 bench/moe_ncu.py --batch 16 64 --variants db ds
+    [[ -f $OUT/moe_ncu.ncu-rep ]] && ncu -i "$OUT/moe_ncu.ncu-rep" --page details > "$OUT/moe_ncu.txt" 2>&1
+    rm -f "$OUT"/*.ncu-rep
+    ;;
+moe-tiled)
+    step moe-tiles 240 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4_tiled.json" --batch 1 16 32 64 \
+        --variants tiled_ dbfold_n128_k64_t16_w8_s3 ds_n128_k64_t16_w8
+    step moe-prefill 150 python3 bench/moe_mxfp4.py --out "$OUT/moe_mxfp4_prefill.json" --batch 1024 2048
+    step ncu-moe-tiled 120 ncu --set full --profile-from-start off --kernel-name regex:'_gate_up_kernel|_down_kernel' \
+        -f -o "$OUT/moe_ncu_tiled" python3 bench/moe_ncu.py --batch 64 --variants tdb
+    [[ -f $OUT/moe_ncu_tiled.ncu-rep ]] && ncu -i "$OUT/moe_ncu_tiled.ncu-rep" --page details > "$OUT/moe_ncu_tiled.txt" 2>&1
+    rm -f "$OUT"/*.ncu-rep
+    ;;
+moe-bf16-e2e)
+    step conformance-moe-bf16 220 env K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16 \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_moe_bf16" -k "moe or model"
+    rm -f "$OUT/conf_moe_bf16/report.md"
+    step k3-slice-bf16 320 env K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16 python3 bench/k3_slice.py \
+        --out "$OUT/k3_slice_bf16.json" --peer= --decode-only --concurrency 1 16 64
+    ONLY=${ONLY:-none}          # the served set's steps run only when ONLY names them (a second call)
+    step conformance-served-moe 200 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_served_moe" -k moe
+    rm -f "$OUT/conf_served_moe/report.md"
+    step k3-slice-served 320 env K3_NVIDIA_EXPERIMENTAL= python3 bench/k3_slice.py --out "$OUT/k3_slice_served.json" \
+        --peer= --decode-only --concurrency 1 16 64
     ;;
 vision)
     step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \

@@ -20,6 +20,7 @@ import argparse
 import torch
 
 from k3.platforms.torch_kernels import moe_experts as torch_experts  # the reference platform's kernel
+from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
 from k3.quant.mxfp4 import MXFP4Tensor
 from measure import bench_ms, graph_replay_ms, matmul_tflops, ratio, run_header, save
 
@@ -51,6 +52,26 @@ VARIANTS = {
        for n, k, w, st in ((128, 64, 8, 3), (128, 128, 8, 3))},
     "dbbits_n128_k64_t16_w8_s3": dict(mode="decode_bf16", ptx=False, block_n=128, block_k=64, block_t=16,
                                       num_warps=8, stages=3),
+    # the same tiles with each step's scale codes and activation columns loaded where they are used (a round
+    # trip to memory every step, as before the loads were pipelined, issue 27)
+    "inloop_dbfold_n128_k64_t16_w8_s3": dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
+                                             num_warps=8, stages=3, pipelined_loads=False),
+    "inloop_ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8,
+                                      pipelined_loads=False),
+    # the same tiles reading moe_mxfp4_layout's tile-major copy of the experts (4 KB of codes a step, contiguous;
+    # "ahead": the scale codes loaded a step ahead, as with the checkpoint layout)
+    **{f"tiled_{name}": dict(options, tiled=True) for name, options in (
+        ("dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
+                                           num_warps=8, stages=3)),
+        ("ahead_dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64,
+                                                 block_t=16, num_warps=8, stages=3, scales_ahead=True)),
+        ("db_n128_k64_t16_w8_s3", dict(mode="decode_bf16", block_n=128, block_k=64, block_t=16, num_warps=8,
+                                       stages=3)),
+        ("dbfold_n128_k64_t16_w8_s4", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
+                                           num_warps=8, stages=4)),
+        ("dbfold_n64_k64_t16_w4_s3", dict(mode="decode_bf16", ptx="folded", block_n=64, block_k=64, block_t=16,
+                                          num_warps=4, stages=3)),
+        ("ds_n128_k64_t16_w8", dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8)))},
     # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),
     # weights loaded a step ahead (pf: prefetch)
     "gemv_n32_k512_w4_u4": _gemv(32, 512, 4, 4, False),
@@ -78,6 +99,9 @@ PREFILL_VARIANTS = {        # the sixth session's sweep of nine tile shapes kept
     "ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4, stages=4),
     "ds_n128_k64_t128_w8_s3": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=128, num_warps=8, stages=3),
     "dequant": dict(mode="dequant"),      # active experts dequantised to bf16 a group at a time, grouped products
+    # the served prefill tile with its scale and activation loads where they are used (issue 27's fix measured)
+    "inloop_ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4,
+                                         stages=4, pipelined_loads=False),
 }
 PREFILL_T = 512
 GEMV_MAX_T = 32          # one program per (expert, token): past a few tokens per expert the tensor cores win
@@ -98,6 +122,11 @@ def make_tokens(t, e, l, k, device, seed):
     weights, ids = torch.rand(t, e, device=device, generator=g).topk(k, dim=-1)
     x = torch.randn(t, l, device=device, generator=g).bfloat16()
     return x, weights / weights.sum(-1, keepdim=True), ids
+
+
+def with_tiles(options: dict, tiles) -> dict:
+    """A VARIANTS / PREFILL_VARIANTS entry as experts_forward's options: "tiled" becomes the tiles."""
+    return {**{k: v for k, v in options.items() if k != "tiled"}, **({"tiles": tiles} if options.get("tiled") else {})}
 
 
 def weight_bytes(w13: MXFP4Tensor, w2: MXFP4Tensor, ids: torch.Tensor) -> int:
@@ -124,7 +153,7 @@ def pick_best(entry: dict) -> None:
     entry["k3_us"] = timed[entry["k3_best_variant"]]
 
 
-def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw) -> None:
+def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw, tiles=None) -> None:
     """A prefill batch: each PREFILL_VARIANTS launch checked, then timed eagerly; the figure is
     the best one's fraction of the bf16 matrix-product rate (2 * T * k * 3 * L * I FLOPs)."""
     e, two_i, l = w13.shape
@@ -132,6 +161,7 @@ def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw) -> 
     entry["tflop"] = flops / 1e12
     entry["matmul_floor_us"] = flops / tflops / 1e6
     for name, options in PREFILL_VARIANTS.items():
+        options = with_tiles(options, tiles)
         entry[f"{name}_check"] = check(lambda *a, **kk: kernel(*a, **options, **kk), w13, w2, t, k, "cuda", seed=t)
         if entry[f"{name}_check"]["passed"]:
             entry[f"k3_{name}_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **options, **kw)) * 1e3
@@ -166,6 +196,7 @@ def main() -> None:
     result["bf16_matmul_TFLOPs"] = tflops = matmul_tflops()
     rows = []
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
+    tiles = (to_tiles(w13), to_tiles(w2))           # the tiled_ variants' copy (moe_mxfp4_layout.py)
     for t in args.batch:
         entry = {"check": check(kernel, w13, w2, t, k, "cuda", seed=t)}
         if entry["check"]["passed"]:
@@ -176,7 +207,7 @@ def main() -> None:
             entry["weight_bytes"] = nbytes
             entry["roofline_us"] = nbytes / copy_GBps / 1e3
             if t >= PREFILL_T:
-                prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw)
+                prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw, tiles)
                 result[f"T{t}"] = entry
                 rows.append((t, entry))
                 torch.cuda.empty_cache()
@@ -189,6 +220,7 @@ def main() -> None:
                     continue
                 if args.variants and not name.startswith(tuple(args.variants)):
                     continue
+                options = with_tiles(options, tiles)
                 entry[f"{name}_check"] = check(lambda *a, **k: kernel(*a, **options, **k), w13, w2, t, k, "cuda",
                                                seed=t)
                 if entry[f"{name}_check"]["passed"]:

@@ -26,9 +26,14 @@ import triton
 from ptxas_report import _types, assemble
 
 FORMS = {0: "dot_scaled", 2: "decode_bf16 bits", 3: "decode_bf16 ptx", 4: "decode_bf16 folded ptx"}
-# (form, rows, tokens, columns a step, warps, stages): the served dot_scaled tile first
-TILES = ((0, 128, 16, 64, 8, 3), (0, 128, 16, 128, 8, 3), (2, 128, 16, 64, 8, 3), (3, 128, 16, 64, 8, 3),
-         (3, 128, 16, 128, 8, 3), (3, 64, 16, 128, 4, 4), (4, 128, 16, 64, 8, 3), (4, 128, 16, 128, 8, 3))
+# (form, rows, tokens, columns a step, warps, stages, pipelined loads[, tiled layout]): the served dot_scaled
+# tile first; then the same tiles with the scale and activation loads where they are used (before issue 27's
+# fix); last, two tiles reading moe_mxfp4_layout's tile-major copy
+TILES = ((0, 128, 16, 64, 8, 3, True), (0, 128, 16, 128, 8, 3, True), (2, 128, 16, 64, 8, 3, True),
+         (3, 128, 16, 64, 8, 3, True), (3, 128, 16, 128, 8, 3, True), (3, 64, 16, 128, 4, 4, True),
+         (4, 128, 16, 64, 8, 3, True), (4, 128, 16, 128, 8, 3, True),
+         (0, 128, 16, 64, 8, 3, False), (3, 128, 16, 64, 8, 3, False), (4, 128, 16, 64, 8, 3, False),
+         (4, 128, 16, 64, 8, 3, True, True), (0, 128, 16, 64, 8, 3, True, True))
 WEIGHTS_T64 = 128 * 3 * 3072 * 3584           # k3-slice: every expert's w13 and w2
 ISSUE_RATE = 132 * 4 * 1.98e9 * 32            # thread-instructions a second, H200
 
@@ -49,7 +54,7 @@ def loop_census(sass: str) -> dict:
     return {"loop_instructions": len(body), "top_opcodes": dict(sorted(ops.items(), key=lambda o: -o[1])[:8])}
 
 
-def compile_tile(mode, rows, tokens, cols, warps, stages) -> dict:
+def compile_tile(mode, rows, tokens, cols, warps, stages, pipelined, tiled=False) -> dict:
     from k3.platforms.triton_kernels import moe_mxfp4
 
     fn = moe_mxfp4._gate_up_kernel
@@ -57,13 +62,18 @@ def compile_tile(mode, rows, tokens, cols, warps, stages) -> dict:
                         "order_ptr": "*i32", "start_ptr": "*i32", "count_ptr": "*i32", "act_ptr": "*bf16",
                         "delta_ptr": "*fp32"}, ("beta", "linear_beta"))
     constants = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1,
-                     HAS_DELTA=False, MODE=mode, BLOCK_T=tokens, BLOCK_N=rows, BLOCK_K=cols)
-    _, report, sass = assemble(fn, types, constants, warps, stages, disassemble=True)
+                     HAS_DELTA=False, MODE=mode, BLOCK_T=tokens, BLOCK_N=rows, BLOCK_K=cols, PIPELINED=pipelined,
+                     TILED=tiled, SCALES_AHEAD=pipelined and not tiled)
+    kernel, report, sass = assemble(fn, types, constants, warps, stages, disassemble=True)
     census = loop_census(sass)
     weights_a_thread = 2 * rows * cols / (32 * warps)
     per_weight = census["loop_instructions"] / weights_a_thread
-    return {"form": FORMS[mode], "tile": f"n{rows}_t{tokens}_k{cols}_w{warps}_s{stages}",
-            "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
+    ptx = kernel.asm["ptx"]
+    loop_ptx = ptx[ptx.index("Inner Loop"):] if "Inner Loop" in ptx else ""
+    return {"form": FORMS[mode], "tile": f"n{rows}_t{tokens}_k{cols}_w{warps}_s{stages}", "pipelined_loads": pipelined,
+            "tiled_layout": tiled,
+            "registers": int(re.search(r"Used (\d+) registers", report).group(1)), "shared_bytes": kernel.metadata.shared,
+            "synchronous_global_loads_in_loop": loop_ptx.count("ld.global"),
             **census, "instructions_a_weight": round(per_weight, 2),
             "issue_bound_us_T64": round(WEIGHTS_T64 * per_weight / ISSUE_RATE * 1e6, 1)}
 
@@ -74,7 +84,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = [compile_tile(*tile) for tile in TILES]
     for r in rows:
-        print(f"{r['form']:<24} {r['tile']:<22} {r['registers']:>4} regs {r['loop_instructions']:>5} loop "
+        print(f"{r['form']:<24} {r['tile']:<22} {'pipelined' if r['pipelined_loads'] else 'in-loop  '} "
+              f"{'tiled' if r['tiled_layout'] else 'rows '} "
+              f"{r['synchronous_global_loads_in_loop']} ld.global {r['registers']:>4} regs {r['loop_instructions']:>5} loop "
               f"{r['instructions_a_weight']:>5} a weight  issue bound at T=64 {r['issue_bound_us_T64']:>7} us  "
               f"{r['top_opcodes']}")
     with open(args.out, "w") as f:

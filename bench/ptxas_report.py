@@ -152,7 +152,7 @@ def variants():
         variant = f"{'dot_scaled' if mode == 0 else 'decode'}_n{block_n}_k{block_k}_t{block_t}"
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_gate_up", variant, fn, {**types, **act},
-               dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
+               dict(base, MODE=mode, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, PIPELINED=True, SCALES_AHEAD=True, TILED=False), warps)
     fn = moe_mxfp4._down_kernel
     types = _types(fn, {"p2_ptr": "*u8", "s2_ptr": "*u8", "tile_expert_ptr": "*i32", "tile_start_ptr": "*i32",
                         "order_ptr": "*i32",
@@ -163,7 +163,7 @@ def variants():
         act = {"act_ptr": "*bf16" if mode == 0 else "*fp32"}
         yield ("moe_down", variant, fn, {**types, **act},
                dict(L=3584, I=3072, MODE=mode, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1, HAS_DELTA=False,
-                    BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k), warps)
+                    BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_K=block_k, PIPELINED=True, SCALES_AHEAD=True, TILED=False), warps)
 
     for block_n, block_k, warps, stages, split, prefetch, chain in MOE_GEMV_TILES:
         name = (f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")

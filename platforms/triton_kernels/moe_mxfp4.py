@@ -60,7 +60,7 @@ import triton.language as tl
 from k3.platforms.torch_kernels import moe_experts as torch_experts
 from k3.quant.mxfp4 import MXFP4Tensor
 
-from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, rounding
+from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, moe_mxfp4_layout, rounding
 from .rounding import round_to
 from .moe_mxfp4_common import e2m1_bf16_pairs, e2m1_over_16384, e8m0_multiplier, expert_tile_grid
 from .moe_mxfp4_common import gated_activation
@@ -68,28 +68,74 @@ from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_k
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "decode_bf16", "gemv", "gemv_grouped", "dequant")
+_TILE_ROWS = tl.constexpr(moe_mxfp4_layout.TILE_ROWS)      # the tiled layout (moe_mxfp4_layout.py)
+_TILE_COLS = tl.constexpr(moe_mxfp4_layout.TILE_COLS)
 
 
 @triton.jit
-def _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr):
-    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e as stored: (packed codes
-    [R, BLOCK_K/32, 16] uint8, E8M0 scale codes [R, BLOCK_K/32] int32)."""
-    G: tl.constexpr = BLOCK_K // 32
+def _scale_codes(scales_ptr, e, rows, mask_r, k0, s_se, s_sr, G: tl.constexpr, TILED: tl.constexpr = False):
+    """E8M0 scale codes [R, G] (int32) of groups k0/32 .. k0/32+G-1 of weight rows `rows` of
+    expert e (s_sr: a row's stride), a byte each (Triton issues such loads where they stand, no
+    cp.async under 4 bytes, so the kernels load a step's codes a step ahead when SCALES_AHEAD).
+    TILED: rows within one row tile of moe_mxfp4_layout's tiles (`_weight_rows`), group g in
+    column tile g / 2."""
     group = k0 // 32 + tl.arange(0, G)
-    byte = (k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])          # [G, 16]
-    packed = tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
-                     mask=mask_r[:, None, None], other=0)                               # [R, G, 16]
-    sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + group[None, :], mask=mask_r[:, None],
-                 other=127).to(tl.int32)                                               # [R, G]
-    return packed, sc
+    if TILED:
+        per_tile: tl.constexpr = _TILE_COLS // 32
+        column = (group // per_tile) * (_TILE_ROWS * per_tile) + group % per_tile
+    else:
+        column = group
+    return tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + column[None, :], mask=mask_r[:, None],
+                   other=127).to(tl.int32)                                            # [R, G]
 
 
 @triton.jit
-def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr):
-    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e, dequantised in fp32:
-    ([R, BLOCK_K/2] even columns (low nibbles), [R, BLOCK_K/2] odd columns (high nibbles))."""
-    packed, sc = _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
-    packed = packed.to(tl.int32)
+def _code_byte(byte, TILED: tl.constexpr):
+    """Where code byte `byte` of a weight row lies from the row's first byte: there, or TILED
+    (rows within one row tile of moe_mxfp4_layout's tiles, `_weight_rows`) in column tile
+    byte / 32, 4 KB apart."""
+    if TILED:
+        half_cols: tl.constexpr = _TILE_COLS // 2
+        return (byte // half_cols) * (_TILE_ROWS * half_cols) + byte % half_cols
+    return byte
+
+
+@triton.jit
+def _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
+    """Packed codes of columns k0..k0+BLOCK_K of weight rows `rows` of expert e (s_pr: a row's
+    stride; TILED: `_code_byte`): [R, BLOCK_K/32, 16] uint8."""
+    G: tl.constexpr = BLOCK_K // 32
+    byte = _code_byte(k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :], TILED)     # [G, 16]
+    return tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
+                   mask=mask_r[:, None, None], other=0)                                 # [R, G, 16]
+
+
+@triton.jit
+def _weight_rows(packed_ptr, scales_ptr, e, row0, BLOCK_N: tl.constexpr, K: tl.constexpr, s_pe, s_pr, s_se, s_sr,
+                 TILED: tl.constexpr):
+    """Rows row0 .. row0+BLOCK_N of expert e (K columns) as the loaders above take them: (codes
+    pointer, scales pointer, row indices [BLOCK_N], codes row stride, scales row stride). The
+    checkpoint layout: the expert's pointers, the rows themselves, s_pr and s_sr. TILED
+    (moe_mxfp4_layout's tiles; s_pr, s_sr: a row's stride within a tile, 32 and 2, passed at run
+    time like the checkpoint layout's strides, so Triton lays the loads out alike; BLOCK_N divides
+    128 and row0 is a multiple of it): the pointers of row0 within its row tile, rows 0..BLOCK_N-1
+    from there."""
+    if TILED:
+        tile = row0 // _TILE_ROWS
+        first = row0 % _TILE_ROWS
+        tiles_k: tl.constexpr = K // _TILE_COLS
+        return (packed_ptr + e * s_pe + (tile * _TILE_ROWS * tiles_k + first) * s_pr,
+                scales_ptr + e * s_se + (tile * _TILE_ROWS * tiles_k + first) * s_sr,
+                tl.arange(0, BLOCK_N), s_pr, s_sr)
+    return packed_ptr + e * s_pe, scales_ptr + e * s_se, row0 + tl.arange(0, BLOCK_N), s_pr, s_sr
+
+
+@triton.jit
+def _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
+    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e (sc: their scale codes, from
+    `_scale_codes`), dequantised in fp32: ([R, BLOCK_K/2] even columns (low nibbles),
+    [R, BLOCK_K/2] odd columns (high nibbles))."""
+    packed = _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED).to(tl.int32)
     mult = e8m0_multiplier(sc)[:, :, None]
     lo = (e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
     hi = (e2m1_over_16384(packed >> 4) * 16384.0) * mult
@@ -97,48 +143,65 @@ def _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se,
 
 
 @triton.jit
-def _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
-                       ASM: tl.constexpr, FOLD: tl.constexpr = False):
+def _decoded_rows_bf16(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+                       FOLD: tl.constexpr = False, TILED: tl.constexpr = False):
     """`_decoded_rows` as bf16, exact (every MXFP4 value is a bf16; products past bf16's range
     are inf, as in fp32): ASM, the PTX of `e2m1_bf16_pairs` (NVIDIA GPUs; FOLD: its folded form,
     for scale codes up to 128 only); else `_decoded_rows` rounded to bf16 (the interpreter, whose
     bf16 arithmetic is not IEEE)."""
     if ASM:
-        packed, sc = _row_codes(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
-        lo, hi = e2m1_bf16_pairs(packed, sc, FOLD)
+        lo, hi = e2m1_bf16_pairs(_row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED), sc, FOLD)
         return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
-    lo, hi = _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
+    lo, hi = _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED)
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
 @triton.jit
-def _rows_times_tokens(packed_ptr, scales_ptr, e, rows, mask_r, src_ptr, src_row, s_src, mask_t, k0, acc,
-                       s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr):
-    """acc [R, T] += W_e[rows, k0:k0+BLOCK_K] @ src[src_row, k0:k0+BLOCK_K]^T (src: activations,
-    one row per token; MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel to fp32,
-    2 / 3 / 4: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement /
-    by PTX on bf16 pairs / by PTX with the bias folded into the scale, for scale codes <= 128)."""
+def _token_columns(src_ptr, src_row, s_src, mask_t, k0, BLOCK_K: tl.constexpr, MODE: tl.constexpr,
+                   PIPELINED: tl.constexpr):
+    """Columns k0..k0+BLOCK_K of the activation rows `src_row` (one a token) as the products
+    take them: MODE 0, bf16 [BLOCK_K, T] (twice); else (even columns, odd columns) [BLOCK_K/2, T].
+    PIPELINED: the even and odd columns split in the registers from one contiguous load a row,
+    which the software pipeline issues ahead as cp.async; else two loads two bytes apart, which
+    it leaves in the loop (a round trip to L2 every step)."""
     if MODE == 0:
-        packed = tl.load(packed_ptr + e * s_pe + rows[:, None] * s_pr + (k0 // 2 + tl.arange(0, BLOCK_K // 2))[None, :],
-                         mask=mask_r[:, None], other=0)                                # [R, BLOCK_K/2] u8
-        sc = tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + (k0 // 32 + tl.arange(0, BLOCK_K // 32))[None, :],
-                     mask=mask_r[:, None], other=127)                                  # [R, BLOCK_K/32] u8
-        xt = tl.load(src_ptr + src_row[None, :] * s_src + (k0 + tl.arange(0, BLOCK_K))[:, None], mask=mask_t[None, :],
-                     other=0.0).to(tl.bfloat16)                                        # [BLOCK_K, T]
-        return tl.dot_scaled(packed, sc, "e2m1", xt, None, "bf16", acc)
-    if MODE >= 2:
-        lo, hi = _decoded_rows_bf16(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K,
-                                    MODE >= 3, MODE == 4)
+        x_a = tl.load(src_ptr + src_row[None, :] * s_src + (k0 + tl.arange(0, BLOCK_K))[:, None],
+                      mask=mask_t[None, :], other=0.0).to(tl.bfloat16)
+        x_b = x_a
+    elif PIPELINED:
+        xk = tl.load(src_ptr + src_row[:, None] * s_src + (k0 + tl.arange(0, BLOCK_K))[None, :],
+                     mask=mask_t[:, None], other=0.0)                                  # [T, BLOCK_K]
+        x_even, x_odd = tl.split(tl.reshape(xk, (xk.shape[0], BLOCK_K // 2, 2)))
+        x_a, x_b = tl.trans(x_even), tl.trans(x_odd)
     else:
-        lo, hi = _decoded_rows(packed_ptr, scales_ptr, e, rows, mask_r, k0, s_pe, s_pr, s_se, s_sr, BLOCK_K)
-    half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-    x_even = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
-    x_odd = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
-    if MODE >= 2:                                                                      # bf16 operands, fp32 sums
-        acc = tl.dot(lo, x_even.to(tl.bfloat16), acc)
-        acc = tl.dot(hi, x_odd.to(tl.bfloat16), acc)
+        half = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+        x_a = tl.load(src_ptr + src_row[None, :] * s_src + half[:, None], mask=mask_t[None, :], other=0.0)
+        x_b = tl.load(src_ptr + src_row[None, :] * s_src + (half + 1)[:, None], mask=mask_t[None, :], other=0.0)
+    return x_a, x_b
+
+
+@triton.jit
+def _rows_times_tokens(packed_ptr, sc, e, rows, mask_r, x_a, x_b, k0, acc, s_pe, s_pr, BLOCK_K: tl.constexpr,
+                       MODE: tl.constexpr, IEEE: tl.constexpr, TILED: tl.constexpr):
+    """acc [R, T] += W_e[rows, k0:k0+BLOCK_K] @ (token columns k0:k0+BLOCK_K)^T: sc, the rows'
+    scale codes of these columns (`_scale_codes`); x_a, x_b, the columns as `_token_columns`
+    returns them. MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel to fp32,
+    2 / 3 / 4: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement
+    / by PTX on bf16 pairs / by PTX with the bias folded into the scale, for scale codes <= 128.
+    TILED: the codes in moe_mxfp4_layout's tile-major layout."""
+    if MODE == 0:
+        byte = _code_byte(k0 // 2 + tl.arange(0, BLOCK_K // 2), TILED)
+        packed = tl.load(packed_ptr + e * s_pe + rows[:, None] * s_pr + byte[None, :], mask=mask_r[:, None],
+                         other=0)                                                      # [R, BLOCK_K/2] u8
+        acc = tl.dot_scaled(packed, sc.to(tl.uint8), "e2m1", x_a, None, "bf16", acc)
+    elif MODE >= 2:
+        lo, hi = _decoded_rows_bf16(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, MODE >= 3, MODE == 4,
+                                    TILED)
+        acc = tl.dot(lo, x_a.to(tl.bfloat16), acc)                                   # bf16 operands, fp32 sums
+        acc = tl.dot(hi, x_b.to(tl.bfloat16), acc)
     else:
-        x_even, x_odd = x_even.to(tl.float32), x_odd.to(tl.float32)                    # [BLOCK_K/2, T]
+        lo, hi = _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED)
+        x_even, x_odd = x_a.to(tl.float32), x_b.to(tl.float32)                        # [BLOCK_K/2, T]
         if IEEE:
             acc += tl.dot(lo, x_even, input_precision="ieee") + tl.dot(hi, x_odd, input_precision="ieee")
         else:
@@ -168,7 +231,8 @@ def _gate_up_kernel(
     TOPK, beta, linear_beta,
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, MODE: tl.constexpr,
     IEEE: tl.constexpr, ROUND_ACT: tl.constexpr, ROUND_PRODUCTS: tl.constexpr, HAS_DELTA: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PIPELINED: tl.constexpr,
+    SCALES_AHEAD: tl.constexpr, TILED: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -179,11 +243,27 @@ def _gate_up_kernel(
     mask_n = col < I
     acc_g = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    G: tl.constexpr = BLOCK_K // 32
+    # this program's gate rows and up rows (I further on): codes and scales pointers, row indices and strides
+    p_g, s_g, r_g, pr, sr = _weight_rows(p13_ptr, s13_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr,
+                                         s_se, s_sr, TILED)
+    p_u, s_u, r_u, pr, sr = _weight_rows(p13_ptr, s13_ptr, e, I + tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr,
+                                         s_se, s_sr, TILED)
+    sc_g = _scale_codes(s_g, 0, r_g, mask_n, 0, 0, sr, G, TILED)
+    sc_u = _scale_codes(s_u, 0, r_u, mask_n, 0, 0, sr, G, TILED)
     for k0 in range(0, L, BLOCK_K):
-        acc_g = _rows_times_tokens(p13_ptr, s13_ptr, e, col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_g,
-                                   s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
-        acc_u = _rows_times_tokens(p13_ptr, s13_ptr, e, I + col, mask_n, x_ptr, token, s_x, mask_t, k0, acc_u,
-                                   s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
+        if SCALES_AHEAD:    # the next step's scale codes (the last step reloads the first's: in bounds, unused)
+            k_next = (k0 + BLOCK_K) % L
+            sc_g_next = _scale_codes(s_g, 0, r_g, mask_n, k_next, 0, sr, G, TILED)
+            sc_u_next = _scale_codes(s_u, 0, r_u, mask_n, k_next, 0, sr, G, TILED)
+        else:
+            sc_g = _scale_codes(s_g, 0, r_g, mask_n, k0, 0, sr, G, TILED)
+            sc_u = _scale_codes(s_u, 0, r_u, mask_n, k0, 0, sr, G, TILED)
+            sc_g_next, sc_u_next = sc_g, sc_u
+        x_a, x_b = _token_columns(x_ptr, token, s_x, mask_t, k0, BLOCK_K, MODE, PIPELINED)   # one load for both
+        acc_g = _rows_times_tokens(p_g, sc_g, 0, r_g, mask_n, x_a, x_b, k0, acc_g, 0, pr, BLOCK_K, MODE, IEEE, TILED)
+        acc_u = _rows_times_tokens(p_u, sc_u, 0, r_u, mask_n, x_a, x_b, k0, acc_u, 0, pr, BLOCK_K, MODE, IEEE, TILED)
+        sc_g, sc_u = sc_g_next, sc_u_next
     if HAS_DELTA:       # a LoRA adapter's gate / up rows of each (token, choice), before the activation
         both = mask_t[None, :] & mask_n[:, None]
         acc_g += tl.load(delta_ptr + choice[None, :] * s_delta + col[:, None], mask=both, other=0.0)
@@ -200,7 +280,7 @@ def _down_kernel(
     delta_ptr, s_act, s_pe, s_pr, s_se, s_sr, s_y, s_delta,
     L: tl.constexpr, I: tl.constexpr, MODE: tl.constexpr, IEEE: tl.constexpr, ROUND_ACT: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, HAS_DELTA: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PIPELINED: tl.constexpr, SCALES_AHEAD: tl.constexpr, TILED: tl.constexpr,
 ):
     e, choice, mask_t, busy = _routed_choices(tile_expert_ptr, tile_start_ptr, order_ptr, start_ptr, count_ptr,
                                               BLOCK_T)
@@ -209,9 +289,19 @@ def _down_kernel(
     row = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = row < L
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
+    G: tl.constexpr = BLOCK_K // 32
+    p_d, s_d, r_d, pr, sr = _weight_rows(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, I, s_pe, s_pr, s_se,
+                                         s_sr, TILED)
+    sc = _scale_codes(s_d, 0, r_d, mask_n, 0, 0, sr, G, TILED)
     for k0 in range(0, I, BLOCK_K):
-        acc = _rows_times_tokens(p2_ptr, s2_ptr, e, row, mask_n, act_ptr, choice, s_act, mask_t, k0, acc,
-                                 s_pe, s_pr, s_se, s_sr, BLOCK_K, MODE, IEEE)
+        if SCALES_AHEAD:    # the next step's scale codes, as in _gate_up_kernel
+            sc_next = _scale_codes(s_d, 0, r_d, mask_n, (k0 + BLOCK_K) % I, 0, sr, G, TILED)
+        else:
+            sc = _scale_codes(s_d, 0, r_d, mask_n, k0, 0, sr, G, TILED)
+            sc_next = sc
+        x_a, x_b = _token_columns(act_ptr, choice, s_act, mask_t, k0, BLOCK_K, MODE, PIPELINED)
+        acc = _rows_times_tokens(p_d, sc, 0, r_d, mask_n, x_a, x_b, k0, acc, 0, pr, BLOCK_K, MODE, IEEE, TILED)
+        sc = sc_next
     if HAS_DELTA:       # a LoRA adapter's down rows of each (token, choice), before the routing weight
         acc += tl.load(delta_ptr + choice[None, :] * s_delta + row[:, None], mask=mask_t[None, :] & mask_n[:, None],
                        other=0.0)
@@ -297,8 +387,9 @@ def folding_safe(*weights: MXFP4Tensor) -> bool:
     return True
 
 
-# the H100 sweep (2026-12-06, bench/moe_mxfp4.py): this tile beat every other decode_bf16 and
-# dot_scaled tile swept at 16 / 32 / 64 tokens, and the served fp32-product gemv at 16 (1,491 vs 1,805 us)
+# the H100 sweeps (2026-12-06, bench/moe_mxfp4.py): this tile beat every other decode_bf16 and dot_scaled tile
+# swept at 16 / 32 / 64 tokens, and the served fp32-product gemv at 16 (1,491 vs 1,805 us); on the tiled copy
+# (moe_mxfp4_layout.py) 1,195 / 1,321 / 1,339 us, 55-56% of the weight-bytes floor
 BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)
 BF16_DECODE_MIN_TOKENS = 16      # measured from 16 tokens; the gemv keeps smaller batches
 
@@ -307,16 +398,20 @@ def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activatio
                                 expert_start=0, dense_dispatch=False):
     """`k3.reference.experts_forward` (same signature and contract) with the decode_bf16 mode
     (BF16_DECODE_TILE) for bf16 batches on a GPU of BF16_DECODE_MIN_TOKENS up to
-    DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), `default_mode` elsewhere: the nvidia plugin's
+    DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), reading the
+    experts' tiled copies where both have one (`moe_mxfp4_layout.tiles_of`: attached at load by
+    the nvidia plugin's `k3_process_weights`), `default_mode` elsewhere: the nvidia plugin's
     experimental `moe_experts_bf16`, served in place of the promoted kernel when
     K3_NVIDIA_EXPERIMENTAL names it."""
     mode = default_mode(x)
-    if mode == "dot_scaled" or (mode == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS):
+    mxfp4 = isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)      # dense experts: experts_forward's
+    if mxfp4 and (mode == "dot_scaled" or (mode == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS)):
+        tiles = moe_mxfp4_layout.tiles_of(w13), moe_mxfp4_layout.tiles_of(w2)
         return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
                                mode="decode_bf16",
                                ptx=False if interpreted() else "folded" if folding_safe(w13, w2) else True,
-                               **BF16_DECODE_TILE)
+                               tiles=None if None in tiles else tiles, **BF16_DECODE_TILE)
     return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                            linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
 
@@ -349,7 +444,7 @@ def launch_options(t: int, mode: str) -> dict:
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
                     stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None, group_tokens=None,
-                    ptx=None):
+                    ptx=None, pipelined_loads=True, tiles=None, scales_ahead=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
@@ -363,7 +458,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8), ptx (decode_bf16:
     the PTX decode of bf16 pairs; None: on a GPU, not under the interpreter; False: fp32 bit placement;
     "folded": the PTX with the bias in the scale, correct only while every E8M0 scale code is <= 128,
-    for measuring what the second multiply costs):
+    for measuring what the second multiply costs), pipelined_loads (the tensor-core modes: scale
+    codes read as 4-byte words and activation columns as contiguous rows, so the software pipeline
+    loads them ahead with the codes; False: byte and strided loads in the loop, as before issue 27,
+    for benchmarks):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
     if not covers(x, w13, w2, activation):
@@ -409,7 +507,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
                          expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
-                         bf16_decode=_bf16_decode_form(mode, ptx),
+                         bf16_decode=_bf16_decode_form(mode, ptx), pipelined_loads=pipelined_loads, tiles=tiles,
+                         scales_ahead=scales_ahead,
                          block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages)
 
 
@@ -424,14 +523,18 @@ def _bf16_decode_form(mode: str, ptx) -> str | bool:
 
 
 def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
-                  block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None, bf16_decode=False):
+                  block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None, bf16_decode=False,
+                  pipelined_loads=True, tiles=None, scales_ahead=None):
     """The two tensor-core launches of the module docstring ("dot_scaled", or "decode" without
     dot_scaled). delta13: [T*k, 2I] fp32 rows added to each (token, choice)'s gate / up rows
     before the activation; delta2: a function of the activation rows [T*k, I] returning [T*k, L]
     fp32 rows added to the down rows before the routing weight (LoRA adapters,
     `triton_kernels.lora`); None: nothing added (the served experts). bf16_decode (bf16
     activations, not with dot_scaled): "decode_bf16", the codes decoded to bf16 in the kernel by
-    "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode."""
+    "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode. pipelined_loads:
+    `experts_forward`'s. tiles: (w13, w2)'s `moe_mxfp4_layout.TiledMXFP4` copies, read in place
+    of w13's and w2's tensors (None: those); then block_n must divide 128 and block_k 64.
+    scales_ahead: `experts_forward`'s."""
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
@@ -444,6 +547,9 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
         raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
     if bf16_decode and (dot_scaled or x.dtype != torch.bfloat16):
         raise ValueError("tiled_experts: bf16_decode takes bf16 activations and excludes dot_scaled")
+    if tiles is not None and (moe_mxfp4_layout.TILE_ROWS % block_n or moe_mxfp4_layout.TILE_COLS % block_k):
+        raise ValueError(f"tiled_experts: with tiles, block_n must divide {moe_mxfp4_layout.TILE_ROWS} and block_k "
+                         f"{moe_mxfp4_layout.TILE_COLS}, got {block_n} and {block_k}")
     bf16_operands = dot_scaled or bf16_decode
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if bf16_operands else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
@@ -451,20 +557,26 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     common = dict(MODE=0 if dot_scaled else {"folded": 4, "ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
                   ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
-                  BLOCK_K=block_k, num_warps=num_warps, **({"num_stages": stages} if stages else {}))
-    tiles = tile_expert.numel()
+                  BLOCK_K=block_k, PIPELINED=bool(pipelined_loads), TILED=tiles is not None,
+                  SCALES_AHEAD=bool(pipelined_loads) and (tiles is None if scales_ahead is None else bool(scales_ahead)),
+                  num_warps=num_warps, **({"num_stages": stages} if stages else {}))
+    # the codes and scales the kernels read, with their expert and row strides (tiled: a row's within its tile)
+    (p13, s13), (p2, s2) = ((w.packed, w.scales) for w in (tiles or (w13, w2)))
+    strides13, strides2 = ((w.packed.stride(0), w.packed.stride(-2), w.scales.stride(0), w.scales.stride(-2))
+                           for w in (tiles or (w13, w2)))
+    grid_tiles = tile_expert.numel()
     d13 = y if delta13 is None else delta13                                           # y: a pointer never read
-    _gate_up_kernel[(tiles, triton.cdiv(inter, block_n))](
-        x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act, d13,
-        x.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0), d13.stride(0),
+    _gate_up_kernel[(grid_tiles, triton.cdiv(inter, block_n))](
+        x, p13, s13, tile_expert, tile_start, order, starts, counts, act, d13,
+        x.stride(0), *strides13, act.stride(0), d13.stride(0),
         topk, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
         HAS_DELTA=delta13 is not None, **common,
     )
     d2 = None if delta2 is None else delta2(act)
-    _down_kernel[(tiles, triton.cdiv(l, block_n))](
-        act, w2.packed, w2.scales, tile_expert, tile_start, order, starts, counts, weights, y, y if d2 is None else d2,
-        act.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0), l if d2 is None else d2.stride(0),
+    _down_kernel[(grid_tiles, triton.cdiv(l, block_n))](
+        act, p2, s2, tile_expert, tile_start, order, starts, counts, weights, y, y if d2 is None else d2,
+        act.stride(0), *strides2, y.stride(0), l if d2 is None else d2.stride(0),
         L=l, I=inter, HAS_DELTA=d2 is not None, **common,
     )
     return y.view(t, topk, l).sum(1).to(x.dtype)

@@ -637,3 +637,85 @@ def test_folding_is_safe_only_when_every_scale_code_is_at_most_128():
     with torch.no_grad():
         w2.scales.copy_(w2.scales.clone().fill_(200))           # a checkpoint loaded after the first call
     assert not kernel.folding_safe(w13, w2)
+
+
+def _tileable_experts(g):
+    """Three experts whose stacks divide into moe_mxfp4_layout's tiles (128 rows x 64 columns)."""
+    return _experts(3, 64, 128, g)
+
+
+def test_the_tiled_copy_round_trips_and_follows_its_tensors():
+    """moe_mxfp4_layout: each 128-row x 64-column tile's codes (4 KB) and scales contiguous, back
+    to the checkpoint layout exactly; the copy remembered on the codes tensor answers only while
+    neither tensor was written since; stacks that do not divide into tiles get none."""
+    from k3.platforms.triton_kernels import moe_mxfp4_layout as layout
+
+    g = torch.Generator().manual_seed(14)
+    w13, w2 = _tileable_experts(g)
+    tiles = layout.to_tiles(w13)
+    assert tiles.packed.shape == (3, 1, 2, 128, 32) and tiles.scales.shape == (3, 1, 2, 128, 2)
+    assert torch.equal(tiles.packed[1, 0, 1, 5], w13.packed[1, 5, 32:64])           # row 5, columns 64..127
+    assert torch.equal(tiles.scales[2, 0, 1, 7], w13.scales[2, 7, 2:4])
+    back = layout.from_tiles(tiles)
+    assert torch.equal(back.packed, w13.packed) and torch.equal(back.scales, w13.scales)
+    assert layout.tiles_of(w13) is None                                              # never built on demand
+    assert layout.attach_tiles(w13) == w13.packed.numel() + w13.scales.numel()
+    assert torch.equal(layout.tiles_of(MXFP4Tensor(w13.packed, w13.scales)).packed, tiles.packed)
+    w13.scales[0, 0, 0] += 1                                                         # a checkpoint written in place
+    assert layout.tiles_of(w13) is None
+    assert layout.tiles_of(torch.zeros(3, 128, 128)) is None                         # dense experts
+    small, _ = _experts(2, 32, 64, g)                                                # 64 rows: no whole tile
+    assert not layout.tileable(small) and layout.attach_tiles(small) == 0
+    with pytest.raises(ValueError, match="N % 128 == 0"):
+        layout.to_tiles(small)
+
+
+@pytest.mark.parametrize("mode", ["decode", "decode_bf16"])
+def test_the_tiled_copy_and_the_load_pipeline_change_no_bit(mode):
+    """The tensor-core tiles read the tiled copy (row tiles of 128 and 64, steps of 64 and 32
+    columns, scale codes loaded in the step or a step ahead) and load with and without the
+    pipelined scale / activation loads, bit for bit the checkpoint layout's result, which is the
+    reference's within the dtype's tolerance."""
+    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+
+    g = torch.Generator().manual_seed(15)
+    w13, w2 = _tileable_experts(g)
+    weights, ids = _routing(19, 2, 3, g)
+    dtype = torch.bfloat16 if mode == "decode_bf16" else torch.float32
+    x = torch.randn(19, 128, generator=g).to(dtype)
+    tiles = (to_tiles(w13), to_tiles(w2))
+    kw = {"activation": "situ", "beta": 4.0, "mode": mode, "block_t": 16, "num_warps": 4}
+    for block_n, block_k in ((128, 64), (64, 32)):
+        base = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **kw)
+        _check(base, ref.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0), dtype)
+        for options in (dict(tiles=tiles), dict(tiles=tiles, scales_ahead=True), dict(pipelined_loads=False)):
+            got = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **options, **kw)
+            assert torch.equal(got, base), (block_n, block_k, list(options))
+    with pytest.raises(ValueError, match="block_n must divide 128 and block_k 64"):
+        kernel.experts_forward(x, w13, w2, weights, ids, block_n=256, block_k=64, tiles=tiles, **kw)
+
+
+def test_the_experimental_bf16_entry_reads_attached_tiles(monkeypatch):
+    """`moe_experts_bf16` passes the experts' tiled copies to decode_bf16 where both stacks have
+    one attached and current, the checkpoint layout otherwise."""
+    from k3.platforms.triton_kernels.moe_mxfp4_layout import attach_tiles
+
+    g = torch.Generator().manual_seed(16)
+    w13, w2 = _tileable_experts(g)
+    weights, ids = _routing(17, 2, 3, g)
+    x = torch.randn(17, 128, generator=g).to(torch.bfloat16)
+    seen = []
+    forward = kernel.experts_forward
+    monkeypatch.setattr(kernel, "experts_forward", lambda *a, **k: seen.append(k.get("tiles")) or forward(*a, **k))
+    monkeypatch.setattr(kernel, "default_mode", lambda x: "dot_scaled")
+    monkeypatch.setattr(kernel, "BF16_DECODE_TILE", dict(block_t=16, block_n=128, block_k=64, num_warps=4, stages=2))
+    plain = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
+    attach_tiles(w13)
+    kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")    # w2 has none yet
+    attach_tiles(w2)
+    tiled = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
+    assert seen[0] is None and seen[1] is None and seen[2] is not None
+    assert torch.equal(tiled, plain)
+    dense13, dense2 = w13.dequantize(torch.bfloat16), w2.dequantize(torch.bfloat16)       # the expert cache's stacks
+    got = kernel.experts_forward_bf16_decode(x, dense13, dense2, weights, ids, activation="silu")
+    _check(got, ref.experts_forward(x, dense13, dense2, weights, ids, activation="silu"), torch.bfloat16)

@@ -17,7 +17,7 @@ VENDORS = ("nvidia", "amd", "tpu", "ppu")
 VENDOR_HOOKS = ["k3_capabilities", "k3_config_defaults", "k3_conformance_expectations", "k3_detect_platform"]
 KERNEL_HOOKS = {"nvidia": ["k3_attn_res_kernels", "k3_collective_backends", "k3_dense_kernels", "k3_elementwise_kernels",
                            "k3_graph_runner", "k3_indexer_kernels", "k3_kda_kernels", "k3_lora_kernels",
-                           "k3_mla_kernels", "k3_moe_kernels", "k3_quant_kernels"],
+                           "k3_mla_kernels", "k3_moe_kernels", "k3_process_weights", "k3_quant_kernels"],
                 "ppu": ["k3_attn_res_kernels", "k3_elementwise_kernels", "k3_graph_runner", "k3_indexer_kernels",
                         "k3_kda_kernels", "k3_mla_kernels", "k3_moe_kernels"],
                 # tpu: every kernel family, XLA-clean (k3.platforms.xla_kernels.tables), the XLA graph runner, buckets, step end
@@ -294,6 +294,25 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "kda_chunked,typo")
     with pytest.warns(UserWarning, match="typo"):
         assert "chunked" in plugin.k3_kda_kernels(batch_invariant=False).provided()
+
+
+def test_nvidia_attaches_tiled_experts_only_for_the_bf16_decode_entry(monkeypatch):
+    """With `moe_experts_bf16` named, k3_process_weights gives every MXFP4 expert stack its
+    tiled copy (moe_mxfp4_layout.py) and reports the bytes; otherwise it adds nothing."""
+    pytest.importorskip("triton")
+    from k3.platforms.nvidia import plugin
+    from k3.platforms.triton_kernels.moe_mxfp4_layout import tiles_of
+    from k3.quant.mxfp4 import MXFP4Tensor
+
+    stacks = [MXFP4Tensor.from_float(torch.randn(2, 128, 64)), MXFP4Tensor.from_float(torch.randn(2, 64, 64))]
+    moe = torch.nn.Module()
+    moe.expert_weights = lambda: stacks                       # one tileable stack, one of 64 rows (none)
+    model = torch.nn.Sequential(moe, torch.nn.Linear(2, 2))
+    monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
+    assert plugin.k3_process_weights(model) == 0 and tiles_of(stacks[0]) is None
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts_bf16")
+    assert plugin.k3_process_weights(model) == stacks[0].packed.numel() + stacks[0].scales.numel()
+    assert tiles_of(stacks[0]) is not None and tiles_of(stacks[1]) is None
 
 
 def test_nvidia_captures_decode_with_cuda_graphs():
