@@ -59,19 +59,21 @@ VARIANTS = {
     "inloop_ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8,
                                       pipelined_loads=False),
     # the same tiles reading moe_mxfp4_layout's tile-major copy of the experts (4 KB of codes a step, contiguous;
-    # "ahead": the scale codes loaded a step ahead, as with the checkpoint layout)
+    # "inloop_scales": the scale codes loaded in the step, not a step ahead)
     **{f"tiled_{name}": dict(options, tiled=True) for name, options in (
         ("dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
                                            num_warps=8, stages=3)),
-        ("ahead_dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64,
-                                                 block_t=16, num_warps=8, stages=3, scales_ahead=True)),
+        ("inloop_scales_dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64,
+                                                         block_t=16, num_warps=8, stages=3, scales_ahead=False)),
         ("db_n128_k64_t16_w8_s3", dict(mode="decode_bf16", block_n=128, block_k=64, block_t=16, num_warps=8,
                                        stages=3)),
         ("dbfold_n128_k64_t16_w8_s4", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
                                            num_warps=8, stages=4)),
         ("dbfold_n64_k64_t16_w4_s3", dict(mode="decode_bf16", ptx="folded", block_n=64, block_k=64, block_t=16,
                                           num_warps=4, stages=3)),
-        ("ds_n128_k64_t16_w8", dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8)))},
+        ("ds_n128_k64_t16_w8", dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8)),
+        ("gemv_n32_k512_w4_u4", _gemv(32, 512, 4, 4, False)),         # the served gemv (1-16 tokens)
+        ("gemv_n32_k512_w4_u4_pf", _gemv(32, 512, 4, 4, True)))},
     # fp32 products (the eighth session's served form): several weight rows per thread (u: row_split),
     # weights loaded a step ahead (pf: prefetch)
     "gemv_n32_k512_w4_u4": _gemv(32, 512, 4, 4, False),

@@ -63,7 +63,7 @@ def compile_tile(mode, rows, tokens, cols, warps, stages, pipelined, tiled=False
                         "delta_ptr": "*fp32"}, ("beta", "linear_beta"))
     constants = dict(L=3584, I=3072, SITU=True, HAS_LINEAR_BETA=False, IEEE=False, ROUND_ACT=1, ROUND_PRODUCTS=1,
                      HAS_DELTA=False, MODE=mode, BLOCK_T=tokens, BLOCK_N=rows, BLOCK_K=cols, PIPELINED=pipelined,
-                     TILED=tiled, SCALES_AHEAD=pipelined and not tiled)
+                     TILED=tiled, SCALES_AHEAD=pipelined)
     kernel, report, sass = assemble(fn, types, constants, warps, stages, disassemble=True)
     census = loop_census(sass)
     weights_a_thread = 2 * rows * cols / (32 * warps)

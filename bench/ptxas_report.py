@@ -169,7 +169,7 @@ def variants():
         name = (f"gemv_n{block_n}_k{block_k}_w{warps}_s{stages}_u{split}" + ("_prefetch" if prefetch else "")
                 + (f"_fp16x2_c{chain}" if chain else ""))
         form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=bool(chain),
-                    CHAIN=chain or 4, ASM=True, ROUND_PRODUCTS=0 if chain else 1)    # fp16x2: the legacy form
+                    CHAIN=chain or 4, ASM=True, ROUND_PRODUCTS=0 if chain else 1, TILED=False)  # fp16x2: legacy
         planes = "*i32" if chain else "*bf16"                       # fp16 pairs as int32 words, or bf16 planes
         fn = moe_mxfp4_gemv.gate_up_kernel
         types = _types(fn, {"p13_ptr": "*u8", "s13_ptr": "*u8", "ids_ptr": "*i64", "act_ptr": "*fp16" if chain else

@@ -77,7 +77,9 @@ from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_k
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
 MODES = ("dot_scaled", "decode", "decode_bf16", "gemv", "gemv_grouped", "dequant")
-_TILE_ROWS = tl.constexpr(moe_mxfp4_layout.TILE_ROWS)      # the tiled layout (moe_mxfp4_layout.py)
+# the tiled layout (moe_mxfp4_layout.py); used as `.value` (plain ints: the interpreter cannot take an int
+# modulo a constexpr, and k0 is an int at the loops' first step)
+_TILE_ROWS = tl.constexpr(moe_mxfp4_layout.TILE_ROWS)
 _TILE_COLS = tl.constexpr(moe_mxfp4_layout.TILE_COLS)
 
 
@@ -86,36 +88,37 @@ def _scale_codes(scales_ptr, e, rows, mask_r, k0, s_se, s_sr, G: tl.constexpr, T
     """E8M0 scale codes [R, G] (int32) of groups k0/32 .. k0/32+G-1 of weight rows `rows` of
     expert e (s_sr: a row's stride), a byte each (Triton issues such loads where they stand, no
     cp.async under 4 bytes, so the kernels load a step's codes a step ahead when SCALES_AHEAD).
-    TILED: rows within one row tile of moe_mxfp4_layout's tiles (`_weight_rows`), group g in
-    column tile g / 2."""
-    group = k0 // 32 + tl.arange(0, G)
+    TILED: rows within one row tile of moe_mxfp4_layout's tiles (`_weight_rows`), the step's
+    groups within one column tile (its 256-byte block, then group % 2)."""
     if TILED:
-        per_tile: tl.constexpr = _TILE_COLS // 32
-        column = (group // per_tile) * (_TILE_ROWS * per_tile) + group % per_tile
+        per_tile: tl.constexpr = _TILE_COLS.value // 32
+        tile, start = (k0 // _TILE_COLS.value) * (_TILE_ROWS.value * per_tile), (k0 % _TILE_COLS.value) // 32
     else:
-        column = group
-    return tl.load(scales_ptr + e * s_se + rows[:, None] * s_sr + column[None, :], mask=mask_r[:, None],
-                   other=127).to(tl.int32)                                            # [R, G]
+        tile, start = 0, k0 // 32
+    return tl.load(scales_ptr + e * s_se + tile + rows[:, None] * s_sr + (start + tl.arange(0, G))[None, :],
+                   mask=mask_r[:, None], other=127).to(tl.int32)                      # [R, G]
 
 
 @triton.jit
-def _code_byte(byte, TILED: tl.constexpr):
-    """Where code byte `byte` of a weight row lies from the row's first byte: there, or TILED
-    (rows within one row tile of moe_mxfp4_layout's tiles, `_weight_rows`) in column tile
-    byte / 32, 4 KB apart."""
+def _step_start(k0, TILED: tl.constexpr):
+    """Where column k0's code byte lies from its weight row's first byte, as (offset of its column
+    tile, byte within): the checkpoint layout's (0, k0 / 2); TILED (rows within one row tile of
+    moe_mxfp4_layout's tiles, `_weight_rows`; a step's columns within one column tile) the tile's
+    4 KB block, then k0 % 64 / 2, so the loads keep the checkpoint layout's shape."""
     if TILED:
-        half_cols: tl.constexpr = _TILE_COLS // 2
-        return (byte // half_cols) * (_TILE_ROWS * half_cols) + byte % half_cols
-    return byte
+        half_cols: tl.constexpr = _TILE_COLS.value // 2
+        return (k0 // _TILE_COLS.value) * (_TILE_ROWS.value * half_cols), tl.multiple_of((k0 % _TILE_COLS.value) // 2, 16)
+    return 0, k0 // 2
 
 
 @triton.jit
 def _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
     """Packed codes of columns k0..k0+BLOCK_K of weight rows `rows` of expert e (s_pr: a row's
-    stride; TILED: `_code_byte`): [R, BLOCK_K/32, 16] uint8."""
+    stride; TILED: `_step_start`): [R, BLOCK_K/32, 16] uint8."""
     G: tl.constexpr = BLOCK_K // 32
-    byte = _code_byte(k0 // 2 + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :], TILED)     # [G, 16]
-    return tl.load(packed_ptr + e * s_pe + rows[:, None, None] * s_pr + byte[None, :, :],
+    tile, start = _step_start(k0, TILED)
+    byte = (start + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])              # [G, 16]
+    return tl.load(packed_ptr + e * s_pe + tile + rows[:, None, None] * s_pr + byte[None, :, :],
                    mask=mask_r[:, None, None], other=0)                                 # [R, G, 16]
 
 
@@ -130,11 +133,11 @@ def _weight_rows(packed_ptr, scales_ptr, e, row0, BLOCK_N: tl.constexpr, K: tl.c
     128 and row0 is a multiple of it): the pointers of row0 within its row tile, rows 0..BLOCK_N-1
     from there."""
     if TILED:
-        tile = row0 // _TILE_ROWS
-        first = row0 % _TILE_ROWS
-        tiles_k: tl.constexpr = K // _TILE_COLS
-        return (packed_ptr + e * s_pe + (tile * _TILE_ROWS * tiles_k + first) * s_pr,
-                scales_ptr + e * s_se + (tile * _TILE_ROWS * tiles_k + first) * s_sr,
+        tile = row0 // _TILE_ROWS.value
+        first = row0 % _TILE_ROWS.value
+        tiles_k: tl.constexpr = K // _TILE_COLS.value
+        return (packed_ptr + e * s_pe + (tile * _TILE_ROWS.value * tiles_k + first) * s_pr,
+                scales_ptr + e * s_se + (tile * _TILE_ROWS.value * tiles_k + first) * s_sr,
                 tl.arange(0, BLOCK_N), s_pr, s_sr)
     return packed_ptr + e * s_pe, scales_ptr + e * s_se, row0 + tl.arange(0, BLOCK_N), s_pr, s_sr
 
@@ -199,9 +202,9 @@ def _rows_times_tokens(packed_ptr, sc, e, rows, mask_r, x_a, x_b, k0, acc, s_pe,
     / by PTX on bf16 pairs / by PTX with the bias folded into the scale, for scale codes <= 128.
     TILED: the codes in moe_mxfp4_layout's tile-major layout."""
     if MODE == 0:
-        byte = _code_byte(k0 // 2 + tl.arange(0, BLOCK_K // 2), TILED)
-        packed = tl.load(packed_ptr + e * s_pe + rows[:, None] * s_pr + byte[None, :], mask=mask_r[:, None],
-                         other=0)                                                      # [R, BLOCK_K/2] u8
+        tile, start = _step_start(k0, TILED)
+        packed = tl.load(packed_ptr + e * s_pe + tile + rows[:, None] * s_pr + (start + tl.arange(0, BLOCK_K // 2))[None, :],
+                         mask=mask_r[:, None], other=0)                                # [R, BLOCK_K/2] u8
         acc = tl.dot_scaled(packed, sc.to(tl.uint8), "e2m1", x_a, None, "bf16", acc)
     elif MODE >= 2:
         lo, hi = _decoded_rows_bf16(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, MODE >= 3, MODE == 4,
@@ -398,7 +401,7 @@ def folding_safe(*weights: MXFP4Tensor) -> bool:
 
 # the H100 sweeps (2026-12-06, bench/moe_mxfp4.py): this tile beat every other decode_bf16 and dot_scaled tile
 # swept at 16 / 32 / 64 tokens, and the served fp32-product gemv at 16 (1,491 vs 1,805 us); on the tiled copy
-# (moe_mxfp4_layout.py) 1,195 / 1,321 / 1,339 us, 55-56% of the weight-bytes floor
+# (moe_mxfp4_layout.py) 1,109 / 1,231 / 1,256 us, 59-60% of the weight-bytes floor (64 rows on 4 warps: 1-2% faster)
 BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)
 BF16_DECODE_MIN_TOKENS = 16      # measured from 16 tokens; the gemv keeps smaller batches
 
@@ -499,7 +502,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
     if mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
-        mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
+        mode, tiles = "decode", None    # codes not readable as 32-bit words (a view at an odd offset)
     if mode == "gemv_grouped":
         return moe_mxfp4_gemv_grouped.experts_forward(
             x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
@@ -512,7 +515,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                                               block_k=block_k, num_warps=num_warps, stages=stages or 1,
                                               split=row_split or chosen.get("row_split", 1),
                                               prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch,
-                                              half=half, chain=chain or chosen.get("chain", 4))
+                                              half=half, chain=chain or chosen.get("chain", 4), tiles=tiles)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
                          expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
@@ -567,7 +570,7 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
                   ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
                   BLOCK_K=block_k, PIPELINED=bool(pipelined_loads), TILED=tiles is not None,
-                  SCALES_AHEAD=bool(pipelined_loads) and (tiles is None if scales_ahead is None else bool(scales_ahead)),
+                  SCALES_AHEAD=bool(pipelined_loads) if scales_ahead is None else bool(scales_ahead),
                   num_warps=num_warps, **({"num_stages": stages} if stages else {}))
     # the codes and scales the kernels read, with their expert and row strides (tiled: a row's within its tile)
     (p13, s13), (p2, s2) = ((w.packed, w.scales) for w in (tiles or (w13, w2)))

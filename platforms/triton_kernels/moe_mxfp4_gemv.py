@@ -78,30 +78,52 @@ def _fp32_step_sums(w, sc, k0, src_ptr, L: tl.constexpr, G: tl.constexpr):
 
 @triton.jit
 def first_step_pointers(packed_ptr, scales_ptr, e, row0, N, s_pe, s_pr, s_se, s_sr, BLOCK_K: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+                        BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, K: tl.constexpr = 0, TILED: tl.constexpr = False):
     """The code words [RB, G, U, 4] (uint32) and E8M0 scales [RB, G, U] of expert e's rows
-    row0 + `_block_rows` for the first BLOCK_K columns (step k0 adds k0 // 8 and k0 // 32), with
-    their masks (rows past N)."""
+    row0 + `_block_rows` for the first BLOCK_K columns (`_step_offsets` moves them to step k0),
+    with their masks (rows past N). TILED: the experts' tile-major copy (moe_mxfp4_layout.py;
+    s_pr, s_sr: 32 and 2, a row's stride within its tile; K columns; BLOCK_N divides 128 and
+    row0 is a multiple of it, so the rows lie in one row tile): group g of a step in column tile
+    g / 2 (4 KB of codes and 256 bytes of scales apart), at 16 * (g % 2) bytes within it."""
     G: tl.constexpr = BLOCK_K // 32
     RB: tl.constexpr = BLOCK_N // SPLIT
     rows = row0 + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB               # [RB, U]
     mask_r = rows < N
     group_in_step = tl.arange(0, G)
-    words_ptr = (packed_ptr + e * s_pe + rows[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
-    step_words = words_ptr + (group_in_step[:, None] * 4 + tl.arange(0, 4)[None, :])[None, :, None, :]
+    if TILED:
+        tiles_k: tl.constexpr = K // 64
+        first = (row0 // 128) * 128 * tiles_k + row0 % 128                    # row0's place in the row-tile order
+        rows_in = first + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB
+        group_words = (group_in_step // 2) * 1024 + (group_in_step % 2) * 4                   # 4 KB, 16 bytes
+        group_scales = (group_in_step // 2) * 256 + group_in_step % 2
+    else:
+        rows_in = rows
+        group_words = group_in_step * 4
+        group_scales = group_in_step
+    words_ptr = (packed_ptr + e * s_pe + rows_in[:, None, :, None] * s_pr).to(tl.pointer_type(tl.uint32), bitcast=True)
+    step_words = words_ptr + (group_words[:, None] + tl.arange(0, 4)[None, :])[None, :, None, :]
     # [RB, G, U]. Triton loads these bytes as 4-byte vectors along G and gives the accumulator their
     # layout, so each step's sums cross shared memory (a barrier a step); declared not contiguous
     # (tl.max_contiguous 1) they load a byte a thread and the convert goes, but that measured slower
     # on the H200: 137 against 122 us at T = 1 for the HALF form (BENCHMARKS.md, ninth session)
-    step_scales = scales_ptr + e * s_se + rows[:, None, :] * s_sr + group_in_step[None, :, None]
+    step_scales = scales_ptr + e * s_se + rows_in[:, None, :] * s_sr + group_scales[None, :, None]
     return step_words, step_scales, mask_r[:, None, :, None], mask_r[:, None, :]
+
+
+@triton.jit
+def _step_offsets(k0, TILED: tl.constexpr):
+    """(code words, scale bytes) from `first_step_pointers`' first step to step k0 (a multiple
+    of 64): the checkpoint layout's k0 / 8 and k0 / 32, or the tiled copy's whole column tiles."""
+    if TILED:
+        return (k0 // 64) * 1024, (k0 // 64) * 256
+    return k0 // 8, k0 // 32
 
 
 @triton.jit
 def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr, L: tl.constexpr,
                     BLOCK_K: tl.constexpr, s_pe, s_pr, s_se, s_sr, STAGES: tl.constexpr, SPLIT: tl.constexpr,
                     BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr,
-                    ASM: tl.constexpr):
+                    ASM: tl.constexpr, TILED: tl.constexpr = False):
     """sum_k W_e[r, k] * src[k] over k < L in fp32 for the BLOCK_N rows r = row0 + i (rows past N
     read as zero): [BLOCK_N / SPLIT, SPLIT], row row0 + u * BLOCK_N / SPLIT + i at [i, u]. src
     points at the token's activations: with HALF, fp16 pair planes and src_unscale its group
@@ -120,11 +142,12 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr
     loads and widens its activations once for SPLIT weight rows: the activation loads, not the
     weight bytes, were what bound the one-row-per-thread form (BENCHMARKS.md).
     PREFETCH: each step's codes and scales are loaded one step ahead, into registers, so a warp
-    has loads in flight while it decodes (without it, a warp waits out DRAM latency each step)."""
+    has loads in flight while it decodes (without it, a warp waits out DRAM latency each step).
+    TILED: the experts' tile-major copy (`first_step_pointers`)."""
     G: tl.constexpr = BLOCK_K // 32
     RB: tl.constexpr = BLOCK_N // SPLIT
     step_words, step_scales, mask_w, mask_s = first_step_pointers(packed_ptr, scales_ptr, e, row0, N, s_pe, s_pr,
-                                                                  s_se, s_sr, BLOCK_K, BLOCK_N, SPLIT)
+                                                                  s_se, s_sr, BLOCK_K, BLOCK_N, SPLIT, L, TILED)
     acc = tl.zeros((RB, G, SPLIT), dtype=tl.float32)
     if PREFETCH:
         w_next = tl.load(step_words, mask=mask_w, other=0)
@@ -135,12 +158,13 @@ def _rows_dot_token(packed_ptr, scales_ptr, e, row0, N, src_ptr, src_unscale_ptr
             # step's (the last step again at the end: a cache hit, no mask) load during this one
             w = w_next
             sc = sc_next
-            following = tl.minimum(k0 + BLOCK_K, L - BLOCK_K)
-            w_next = tl.load(step_words + following // 8, mask=mask_w, other=0)
-            sc_next = tl.load(step_scales + following // 32, mask=mask_s, other=127)
+            words, scales = _step_offsets(tl.minimum(k0 + BLOCK_K, L - BLOCK_K), TILED)
+            w_next = tl.load(step_words + words, mask=mask_w, other=0)
+            sc_next = tl.load(step_scales + scales, mask=mask_s, other=127)
         else:
-            w = tl.load(step_words + k0 // 8, mask=mask_w, other=0)                          # [RB, G, U, 4]
-            sc = tl.load(step_scales + k0 // 32, mask=mask_s, other=127)
+            words, scales = _step_offsets(k0, TILED)
+            w = tl.load(step_words + words, mask=mask_w, other=0)                            # [RB, G, U, 4]
+            sc = tl.load(step_scales + scales, mask=mask_s, other=127)
         if HALF:
             acc += _half_step_sums(w, sc, k0, src_ptr, src_unscale_ptr, L, G, RB, SPLIT, CHAIN, ASM)
         else:
@@ -172,15 +196,16 @@ def gate_up_kernel(
     L: tl.constexpr, I: tl.constexpr, SITU: tl.constexpr, HAS_LINEAR_BETA: tl.constexpr, ROUND_ACT: tl.constexpr,
     ROUND_PRODUCTS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
     SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
+    TILED: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     if local:
         col0 = tl.program_id(1) * BLOCK_N
         x_row, x_unscale = x_ptr + (n // TOPK) * s_x, x_unscale_ptr + (n // TOPK) * s_xu
         g = _rows_dot_token(p13_ptr, s13_ptr, e, col0, I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se, s_sr,
-                            STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
+                            STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM, TILED)
         u = _rows_dot_token(p13_ptr, s13_ptr, e, I + col0, 2 * I, x_row, x_unscale, L, BLOCK_K, s_pe, s_pr, s_se,
-                            s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM)
+                            s_sr, STAGES, SPLIT, BLOCK_N, PREFETCH, HALF, CHAIN, ASM, TILED)
         g, u = round_to(g, ROUND_PRODUCTS), round_to(u, ROUND_PRODUCTS)                  # the gate/up products
         store_activation_row(gated_activation(g, u, beta, linear_beta, SITU, HAS_LINEAR_BETA), col0,
                              act_ptr + n * s_act, act_unscale_ptr + n * s_au, n >= 0, I, BLOCK_N, SPLIT, HALF,
@@ -217,7 +242,7 @@ def down_kernel(
     expert_start, E_LOCAL,
     L: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
     SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HALF: tl.constexpr, CHAIN: tl.constexpr, ASM: tl.constexpr,
-    ROUND_PRODUCTS: tl.constexpr,
+    ROUND_PRODUCTS: tl.constexpr, TILED: tl.constexpr,
 ):
     n, e, local = _local_expert(ids_ptr, expert_start, E_LOCAL)
     row = _block_rows(BLOCK_N, SPLIT)                                                         # [RB, U]
@@ -225,7 +250,7 @@ def down_kernel(
     if local:
         out = _rows_dot_token(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, L, act_ptr + n * s_act,
                               act_unscale_ptr + n * s_au, I, BLOCK_K, s_pe, s_pr, s_se, s_sr, STAGES, SPLIT, BLOCK_N,
-                              PREFETCH, HALF, CHAIN, ASM)
+                              PREFETCH, HALF, CHAIN, ASM, TILED)
         out = round_to(out, ROUND_PRODUCTS)                                               # the down product
         tl.store(y_ptr + n * s_y + row, out * tl.load(weight_ptr + n).to(tl.float32), mask=mask_n)
     else:                                                 # another rank's expert: contributes nothing
@@ -265,7 +290,7 @@ def word_aligned(w13, w2) -> bool:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
                     block_n, block_k, num_warps, stages=1, split=1, prefetch=False, half=None, chain=4,
-                    legacy=None):
+                    legacy=None, tiles=None):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
@@ -279,7 +304,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     no other variant makes (issue 32); else fp32 products on activation planes in x's dtype
     (bf16 / fp16) or fp32.
     legacy (None: `rounding.legacy()`): the pre-issue-32 rounding (fp16x2 by default for bf16,
-    only the activations rounded, to bf16 only)."""
+    only the activations rounded, to bf16 only). tiles: (w13, w2)'s tile-major copies
+    (moe_mxfp4_layout.py), read in place of their tensors; block_n must divide 128 and block_k be
+    a multiple of 64."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
     legacy = rounding.legacy() if legacy is None else legacy
@@ -287,10 +314,17 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     if half and (block_n % 32 or chain not in (1, 4)):
         raise ValueError(f"gemv: the fp16x2 form needs block_n a multiple of 32 (got {block_n}) and chain 1 or 4 "
                          f"(got {chain})")
+    if tiles is not None and (128 % block_n or block_k % 64):
+        raise ValueError(f"gemv: with tiles, block_n must divide 128 and block_k be a multiple of 64, got {block_n} "
+                         f"and {block_k}")
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     ids = topk_ids.reshape(-1)
+    # what the kernels read: codes, scales, their expert and row strides (tiled: a row's within its tile)
+    (p13, s13), (p2, s2) = ((w.packed, w.scales) for w in (tiles or (w13, w2)))
+    strides13, strides2 = ((w.packed.stride(0), w.packed.stride(-2), w.scales.stride(0), w.scales.stride(-2))
+                           for w in (tiles or (w13, w2)))
     weights = topk_weights.reshape(-1)
     if half:
         x_planes, x_unscale = half_planes(x)
@@ -310,17 +344,18 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
     code = rounding.round_code(x.dtype)
     form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=half,
-                CHAIN=chain, ASM=not interpreted(), ROUND_PRODUCTS=0 if legacy else code, num_warps=num_warps)
+                CHAIN=chain, ASM=not interpreted(), ROUND_PRODUCTS=0 if legacy else code, TILED=tiles is not None,
+                num_warps=num_warps)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
-        x_planes, x_unscale, w13.packed, w13.scales, ids, act, act_unscale,
-        x_planes.stride(0), x_unscale.stride(0), *w13.packed.stride()[:2], *w13.scales.stride()[:2], act.stride(0),
+        x_planes, x_unscale, p13, s13, ids, act, act_unscale,
+        x_planes.stride(0), x_unscale.stride(0), *strides13, act.stride(0),
         act_unscale.stride(0), topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
         ROUND_ACT=(1 if x.dtype == torch.bfloat16 else 0) if legacy else code, **form,
     )
     down_kernel[(t * topk, triton.cdiv(l, block_n))](
-        act_words, act_unscale, w2.packed, w2.scales, ids, weights, y,
-        act_words.stride(0), act_unscale.stride(0), *w2.packed.stride()[:2], *w2.scales.stride()[:2], y.stride(0),
+        act_words, act_unscale, p2, s2, ids, weights, y,
+        act_words.stride(0), act_unscale.stride(0), *strides2, y.stride(0),
         expert_start, e_local, L=l, I=inter, **form,
     )
     out = torch.empty(t, l, dtype=x.dtype, device=x.device)

@@ -673,7 +673,7 @@ def test_the_tiled_copy_round_trips_and_follows_its_tensors():
 @pytest.mark.parametrize("mode", ["decode", "decode_bf16"])
 def test_the_tiled_copy_and_the_load_pipeline_change_no_bit(mode):
     """The tensor-core tiles read the tiled copy (row tiles of 128 and 64, steps of 64 and 32
-    columns, scale codes loaded in the step or a step ahead) and load with and without the
+    columns, scale codes loaded a step ahead or in the step) and load with and without the
     pipelined scale / activation loads, bit for bit the checkpoint layout's result, which is the
     reference's within the dtype's tolerance."""
     from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
@@ -688,11 +688,31 @@ def test_the_tiled_copy_and_the_load_pipeline_change_no_bit(mode):
     for block_n, block_k in ((128, 64), (64, 32)):
         base = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **kw)
         _check(base, ref.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0), dtype)
-        for options in (dict(tiles=tiles), dict(tiles=tiles, scales_ahead=True), dict(pipelined_loads=False)):
+        for options in (dict(tiles=tiles), dict(tiles=tiles, scales_ahead=False), dict(pipelined_loads=False)):
             got = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **options, **kw)
             assert torch.equal(got, base), (block_n, block_k, list(options))
     with pytest.raises(ValueError, match="block_n must divide 128 and block_k 64"):
         kernel.experts_forward(x, w13, w2, weights, ids, block_n=256, block_k=64, tiles=tiles, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_gemv_reads_the_tiled_copy_bit_for_bit(dtype):
+    """The gemv mode on the tiled copy (a step's 16 groups across 8 column tiles, rows in one
+    row tile, with and without prefetch) gives the checkpoint layout's result bit for bit."""
+    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+
+    g = torch.Generator().manual_seed(17)
+    w13, w2 = _tileable_experts(g)
+    weights, ids = _routing(3, 2, 3, g)
+    x = torch.randn(3, 128, generator=g).to(dtype)
+    tiles = (to_tiles(w13), to_tiles(w2))
+    kw = {"activation": "situ", "beta": 4.0, "mode": "gemv", "block_n": 32, "block_k": 128, "row_split": 4}
+    for prefetch in (False, True):
+        base = kernel.experts_forward(x, w13, w2, weights, ids, prefetch=prefetch, **kw)
+        _check(base, ref.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0), dtype)
+        assert torch.equal(kernel.experts_forward(x, w13, w2, weights, ids, prefetch=prefetch, tiles=tiles, **kw), base)
+    with pytest.raises(ValueError, match="block_k be a multiple of 64"):
+        kernel.experts_forward(x, w13, w2, weights, ids, tiles=tiles, **{**kw, "block_k": 32})
 
 
 def test_the_experimental_bf16_entry_reads_attached_tiles(monkeypatch):
