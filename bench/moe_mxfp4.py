@@ -104,6 +104,10 @@ PREFILL_VARIANTS = {        # the sixth session's sweep of nine tile shapes kept
     # the served prefill tile with its scale and activation loads where they are used (issue 27's fix measured)
     "inloop_ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4,
                                          stages=4, pipelined_loads=False),
+    # both prefill modes reading moe_mxfp4_layout's tile-major copy of the experts
+    "tiled_ds_n128_k64_t64_w4_s4": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=64, num_warps=4,
+                                        stages=4, tiled=True),
+    "tiled_dequant": dict(mode="dequant", tiled=True),
 }
 PREFILL_T = 512
 GEMV_MAX_T = 32          # one program per (expert, token): past a few tokens per expert the tensor cores win

@@ -493,7 +493,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
         return torch.zeros_like(x)
     if mode == "dequant":
         return moe_mxfp4_dequant.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
-                                                 linear_beta=linear_beta, expert_start=expert_start)
+                                                 linear_beta=linear_beta, expert_start=expert_start, tiles=tiles)
     chosen = launch_options(t, mode)
     block_t, block_n = block_t or chosen["block_t"], block_n or chosen["block_n"]
     block_k, num_warps = block_k or chosen["block_k"], num_warps or chosen["num_warps"]

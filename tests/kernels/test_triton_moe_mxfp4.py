@@ -215,9 +215,9 @@ def test_dequant_mode_groups_match_the_reference(per_group, grouped, monkeypatch
     monkeypatch.setattr(dequant, "grouped_mm_runs", lambda device, dtype: grouped)
     launched, dequantize = [], dequant.dequantize_experts
 
-    def spy(w, ids_dev, *a):
+    def spy(w, ids_dev, *a, **k):
         launched.append(ids_dev.tolist())
-        return dequantize(w, ids_dev, *a)
+        return dequantize(w, ids_dev, *a, **k)
 
     monkeypatch.setattr(dequant, "dequantize_experts", spy)
     _nan_poisoned_empty(monkeypatch, dequant)
@@ -713,6 +713,26 @@ def test_the_gemv_reads_the_tiled_copy_bit_for_bit(dtype):
         assert torch.equal(kernel.experts_forward(x, w13, w2, weights, ids, prefetch=prefetch, tiles=tiles, **kw), base)
     with pytest.raises(ValueError, match="block_k be a multiple of 64"):
         kernel.experts_forward(x, w13, w2, weights, ids, tiles=tiles, **{**kw, "block_k": 32})
+
+
+def test_the_dequant_mode_reads_the_tiled_copy_bit_for_bit(monkeypatch):
+    """The prefill dequant mode dequantises the tiled copy to the same bf16 experts, and so gives
+    the checkpoint layout's result bit for bit."""
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+
+    g = torch.Generator().manual_seed(18)
+    w13, w2 = _tileable_experts(g)
+    tiles = (to_tiles(w13), to_tiles(w2))
+    ids = torch.tensor([2, 0], dtype=torch.int32)
+    for w, t in zip((w13, w2), tiles):
+        assert torch.equal(dequant.dequantize_experts(w, ids, tiles=t), dequant.dequantize_experts(w, ids))
+    weights, choice = _routing(20, 2, 3, g)
+    x = torch.randn(20, 128, generator=g).to(torch.bfloat16)
+    monkeypatch.setattr(dequant, "grouped_mm_runs", lambda device, dtype: False)       # the CPU: plain products
+    kw = {"activation": "situ", "beta": 4.0, "mode": "dequant"}
+    base = kernel.experts_forward(x, w13, w2, weights, choice, **kw)
+    assert torch.equal(kernel.experts_forward(x, w13, w2, weights, choice, tiles=tiles, **kw), base)
 
 
 def test_the_experimental_bf16_entry_reads_attached_tiles(monkeypatch):
