@@ -73,7 +73,7 @@
 #     checkpoint layout's at 1 / 16 / 32 / 64 tokens, the prefill tiles with their loads pipelined and in the
 #     loop at 1K / 2K tokens (bench/moe_mxfp4.py), and Nsight Compute on the tiled decode_bf16 tile at 64;
 #   bash bench/h200_session.sh moe-bf16-e2e                 (about 9 minutes)
-#     the experimental entry (K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16, with the experts' tiled copies) under
+#     the experimental entry (K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16, the experts repacked tile-major) under
 #     the moe and model conformance cases, then k3-slice decode at 1 / 16 / 64 requests with it;
 #     ONLY="conformance-served-moe k3-slice-served": the served set's moe cases and figures instead;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).

@@ -18,6 +18,7 @@ from k3.config import K3Config
 from k3.plugin.tables import KernelSet
 from k3.quant.int4_pack import INT4_PER_WORD, int4_dequantize
 from k3.quant.mxfp4 import MXFP4Tensor
+from k3.quant.mxfp4_tiles import TileMajorMXFP4, tileable, to_tile_major
 
 from .expert_dispatch import dispatch_combine, peer_rows, tp_slice
 from .lora import apply_lora, expert_lora
@@ -123,11 +124,34 @@ class MoE(K3Module):
                                if cfg.num_shared_experts else None)
 
     def expert_weights(self):
-        """(w13, w2) as the reference ops take them: MXFP4Tensor or dense stacks (W4A16
-        experts are dense once loaded, MXFP4 experts once `hold_experts_dense` ran)."""
+        """(w13, w2) as the reference ops take them: MXFP4Tensor (a TileMajorMXFP4 once
+        `hold_experts_tile_major` ran) or dense stacks (W4A16 experts are dense once loaded, MXFP4
+        experts once `hold_experts_dense` ran)."""
         if self.cfg.experts_mxfp4 and "w13_packed" in self._buffers:
-            return MXFP4Tensor(self.w13_packed, self.w13_scale), MXFP4Tensor(self.w2_packed, self.w2_scale)
+            return self._planes("w13"), self._planes("w2")
         return self.w13, self.w2
+
+    def _planes(self, param: str) -> MXFP4Tensor:
+        kind = TileMajorMXFP4 if getattr(self, "experts_tile_major", False) else MXFP4Tensor
+        return kind(self._buffers[f"{param}_packed"], self._buffers[f"{param}_scale"])
+
+    @torch.no_grad()
+    def hold_experts_tile_major(self) -> bool:
+        """Repack the MXFP4 routed experts' planes tile by tile (`k3.quant.mxfp4_tiles`), for a
+        platform whose kernels stream that layout (from its `k3_process_weights`): each weight's
+        planes replaced by their tile-major copy (one weight's planes held twice meanwhile);
+        `expert_weights` then returns TileMajorMXFP4s, which dequantise as before. Returns
+        whether it repacked (False: not MXFP4, already tile-major, dense, or the expert
+        dimensions do not divide into 128 x 64 tiles)."""
+        if (not self.cfg.experts_mxfp4 or "w13_packed" not in self._buffers
+                or getattr(self, "experts_tile_major", False)
+                or not all(tileable(self._planes(param)) for param in ("w13", "w2"))):
+            return False
+        for param in ("w13", "w2"):
+            tiles = to_tile_major(self._planes(param))
+            self._buffers[f"{param}_packed"], self._buffers[f"{param}_scale"] = tiles.packed, tiles.scales
+        self.experts_tile_major = True
+        return True
 
     @torch.no_grad()
     def hold_experts_dense(self) -> int:
@@ -140,7 +164,7 @@ class MoE(K3Module):
             return 0
         held = 0
         for param in ("w13", "w2"):
-            planes = MXFP4Tensor(self._buffers[f"{param}_packed"], self._buffers[f"{param}_scale"])
+            planes = self._planes(param)                                     # either layout dequantises alike
             dense = torch.empty(planes.shape, dtype=self.dtype, device=planes.device)    # [E_local, out, in]
             for e in range(dense.shape[0]):
                 dense[e] = planes.dequantize(self.dtype, index=e)

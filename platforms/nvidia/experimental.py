@@ -83,11 +83,13 @@ KERNELS = {
     "moe_experts_grouped": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_grouped",
                                   "MXFP4 routed experts with each weight tile decoded once for the 2-64 decode "
                                   "tokens routed to its expert (gemv_grouped)"),
-    # the MXFP4 experts with 16-1023-token bf16 batches on decode_bf16 tiles (issue 27), when named;
-    # 1.21-1.36x the served launch at 16-64 tokens on an H100, not yet through GPU conformance
+    # the MXFP4 experts with 16-1023-token bf16 batches on decode_bf16 tiles (issue 27), when named, over the
+    # experts repacked tile-major (plugin.k3_process_weights): 1.6-2.1x the served launch at 16-64 tokens on an
+    # H100 (moe and model conformance passed there with a tiled copy; the in-place repack not yet on a GPU)
     "moe_experts_bf16": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_bf16_decode",
-                               "MXFP4 routed experts with the codes decoded to bf16 pairs in the registers (PTX) "
-                               "for bf16 tensor-core tiles, from 16 tokens up to the prefill dequant mode"),
+                               "MXFP4 routed experts repacked tile-major, the codes decoded to bf16 pairs in the "
+                               "registers (PTX) for bf16 tensor-core tiles from 16 tokens up to the prefill dequant "
+                               "mode"),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
 }

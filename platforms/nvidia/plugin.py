@@ -5,7 +5,7 @@ the symmetric-memory all-reduce (symm_mem.py, opt-in) and the kernels listed in 
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
 falls back to the reference plugin's pure-torch kernels on device "cuda" (with
-`moe_experts_bf16`, `k3_process_weights` adds the MoE experts' tiled copies). In the batch-invariant
+`moe_experts_bf16`, `k3_process_weights` repacks the MoE experts tile-major). In the batch-invariant
 mode every kernel hook serves a full table marked batch invariant (invariant.py: its invariant
 Triton kernels and the torch invariant set). A platform plugin's hooks are asked only while its
 platform is selected, so none checks the platform name.
@@ -64,19 +64,14 @@ def k3_conformance_expectations():
 
 @hookimpl
 def k3_process_weights(model):
-    """With the experimental `moe_experts_bf16` serving, every MXFP4 routed-expert stack gets its
-    tiled copy (moe_mxfp4_layout.py: 4 KB contiguous code blocks for the decode_bf16 tiles), kept
-    beside the checkpoint layout the other MoE kernels read; returns the bytes the copies hold."""
-    if not (experimental.enabled("moe_experts_bf16") and has_module("triton")):
-        return 0
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import attach_tiles
-    from k3.quant.mxfp4 import MXFP4Tensor
-
-    added = 0
-    for module in model.modules():
-        weights = module.expert_weights() if hasattr(module, "expert_weights") else ()
-        added += sum(attach_tiles(w) for w in weights if isinstance(w, MXFP4Tensor))
-    return added
+    """With the experimental `moe_experts_bf16` serving, every MXFP4 routed-expert stack is
+    repacked tile by tile in place (`k3.model.ffn.MoE.hold_experts_tile_major`: 4 KB contiguous
+    code blocks a tile step, which every MoE mode here reads); nothing is added beside the weights."""
+    if experimental.enabled("moe_experts_bf16") and has_module("triton"):
+        for module in model.modules():
+            if hasattr(module, "hold_experts_tile_major"):
+                module.hold_experts_tile_major()
+    return 0
 
 
 def _kernel_table(family: str, table):

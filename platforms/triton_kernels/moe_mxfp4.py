@@ -401,7 +401,7 @@ def folding_safe(*weights: MXFP4Tensor) -> bool:
 
 # the H100 sweeps (2026-12-06, bench/moe_mxfp4.py): this tile beat every other decode_bf16 and dot_scaled tile
 # swept at 16 / 32 / 64 tokens, and the served fp32-product gemv at 16 (1,491 vs 1,805 us); on the tiled copy
-# (moe_mxfp4_layout.py) 1,109 / 1,231 / 1,256 us, 59-60% of the weight-bytes floor (64 rows on 4 warps: 1-2% faster)
+# (k3.quant.mxfp4_tiles) 1,109 / 1,231 / 1,256 us, 59-60% of the weight-bytes floor (64 rows on 4 warps: 1-2% faster)
 BF16_DECODE_TILE = dict(block_t=16, block_n=128, block_k=64, num_warps=8, stages=3)
 BF16_DECODE_MIN_TOKENS = 16      # measured from 16 tokens; the gemv keeps smaller batches
 
@@ -410,20 +410,18 @@ def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activatio
                                 expert_start=0, dense_dispatch=False):
     """`k3.reference.experts_forward` (same signature and contract) with the decode_bf16 mode
     (BF16_DECODE_TILE) for bf16 batches on a GPU of BF16_DECODE_MIN_TOKENS up to
-    DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), reading the
-    experts' tiled copies where both have one (`moe_mxfp4_layout.tiles_of`: attached at load by
-    the nvidia plugin's `k3_process_weights`), `default_mode` elsewhere: the nvidia plugin's
-    experimental `moe_experts_bf16`, served in place of the promoted kernel when
-    K3_NVIDIA_EXPERIMENTAL names it."""
+    DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), `default_mode`
+    elsewhere: the nvidia plugin's experimental `moe_experts_bf16`, served in place of the
+    promoted kernel when K3_NVIDIA_EXPERIMENTAL names it, on the experts its `k3_process_weights`
+    repacked tile-major (`k3.quant.mxfp4_tiles`; every mode reads them)."""
     mode = default_mode(x)
     mxfp4 = isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)      # dense experts: experts_forward's
     if mxfp4 and (mode == "dot_scaled" or (mode == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS)):
-        tiles = moe_mxfp4_layout.tiles_of(w13), moe_mxfp4_layout.tiles_of(w2)
         return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch,
                                mode="decode_bf16",
                                ptx=False if interpreted() else "folded" if folding_safe(w13, w2) else True,
-                               tiles=None if None in tiles else tiles, **BF16_DECODE_TILE)
+                               **BF16_DECODE_TILE)
     return experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                            linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
 
@@ -476,6 +474,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     for benchmarks):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
     """
+    tiles = tiles or moe_mxfp4_layout.tile_pair(w13, w2)             # tile-major experts are their own tiles
     if not covers(x, w13, w2, activation):
         return torch_experts.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                    linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
@@ -501,8 +500,10 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     inter = w13.shape[1] // 2
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
-        mode, tiles = "decode", None    # codes not readable as 32-bit words (a view at an odd offset)
+    if tiles is None and mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
+        mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
+    if mode == "gemv_grouped" and tiles is not None:
+        raise ValueError("experts_forward: gemv_grouped reads the checkpoint layout, not tile-major experts")
     if mode == "gemv_grouped":
         return moe_mxfp4_gemv_grouped.experts_forward(
             x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
@@ -544,8 +545,9 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     `triton_kernels.lora`); None: nothing added (the served experts). bf16_decode (bf16
     activations, not with dot_scaled): "decode_bf16", the codes decoded to bf16 in the kernel by
     "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode. pipelined_loads:
-    `experts_forward`'s. tiles: (w13, w2)'s `moe_mxfp4_layout.TiledMXFP4` copies, read in place
-    of w13's and w2's tensors (None: those); then block_n must divide 128 and block_k 64.
+    `experts_forward`'s. tiles: (w13, w2) tile-major (`k3.quant.mxfp4_tiles`), read in place of
+    w13's and w2's tensors (None: those, or w13 and w2 themselves when tile-major); then block_n
+    must divide 128, and block_k is cut to 64 at most.
     scales_ahead: `experts_forward`'s."""
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
@@ -559,6 +561,9 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
         raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
     if bf16_decode and (dot_scaled or x.dtype != torch.bfloat16):
         raise ValueError("tiled_experts: bf16_decode takes bf16 activations and excludes dot_scaled")
+    tiles = tiles or moe_mxfp4_layout.tile_pair(w13, w2)
+    if tiles is not None:
+        block_k = min(block_k, moe_mxfp4_layout.TILE_COLS)       # a step within one column tile (T = 1's 128)
     if tiles is not None and (moe_mxfp4_layout.TILE_ROWS % block_n or moe_mxfp4_layout.TILE_COLS % block_k):
         raise ValueError(f"tiled_experts: with tiles, block_n must divide {moe_mxfp4_layout.TILE_ROWS} and block_k "
                          f"{moe_mxfp4_layout.TILE_COLS}, got {block_n} and {block_k}")

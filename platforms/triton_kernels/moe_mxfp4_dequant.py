@@ -54,6 +54,7 @@ import triton.language as tl
 from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import glu
+from .moe_mxfp4_layout import tiles_of
 from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert, pairs_per_local_expert
 
 BLOCK_ROWS = 16
@@ -102,10 +103,11 @@ def _dequantize_kernel(packed_ptr, scales_ptr, ids_ptr, out_ptr, rows, s_pe, s_p
 def dequantize_experts(w: MXFP4Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
                        tiles=None) -> torch.Tensor:
     """Experts `ids` (int32 [G] on w's device) of an [E, R, C] MXFP4Tensor as a dense [G, R, C]
-    tensor of `dtype`, in one launch; tiles: w's tile-major copy (moe_mxfp4_layout.TiledMXFP4),
-    read in its place."""
+    tensor of `dtype`, in one launch; tiles: w's tile-major copy (`k3.quant.mxfp4_tiles`), read
+    in its place (None: w itself when tile-major)."""
+    tiles = tiles if tiles is not None else tiles_of(w)
     packed, scales = w.packed, w.scales                              # [E, R, C/2] u8, [E, R, C/32] u8
-    _, rows, half = packed.shape
+    _, rows, half = w.shape[0], w.shape[1], w.shape[2] // 2
     if tiles is not None:
         packed, scales = tiles.packed, tiles.scales                  # [E, R/128, C/64, 128, 32 | 2] u8
     if packed.stride(-1) != 1 or scales.stride(-1) != 1:

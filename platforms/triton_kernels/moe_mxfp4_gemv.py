@@ -46,6 +46,7 @@ from . import interpreted, rounding
 from .rounding import round_to
 from .moe_mxfp4_common import e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, gated_activation, half_group_scales
 from .moe_mxfp4_gemv_half import _half_planes_kernel, _half_step_sums, _pair_plane_index
+from .moe_mxfp4_layout import tile_pair
 
 
 @triton.jit
@@ -304,9 +305,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     no other variant makes (issue 32); else fp32 products on activation planes in x's dtype
     (bf16 / fp16) or fp32.
     legacy (None: `rounding.legacy()`): the pre-issue-32 rounding (fp16x2 by default for bf16,
-    only the activations rounded, to bf16 only). tiles: (w13, w2)'s tile-major copies
-    (moe_mxfp4_layout.py), read in place of their tensors; block_n must divide 128 and block_k be
-    a multiple of 64."""
+    only the activations rounded, to bf16 only). tiles: (w13, w2) tile-major (`k3.quant.mxfp4_tiles`),
+    read in place of their tensors (None: w13 and w2 themselves when tile-major); block_n must
+    divide 128 and block_k be a multiple of 64."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
     legacy = rounding.legacy() if legacy is None else legacy
@@ -314,6 +315,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     if half and (block_n % 32 or chain not in (1, 4)):
         raise ValueError(f"gemv: the fp16x2 form needs block_n a multiple of 32 (got {block_n}) and chain 1 or 4 "
                          f"(got {chain})")
+    tiles = tiles or tile_pair(w13, w2)                       # tile-major experts are their own tiles
     if tiles is not None and (128 % block_n or block_k % 64):
         raise ValueError(f"gemv: with tiles, block_n must divide 128 and block_k be a multiple of 64, got {block_n} "
                          f"and {block_k}")

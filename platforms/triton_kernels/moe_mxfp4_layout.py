@@ -1,87 +1,38 @@
-"""A tile-major copy of MXFP4 expert weights, the layout the decode_bf16 tiles stream (issue 27).
+"""The tile-major MXFP4 expert layout (`k3.quant.mxfp4_tiles`) as the MoE kernels take it (issue 27).
 
-The checkpoint layout (`MXFP4Tensor`: codes [E, N, K/2], scales [E, N, K/32]) keeps each weight
-row contiguous. A tile program of the MoE kernels owns 128 rows and steps along them 64 columns
-at a time, so a step reads 32 code bytes and 2 scale bytes from each of 128 rows 1,792 bytes
-apart (k3-slice): on an H100 that access pattern streams the codes at 62% of the copy bandwidth
-and, with the scale bytes (a 32-byte sector fetched for 2 bytes), at 47%
-(bench/moe_weight_stream.py). Laid out tile by tile, a step's 128 x 32 code bytes are one
-contiguous 4 KB block and its scales one 256-byte block: 98% of the copy bandwidth.
+A tile program of the MoE kernels owns 128 weight rows and steps along them 64 columns at a
+time. On the checkpoint layout a step reads 32 code bytes and 2 scale bytes from each of 128
+rows 1,792 bytes apart (k3-slice): on an H100 that pattern streams the codes at 62% of the copy
+bandwidth, 47% with the scale bytes (bench/moe_weight_stream.py). Tile by tile, a step's codes
+are one contiguous 4 KB block and its scales one 256-byte block: 98%.
 
-    codes  [E, N/128, K/64, 128, 32] uint8   tile (n, k): rows 128n.., columns 64k..
-    scales [E, N/128, K/64, 128, 2]  uint8
-
-The copy is built once, at load time (the nvidia plugin's `k3_process_weights`, when the
-experimental `moe_experts_bf16` entry serves), and remembered on the codes tensor with both
-tensors' version counters; `tiles_of` returns it only while neither tensor was written since,
-and never builds one (it is called during CUDA-graph capture). The checkpoint layout stays:
-every other kernel reads it, so the copy costs the experts' bytes a second time (k3-slice:
-17.7 GB), until the other MoE kernels read tiles too.
+Every reader of MXFP4 experts here takes a `TileMajorMXFP4` in place of the checkpoint layout
+(`moe_mxfp4.experts_forward(..., tiles=)`: the tensor-core tiles, the gemv, the prefill dequant
+mode; the experimental grouped gemv excepted) and gets the same result bit for bit. The nvidia
+plugin's `k3_process_weights` repacks a model's experts into it in place when the experimental
+`moe_experts_bf16` entry serves (`k3.model.ffn.MoE.hold_experts_tile_major`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import torch
-
 from k3.quant.mxfp4 import MXFP4Tensor
+from k3.quant.mxfp4_tiles import TILE_COLS, TILE_ROWS, TileMajorMXFP4, tileable, to_tile_major
 
-TILE_ROWS = 128         # weight rows a tile (the tiles' BLOCK_N, or a multiple of it)
-TILE_COLS = 64          # columns a tile: 32 code bytes and 2 scale bytes a row
-_ATTR = "_k3_tiles"     # on the codes tensor: ((codes version, scales version), TiledMXFP4)
+__all__ = ["TILE_COLS", "TILE_ROWS", "TileMajorMXFP4", "tileable", "tiles_of", "to_tiles"]
 
-
-class TiledMXFP4(NamedTuple):
-    """An MXFP4 expert stack laid out tile by tile (module docstring)."""
-
-    packed: torch.Tensor        # [E, N/128, K/64, 128, 32] uint8
-    scales: torch.Tensor        # [E, N/128, K/64, 128, 2] uint8
+to_tiles = to_tile_major
 
 
-def tileable(w: MXFP4Tensor) -> bool:
-    """Whether w (a stack [E, N, K]) divides into whole tiles: N % 128 == 0 and K % 64 == 0."""
-    return w.packed.dim() == 3 and w.packed.shape[1] % TILE_ROWS == 0 and (2 * w.packed.shape[2]) % TILE_COLS == 0
+def tiles_of(w) -> TileMajorMXFP4 | None:
+    """w itself if it is a tile-major MXFP4 stack, else None (the checkpoint layout, dense
+    experts)."""
+    return w if isinstance(w, TileMajorMXFP4) else None
 
 
-def to_tiles(w: MXFP4Tensor) -> TiledMXFP4:
-    """w's codes and scales copied tile by tile (one copy each, on w's device)."""
-    if not tileable(w):
-        raise ValueError(f"to_tiles: an MXFP4 stack [E, N, K] with N % {TILE_ROWS} == 0 and K % {TILE_COLS} == 0, "
-                         f"got codes {tuple(w.packed.shape)}")
-    e, n, half_k = w.packed.shape
-    tiles = (e, n // TILE_ROWS, TILE_ROWS, half_k * 2 // TILE_COLS)
-    packed = w.packed.reshape(*tiles, TILE_COLS // 2).permute(0, 1, 3, 2, 4).contiguous()
-    scales = w.scales.reshape(*tiles, TILE_COLS // 32).permute(0, 1, 3, 2, 4).contiguous()
-    return TiledMXFP4(packed, scales)
-
-
-def from_tiles(t: TiledMXFP4) -> MXFP4Tensor:
-    """The checkpoint layout back (the inverse of `to_tiles`)."""
-    e, n_tiles, k_tiles, rows, half = t.packed.shape
-    packed = t.packed.permute(0, 1, 3, 2, 4).reshape(e, n_tiles * rows, k_tiles * half)
-    scales = t.scales.permute(0, 1, 3, 2, 4).reshape(e, n_tiles * rows, k_tiles * t.scales.shape[-1])
-    return MXFP4Tensor(packed.contiguous(), scales.contiguous())
-
-
-def _versions(w: MXFP4Tensor) -> tuple[int, int]:
-    return w.packed._version, w.scales._version
-
-
-def attach_tiles(w: MXFP4Tensor) -> int:
-    """Build w's tiled copy and remember it on w's codes tensor (replacing an older one).
-    Returns the bytes it holds (0: w does not divide into tiles, nothing attached)."""
-    if not tileable(w):
-        return 0
-    tiles = to_tiles(w)
-    setattr(w.packed, _ATTR, (_versions(w), tiles))
-    return tiles.packed.numel() + tiles.scales.numel()
-
-
-def tiles_of(w) -> TiledMXFP4 | None:
-    """w's tiled copy if w is an MXFP4 stack, one was attached and neither of w's tensors was
-    written since; else None (dense experts: None). Never builds one (safe during graph capture)."""
-    if not isinstance(w, MXFP4Tensor):
-        return None
-    versions, tiles = getattr(w.packed, _ATTR, (None, None))
-    return tiles if versions == _versions(w) else None
+def tile_pair(w13: MXFP4Tensor, w2: MXFP4Tensor):
+    """(w13, w2) when both are tile-major, None when neither is; a mix is an error (a model
+    repacks its experts together)."""
+    tiles = tiles_of(w13), tiles_of(w2)
+    if None in tiles and tiles != (None, None):
+        raise ValueError("moe_mxfp4: w13 and w2 must both be tile-major or both in the checkpoint layout")
+    return None if tiles == (None, None) else tiles

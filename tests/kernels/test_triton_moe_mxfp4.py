@@ -644,30 +644,31 @@ def _tileable_experts(g):
     return _experts(3, 64, 128, g)
 
 
-def test_the_tiled_copy_round_trips_and_follows_its_tensors():
-    """moe_mxfp4_layout: each 128-row x 64-column tile's codes (4 KB) and scales contiguous, back
-    to the checkpoint layout exactly; the copy remembered on the codes tensor answers only while
-    neither tensor was written since; stacks that do not divide into tiles get none."""
-    from k3.platforms.triton_kernels import moe_mxfp4_layout as layout
+def test_the_tile_major_layout_round_trips_and_dequantises_alike():
+    """k3.quant.mxfp4_tiles: each 128-row x 64-column tile's codes (4 KB) and scales contiguous,
+    the same weights whole or by expert as the checkpoint layout, back to it exactly; stacks that
+    do not divide into tiles are refused."""
+    from k3.quant.mxfp4_tiles import TileMajorMXFP4, tileable, to_tile_major
 
     g = torch.Generator().manual_seed(14)
     w13, w2 = _tileable_experts(g)
-    tiles = layout.to_tiles(w13)
+    tiles = to_tile_major(w13)
+    assert isinstance(tiles, TileMajorMXFP4) and isinstance(tiles, MXFP4Tensor) and tiles.shape == w13.shape
     assert tiles.packed.shape == (3, 1, 2, 128, 32) and tiles.scales.shape == (3, 1, 2, 128, 2)
     assert torch.equal(tiles.packed[1, 0, 1, 5], w13.packed[1, 5, 32:64])           # row 5, columns 64..127
     assert torch.equal(tiles.scales[2, 0, 1, 7], w13.scales[2, 7, 2:4])
-    back = layout.from_tiles(tiles)
+    back = tiles.checkpoint_layout()
     assert torch.equal(back.packed, w13.packed) and torch.equal(back.scales, w13.scales)
-    assert layout.tiles_of(w13) is None                                              # never built on demand
-    assert layout.attach_tiles(w13) == w13.packed.numel() + w13.scales.numel()
-    assert torch.equal(layout.tiles_of(MXFP4Tensor(w13.packed, w13.scales)).packed, tiles.packed)
-    w13.scales[0, 0, 0] += 1                                                         # a checkpoint written in place
-    assert layout.tiles_of(w13) is None
-    assert layout.tiles_of(torch.zeros(3, 128, 128)) is None                         # dense experts
+    assert torch.equal(tiles.dequantize(torch.float32), w13.dequantize(torch.float32))
+    for index in (2, [2, 0], torch.tensor([1])):
+        assert torch.equal(tiles.dequantize(torch.bfloat16, index=index), w13.dequantize(torch.bfloat16, index=index))
+    assert not tileable(tiles)                                                       # already tile-major
     small, _ = _experts(2, 32, 64, g)                                                # 64 rows: no whole tile
-    assert not layout.tileable(small) and layout.attach_tiles(small) == 0
+    assert not tileable(small)
     with pytest.raises(ValueError, match="N % 128 == 0"):
-        layout.to_tiles(small)
+        to_tile_major(small)
+    with pytest.raises(ValueError, match="TileMajorMXFP4: expected packed"):
+        TileMajorMXFP4(w13.packed, w13.scales)
 
 
 @pytest.mark.parametrize("mode", ["decode", "decode_bf16"])
@@ -735,27 +736,30 @@ def test_the_dequant_mode_reads_the_tiled_copy_bit_for_bit(monkeypatch):
     assert torch.equal(kernel.experts_forward(x, w13, w2, weights, choice, tiles=tiles, **kw), base)
 
 
-def test_the_experimental_bf16_entry_reads_attached_tiles(monkeypatch):
-    """`moe_experts_bf16` passes the experts' tiled copies to decode_bf16 where both stacks have
-    one attached and current, the checkpoint layout otherwise."""
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import attach_tiles
+def test_tile_major_experts_serve_every_mode_bit_for_bit(monkeypatch):
+    """Experts repacked tile-major are their own tiles: the experimental bf16 entry and the
+    default modes give the checkpoint layout's result bit for bit; the grouped gemv refuses them."""
+    from k3.quant.mxfp4_tiles import to_tile_major
 
     g = torch.Generator().manual_seed(16)
     w13, w2 = _tileable_experts(g)
+    t13, t2 = to_tile_major(w13), to_tile_major(w2)
     weights, ids = _routing(17, 2, 3, g)
     x = torch.randn(17, 128, generator=g).to(torch.bfloat16)
-    seen = []
-    forward = kernel.experts_forward
-    monkeypatch.setattr(kernel, "experts_forward", lambda *a, **k: seen.append(k.get("tiles")) or forward(*a, **k))
-    monkeypatch.setattr(kernel, "default_mode", lambda x: "dot_scaled")
     monkeypatch.setattr(kernel, "BF16_DECODE_TILE", dict(block_t=16, block_n=128, block_k=64, num_warps=4, stages=2))
+    monkeypatch.setattr(kernel, "default_mode", lambda x: "dot_scaled")          # the entry's decode_bf16 range
     plain = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
-    attach_tiles(w13)
-    kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")    # w2 has none yet
-    attach_tiles(w2)
-    tiled = kernel.experts_forward_bf16_decode(x, w13, w2, weights, ids, activation="silu")
-    assert seen[0] is None and seen[1] is None and seen[2] is not None
-    assert torch.equal(tiled, plain)
+    assert torch.equal(kernel.experts_forward_bf16_decode(x, t13, t2, weights, ids, activation="silu"), plain)
+    from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
+
+    monkeypatch.setattr(dequant, "grouped_mm_runs", lambda device, dtype: False)       # the CPU: plain products
+    for mode in ("decode", "gemv", "dequant"):                                          # the entry's other modes
+        plain = kernel.experts_forward(x, w13, w2, weights, ids, activation="silu", mode=mode)
+        assert torch.equal(kernel.experts_forward(x, t13, t2, weights, ids, activation="silu", mode=mode), plain), mode
+    with pytest.raises(ValueError, match="both be tile-major"):
+        kernel.experts_forward(x, t13, w2, weights, ids, activation="silu")
+    with pytest.raises(ValueError, match="gemv_grouped reads the checkpoint layout"):
+        kernel.experts_forward(x, t13, t2, weights, ids, activation="silu", mode="gemv_grouped")
     dense13, dense2 = w13.dequantize(torch.bfloat16), w2.dequantize(torch.bfloat16)       # the expert cache's stacks
     got = kernel.experts_forward_bf16_decode(x, dense13, dense2, weights, ids, activation="silu")
     _check(got, ref.experts_forward(x, dense13, dense2, weights, ids, activation="silu"), torch.bfloat16)

@@ -141,6 +141,38 @@ def test_hold_experts_dense_is_exact_and_frees_the_planes():
     assert expert_cache.hold_experts_dense(model) == 0                                      # done already
 
 
+def test_experts_repacked_tile_major_compute_what_the_checkpoint_layout_computes():
+    """MoE.hold_experts_tile_major (a platform's k3_process_weights): the planes replaced by
+    their tile-major copies, expert_weights gives TileMajorMXFP4s that dequantise to the same
+    weights, the reference experts give the same output bit for bit, the expert cache still
+    works after it; a model whose expert dimensions do not divide into 128 x 64 tiles stays."""
+    from k3.checkpoint.dummy import load_dummy_weights
+    from k3.model import K3ForCausalLM
+    from k3.quant.mxfp4_tiles import TileMajorMXFP4
+    from k3.reference import experts_forward
+
+    tiny = K3Config.preset("k3-tiny")
+    model = K3ForCausalLM(tiny, dtype=torch.bfloat16)
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    assert not moe.hold_experts_tile_major()                                  # 32 x 32 experts: no whole tile
+    cfg = tiny.replace(moe_intermediate_size=64, routed_expert_hidden_size=128)
+    model = K3ForCausalLM(cfg, dtype=torch.bfloat16)
+    load_dummy_weights(model, seed=4, progress=False)
+    moe = next(m for m in model.modules() if isinstance(m, MoE))
+    w13, w2 = moe.expert_weights()
+    x = torch.randn(5, 128).bfloat16()
+    weights, ids = torch.rand(5, cfg.num_experts).topk(2, -1)
+    want = experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0)
+    assert moe.hold_experts_tile_major() and not moe.hold_experts_tile_major()          # once
+    t13, t2 = moe.expert_weights()
+    assert isinstance(t13, TileMajorMXFP4) and isinstance(t2, TileMajorMXFP4) and t13.shape == w13.shape
+    assert torch.equal(t13.dequantize(torch.bfloat16), w13.dequantize(torch.bfloat16))
+    assert torch.equal(experts_forward(x, t13, t2, weights, ids, activation="situ", beta=4.0), want)
+    assert expert_cache.hold_experts_dense(model) > 0
+    dense13, _ = moe.expert_weights()
+    assert torch.equal(dense13, w13.dequantize(torch.bfloat16))
+
+
 def test_the_flag_reaches_the_engine_and_the_plan(tmp_path, capsys):
     import json
 

@@ -296,23 +296,20 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
         assert "chunked" in plugin.k3_kda_kernels(batch_invariant=False).provided()
 
 
-def test_nvidia_attaches_tiled_experts_only_for_the_bf16_decode_entry(monkeypatch):
-    """With `moe_experts_bf16` named, k3_process_weights gives every MXFP4 expert stack its
-    tiled copy (moe_mxfp4_layout.py) and reports the bytes; otherwise it adds nothing."""
+def test_nvidia_repacks_experts_tile_major_only_for_the_bf16_decode_entry(monkeypatch):
+    """With `moe_experts_bf16` named, k3_process_weights repacks every MoE layer's experts
+    tile-major in place (MoE.hold_experts_tile_major) and adds no bytes; otherwise it leaves them."""
     pytest.importorskip("triton")
     from k3.platforms.nvidia import plugin
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import tiles_of
-    from k3.quant.mxfp4 import MXFP4Tensor
 
-    stacks = [MXFP4Tensor.from_float(torch.randn(2, 128, 64)), MXFP4Tensor.from_float(torch.randn(2, 64, 64))]
+    repacked = []
     moe = torch.nn.Module()
-    moe.expert_weights = lambda: stacks                       # one tileable stack, one of 64 rows (none)
+    moe.hold_experts_tile_major = lambda: repacked.append(True) or True
     model = torch.nn.Sequential(moe, torch.nn.Linear(2, 2))
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    assert plugin.k3_process_weights(model) == 0 and tiles_of(stacks[0]) is None
+    assert plugin.k3_process_weights(model) == 0 and repacked == []
     monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts_bf16")
-    assert plugin.k3_process_weights(model) == stacks[0].packed.numel() + stacks[0].scales.numel()
-    assert tiles_of(stacks[0]) is not None and tiles_of(stacks[1]) is None
+    assert plugin.k3_process_weights(model) == 0 and repacked == [True]
 
 
 def test_nvidia_captures_decode_with_cuda_graphs():
