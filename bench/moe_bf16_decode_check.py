@@ -30,9 +30,8 @@ def _decode_rows(packed_ptr, scales_ptr, lo_ptr, hi_ptr, ROWS: tl.constexpr, COL
     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
     mask = rows < ROWS
     k0 = tl.program_id(1) * BLOCK_K
-    sc = moe_mxfp4._scale_codes(scales_ptr, 0, rows, mask, k0, 0, COLS // 32, BLOCK_K // 32)
-    lo, hi = moe_mxfp4._decoded_rows_bf16(packed_ptr, sc, 0, rows, mask, k0, 0, COLS // 2,
-                                          BLOCK_K, ASM, FOLD)
+    sc = moe_mxfp4._scale_codes(scales_ptr, rows, mask, k0, COLS // 32, BLOCK_K // 32)
+    lo, hi = moe_mxfp4._decoded_rows_bf16(packed_ptr, sc, rows, mask, k0, COLS // 2, BLOCK_K, ASM, FOLD)
     out = rows[:, None] * (COLS // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :]
     tl.store(lo_ptr + out, lo, mask=mask[:, None])
     tl.store(hi_ptr + out, hi, mask=mask[:, None])

@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from k3.platforms.torch_kernels import moe_experts as torch_experts  # the reference platform's kernel
-from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+from k3.quant.mxfp4_tiles import to_tile_major
 from k3.quant.mxfp4 import MXFP4Tensor
 from measure import bench_ms, graph_replay_ms, matmul_tflops, ratio, run_header, save
 
@@ -58,7 +58,7 @@ VARIANTS = {
                                              num_warps=8, stages=3, pipelined_loads=False),
     "inloop_ds_n128_k64_t16_w8": dict(mode="dot_scaled", block_n=128, block_k=64, block_t=16, num_warps=8,
                                       pipelined_loads=False),
-    # the same tiles reading moe_mxfp4_layout's tile-major copy of the experts (4 KB of codes a step, contiguous;
+    # the same tiles reading a tile-major copy of the experts (k3.quant.mxfp4_tiles) (4 KB of codes a step, contiguous;
     # "inloop_scales": the scale codes loaded in the step, not a step ahead)
     **{f"tiled_{name}": dict(options, tiled=True) for name, options in (
         ("dbfold_n128_k64_t16_w8_s3", dict(mode="decode_bf16", ptx="folded", block_n=128, block_k=64, block_t=16,
@@ -130,9 +130,10 @@ def make_tokens(t, e, l, k, device, seed):
     return x, weights / weights.sum(-1, keepdim=True), ids
 
 
-def with_tiles(options: dict, tiles) -> dict:
-    """A VARIANTS / PREFILL_VARIANTS entry as experts_forward's options: "tiled" becomes the tiles."""
-    return {**{k: v for k, v in options.items() if k != "tiled"}, **({"tiles": tiles} if options.get("tiled") else {})}
+def variant(options: dict, experts, tiles):
+    """A VARIANTS / PREFILL_VARIANTS entry as (experts_forward's options, the (w13, w2) it runs
+    on): a "tiled" entry runs on the experts' tile-major copy `tiles`, the others on `experts`."""
+    return {k: v for k, v in options.items() if k != "tiled"}, tiles if options.get("tiled") else experts
 
 
 def weight_bytes(w13: MXFP4Tensor, w2: MXFP4Tensor, ids: torch.Tensor) -> int:
@@ -167,10 +168,10 @@ def prefill_entry(entry, kernel, w13, w2, x, weights, ids, k, t, tflops, kw, til
     entry["tflop"] = flops / 1e12
     entry["matmul_floor_us"] = flops / tflops / 1e6
     for name, options in PREFILL_VARIANTS.items():
-        options = with_tiles(options, tiles)
-        entry[f"{name}_check"] = check(lambda *a, **kk: kernel(*a, **options, **kk), w13, w2, t, k, "cuda", seed=t)
+        options, (a13, a2) = variant(options, (w13, w2), tiles)
+        entry[f"{name}_check"] = check(lambda *a, **kk: kernel(*a, **options, **kk), a13, a2, t, k, "cuda", seed=t)
         if entry[f"{name}_check"]["passed"]:
-            entry[f"k3_{name}_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **options, **kw)) * 1e3
+            entry[f"k3_{name}_us"] = bench_ms(lambda: kernel(x, a13, a2, weights, ids, **options, **kw)) * 1e3
     entry["k3_default_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
     pick_best(entry)
     entry["fraction_of_matmul_rate"] = entry["matmul_floor_us"] / entry["k3_us"]
@@ -202,7 +203,7 @@ def main() -> None:
     result["bf16_matmul_TFLOPs"] = tflops = matmul_tflops()
     rows = []
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
-    tiles = (to_tiles(w13), to_tiles(w2))           # the tiled_ variants' copy (moe_mxfp4_layout.py)
+    tiles = (to_tile_major(w13), to_tile_major(w2))           # the tiled_ variants' experts (k3.quant.mxfp4_tiles)
     for t in args.batch:
         entry = {"check": check(kernel, w13, w2, t, k, "cuda", seed=t)}
         if entry["check"]["passed"]:
@@ -226,14 +227,14 @@ def main() -> None:
                     continue
                 if args.variants and not name.startswith(tuple(args.variants)):
                     continue
-                options = with_tiles(options, tiles)
-                entry[f"{name}_check"] = check(lambda *a, **k: kernel(*a, **options, **k), w13, w2, t, k, "cuda",
+                options, (a13, a2) = variant(options, (w13, w2), tiles)
+                entry[f"{name}_check"] = check(lambda *a, **k: kernel(*a, **options, **k), a13, a2, t, k, "cuda",
                                                seed=t)
                 if entry[f"{name}_check"]["passed"]:
                     # replayed from a CUDA graph, as a decode step runs it (eager times at small T
                     # are mostly the host launching the grouping ops and the two kernels)
                     entry[f"k3_{name}_us"] = graph_replay_ms(
-                        lambda: kernel(x, w13, w2, weights, ids, **options, **kw)) * 1e3
+                        lambda: kernel(x, a13, a2, weights, ids, **options, **kw)) * 1e3
             entry["k3_default_us"] = graph_replay_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
             entry["k3_default_eager_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
             pick_best(entry)

@@ -18,9 +18,9 @@ import sys
 import torch
 
 from measure import bench_ms
-from moe_mxfp4 import SITU_BETA, VARIANTS, check, make_experts, make_tokens, with_tiles
+from moe_mxfp4 import SITU_BETA, VARIANTS, check, make_experts, make_tokens, variant
 
-from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+from k3.quant.mxfp4_tiles import to_tile_major
 
 SHORT = {"db": "dbfold_n128_k64_t16_w8_s3", "ds": "ds_n128_k64_t16_w8", "tdb": "tiled_dbfold_n128_k64_t16_w8_s3"}
 
@@ -36,24 +36,24 @@ def main() -> int:
 
     e, inter, l, k = 128, 3072, 3584, 16
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
-    tiles = (to_tiles(w13), to_tiles(w2))
+    tiles = (to_tile_major(w13), to_tile_major(w2))
     kw = {"activation": "situ", "beta": SITU_BETA}
     failed = False
     for t in args.batch:
         x, weights, ids = make_tokens(t, e, l, k, "cuda", seed=100 + t)
         for name in args.variants:
-            options = with_tiles(VARIANTS[SHORT.get(name, name)], tiles)
-            result = check(lambda *a, **kk: kernel(*a, **options, **kk), w13, w2, t, k, "cuda", seed=t)
+            options, (a13, a2) = variant(VARIANTS[SHORT.get(name, name)], (w13, w2), tiles)
+            result = check(lambda *a, **kk: kernel(*a, **options, **kk), a13, a2, t, k, "cuda", seed=t)
             failed |= not result["passed"]
             for _ in range(2):
-                kernel(x, w13, w2, weights, ids, **options, **kw)
+                kernel(x, a13, a2, weights, ids, **options, **kw)
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
             for _ in range(args.profiled):
-                kernel(x, w13, w2, weights, ids, **options, **kw)
+                kernel(x, a13, a2, weights, ids, **options, **kw)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
-            ms = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **options, **kw))
+            ms = bench_ms(lambda: kernel(x, a13, a2, weights, ids, **options, **kw))
             print(f"T{t} {SHORT.get(name, name)}: {ms * 1e3:.0f} us, check {result}", flush=True)
     return 1 if failed else 0
 

@@ -101,8 +101,7 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                             block_size=config.block_size, platform=platform)
     expert_cache = apply_expert_cache(config, cfg, platform, model,
                                       lambda: capacity_report(config, cfg, fmt, platform, expert_cache=True))
-    budget = cache_bytes(config, cfg, fmt, platform, expert_cache=expert_cache.on,
-                         processed_weight_bytes=getattr(model, "processed_weight_bytes", 0))
+    budget = cache_bytes(config, cfg, fmt, platform, expert_cache=expert_cache.on)
     if spec is not None and spec.method == "mtp":
         # the MTP layer's own cache comes out of the same budget (as big as the target's token rows)
         from .spec.mtp import target_cache_share
@@ -270,8 +269,7 @@ def load_model(config: EngineConfig, cfg: K3Config, platform, parallel):
         # the tower, when the engine serves images, loads through k3.vision (build_media_encoder)
         load_checkpoint(model, config.model, progress=config.load_progress,
                         vision_notice=config.max_images_per_prompt == 0)
-    # bytes the platform added beside the weights (repacked copies), out of the cache budget
-    model.processed_weight_bytes = platform.process_weights(model)
+    platform.process_weights(model)
     model.model.fold_weights()
     return model
 
@@ -307,21 +305,14 @@ def capacity_report(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platf
                          suggest=False, expert_cache=expert_cache)
 
 
-def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False,
-                processed_weight_bytes: int = 0) -> int:
+def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False) -> int:
     """The cache's memory: on the CPU, or a device that reports no memory size (PJRT's CPU device
     under XLA), kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an accelerator what the
     capacity plan leaves after the weights (the routed experts dense with `expert_cache`) and
-    the workspace, less processed_weight_bytes (what the platform's `process_weights` added
-    beside the weights)."""
+    the workspace."""
     if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
         return int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib else default_cpu_cache_bytes()
-    planned = capacity_report(config, cfg, fmt, platform, expert_cache=expert_cache).cache_bytes
-    if processed_weight_bytes and planned - processed_weight_bytes <= 0:
-        raise ValueError(f"the platform's repacked weights ({processed_weight_bytes / GIB:.1f} GiB beside the model's, "
-                         f"k3_process_weights) leave no memory for the cache ({planned / GIB:.1f} GiB planned): "
-                         f"serve without the option that adds them (e.g. K3_NVIDIA_EXPERIMENTAL) or on a larger device")
-    return planned - processed_weight_bytes
+    return capacity_report(config, cfg, fmt, platform, expert_cache=expert_cache).cache_bytes
 
 
 def _prefix_cache(config: EngineConfig, cfg: K3Config, pool: BlockPool, block: int) -> PrefixCache | None:

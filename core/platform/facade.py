@@ -166,10 +166,8 @@ class Platform:
             raise RuntimeError(f"k3_allocate_cache on platform {self.name!r}: " + "; ".join(problems))
         return backing
 
-    def process_weights(self, model) -> int:
-        """Every plugin's `k3_process_weights` on the loaded model: the device bytes they added
-        beside its weights (repacked copies), summed."""
-        return sum(int(added or 0) for added in self._pm.hook.k3_process_weights(platform=self.info, model=model))
+    def process_weights(self, model) -> None:
+        self._pm.hook.k3_process_weights(platform=self.info, model=model)
 
     def config_defaults(self) -> dict[str, Any]:
         """Every plugin's serving defaults merged in hook call order: the first value of a key wins."""

@@ -209,9 +209,7 @@ def k3_collective_backends(platform, group):
 @hookspec
 def k3_process_weights(platform, model):
     """Repack a loaded model's weights in place for this platform's kernels (every plugin is
-    called; the reference does nothing). Must leave the model computing the same function.
-    Returns the device bytes it added beside the model's own weights (a repacked copy kept
-    alongside them, which the engine takes out of the cache budget), or None / 0."""
+    called; the reference does nothing). Must leave the model computing the same function."""
 
 
 # ---------------------------------------------------------------------------- conformance

@@ -66,12 +66,11 @@ def k3_conformance_expectations():
 def k3_process_weights(model):
     """With the experimental `moe_experts_bf16` serving, every MXFP4 routed-expert stack is
     repacked tile by tile in place (`k3.model.ffn.MoE.hold_experts_tile_major`: 4 KB contiguous
-    code blocks a tile step, which every MoE mode here reads); nothing is added beside the weights."""
+    code blocks a tile step, which every MoE mode here reads)."""
     if experimental.enabled("moe_experts_bf16") and has_module("triton"):
         for module in model.modules():
             if hasattr(module, "hold_experts_tile_major"):
                 module.hold_experts_tile_major()
-    return 0
 
 
 def _kernel_table(family: str, table):

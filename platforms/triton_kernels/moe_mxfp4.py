@@ -54,10 +54,10 @@ The tensor-core modes' loads (issue 27): Triton's software pipeline issues a ste
 ahead as cp.async, but not loads under 4 bytes a thread, which stay in the loop as a round trip
 to memory every step; so each step's E8M0 scale bytes are loaded one step ahead by hand, and the
 activation columns as contiguous rows (pipelined) split into even / odd columns in the registers
-(`pipelined_loads`; the H100 measured 1.14x on decode_bf16, 1.04-1.08x on dot_scaled). The tiles
-may read a tile-major copy of the experts instead of the checkpoint layout (`tiles`,
-moe_mxfp4_layout.py: 4 KB of codes a step, contiguous), which streams near the copy bandwidth
-where 128 rows x 32 bytes a step from 1,792-byte rows reach 62% of it.
+(`pipelined_loads`; the H100 measured 1.11-1.14x on decode_bf16, 1.02-1.08x on dot_scaled). Experts
+repacked tile-major (`k3.quant.mxfp4_tiles.TileMajorMXFP4`, 4 KB of codes a step, contiguous) are
+read as such by every mode but gemv_grouped; they stream near the copy bandwidth where 128 rows x
+32 bytes a step from 1,792-byte rows reach 62% of it.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ from k3.quant.mxfp4 import MXFP4Tensor
 from . import interpreted, moe_mxfp4_dequant, moe_mxfp4_gemv, moe_mxfp4_gemv_grouped, moe_mxfp4_layout, rounding
 from .rounding import round_to
 from .moe_mxfp4_common import e2m1_bf16_pairs, e2m1_over_16384, e8m0_multiplier, expert_tile_grid
-from .moe_mxfp4_common import gated_activation
+from .moe_mxfp4_common import gated_activation, tile_major_row
 from .moe_mxfp4_common import expert_tiles  # noqa: F401  (k3.platforms.triton_kernels.moe_mxfp4.expert_tiles)
 
 _ACTIVATIONS = (torch.bfloat16, torch.float16, torch.float32)
@@ -84,9 +84,9 @@ _TILE_COLS = tl.constexpr(moe_mxfp4_layout.TILE_COLS)
 
 
 @triton.jit
-def _scale_codes(scales_ptr, e, rows, mask_r, k0, s_se, s_sr, G: tl.constexpr, TILED: tl.constexpr = False):
-    """E8M0 scale codes [R, G] (int32) of groups k0/32 .. k0/32+G-1 of weight rows `rows` of
-    expert e (s_sr: a row's stride), a byte each (Triton issues such loads where they stand, no
+def _scale_codes(scales_ptr, rows, mask_r, k0, s_sr, G: tl.constexpr, TILED: tl.constexpr = False):
+    """E8M0 scale codes [R, G] (int32) of groups k0/32 .. k0/32+G-1 of weight rows `rows` (from
+    an expert's scales, `_weight_rows`; s_sr: a row's stride), a byte each (Triton issues such loads where they stand, no
     cp.async under 4 bytes, so the kernels load a step's codes a step ahead when SCALES_AHEAD).
     TILED: rows within one row tile of moe_mxfp4_layout's tiles (`_weight_rows`), the step's
     groups within one column tile (its 256-byte block, then group % 2)."""
@@ -95,7 +95,7 @@ def _scale_codes(scales_ptr, e, rows, mask_r, k0, s_se, s_sr, G: tl.constexpr, T
         tile, start = (k0 // _TILE_COLS.value) * (_TILE_ROWS.value * per_tile), (k0 % _TILE_COLS.value) // 32
     else:
         tile, start = 0, k0 // 32
-    return tl.load(scales_ptr + e * s_se + tile + rows[:, None] * s_sr + (start + tl.arange(0, G))[None, :],
+    return tl.load(scales_ptr + tile + rows[:, None] * s_sr + (start + tl.arange(0, G))[None, :],
                    mask=mask_r[:, None], other=127).to(tl.int32)                      # [R, G]
 
 
@@ -112,13 +112,13 @@ def _step_start(k0, TILED: tl.constexpr):
 
 
 @triton.jit
-def _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
-    """Packed codes of columns k0..k0+BLOCK_K of weight rows `rows` of expert e (s_pr: a row's
-    stride; TILED: `_step_start`): [R, BLOCK_K/32, 16] uint8."""
+def _row_codes(packed_ptr, rows, mask_r, k0, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
+    """Packed codes of columns k0..k0+BLOCK_K of weight rows `rows` (from an expert's codes,
+    `_weight_rows`; s_pr: a row's stride; TILED: `_step_start`): [R, BLOCK_K/32, 16] uint8."""
     G: tl.constexpr = BLOCK_K // 32
     tile, start = _step_start(k0, TILED)
     byte = (start + tl.arange(0, G)[:, None] * 16 + tl.arange(0, 16)[None, :])              # [G, 16]
-    return tl.load(packed_ptr + e * s_pe + tile + rows[:, None, None] * s_pr + byte[None, :, :],
+    return tl.load(packed_ptr + tile + rows[:, None, None] * s_pr + byte[None, :, :],
                    mask=mask_r[:, None, None], other=0)                                 # [R, G, 16]
 
 
@@ -126,28 +126,24 @@ def _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexp
 def _weight_rows(packed_ptr, scales_ptr, e, row0, BLOCK_N: tl.constexpr, K: tl.constexpr, s_pe, s_pr, s_se, s_sr,
                  TILED: tl.constexpr):
     """Rows row0 .. row0+BLOCK_N of expert e (K columns) as the loaders above take them: (codes
-    pointer, scales pointer, row indices [BLOCK_N], codes row stride, scales row stride). The
-    checkpoint layout: the expert's pointers, the rows themselves, s_pr and s_sr. TILED
+    pointer, scales pointer, row indices [BLOCK_N]), with the row strides s_pr and s_sr. The
+    checkpoint layout: the expert's pointers and the rows themselves. TILED
     (moe_mxfp4_layout's tiles; s_pr, s_sr: a row's stride within a tile, 32 and 2, passed at run
     time like the checkpoint layout's strides, so Triton lays the loads out alike; BLOCK_N divides
     128 and row0 is a multiple of it): the pointers of row0 within its row tile, rows 0..BLOCK_N-1
     from there."""
     if TILED:
-        tile = row0 // _TILE_ROWS.value
-        first = row0 % _TILE_ROWS.value
-        tiles_k: tl.constexpr = K // _TILE_COLS.value
-        return (packed_ptr + e * s_pe + (tile * _TILE_ROWS.value * tiles_k + first) * s_pr,
-                scales_ptr + e * s_se + (tile * _TILE_ROWS.value * tiles_k + first) * s_sr,
-                tl.arange(0, BLOCK_N), s_pr, s_sr)
-    return packed_ptr + e * s_pe, scales_ptr + e * s_se, row0 + tl.arange(0, BLOCK_N), s_pr, s_sr
+        first = tile_major_row(row0, K)
+        return packed_ptr + e * s_pe + first * s_pr, scales_ptr + e * s_se + first * s_sr, tl.arange(0, BLOCK_N)
+    return packed_ptr + e * s_pe, scales_ptr + e * s_se, row0 + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
-def _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
-    """Columns k0..k0+BLOCK_K of weight rows `rows` of expert e (sc: their scale codes, from
+def _decoded_rows(packed_ptr, sc, rows, mask_r, k0, s_pr, BLOCK_K: tl.constexpr, TILED: tl.constexpr = False):
+    """Columns k0..k0+BLOCK_K of weight rows `rows` (`_row_codes`; sc: their scale codes, from
     `_scale_codes`), dequantised in fp32: ([R, BLOCK_K/2] even columns (low nibbles),
     [R, BLOCK_K/2] odd columns (high nibbles))."""
-    packed = _row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED).to(tl.int32)
+    packed = _row_codes(packed_ptr, rows, mask_r, k0, s_pr, BLOCK_K, TILED).to(tl.int32)
     mult = e8m0_multiplier(sc)[:, :, None]
     lo = (e2m1_over_16384(packed & 15) * 16384.0) * mult                               # exact, then scaled
     hi = (e2m1_over_16384(packed >> 4) * 16384.0) * mult
@@ -155,16 +151,16 @@ def _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.c
 
 
 @triton.jit
-def _decoded_rows_bf16(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
+def _decoded_rows_bf16(packed_ptr, sc, rows, mask_r, k0, s_pr, BLOCK_K: tl.constexpr, ASM: tl.constexpr,
                        FOLD: tl.constexpr = False, TILED: tl.constexpr = False):
     """`_decoded_rows` as bf16, exact (every MXFP4 value is a bf16; products past bf16's range
     are inf, as in fp32): ASM, the PTX of `e2m1_bf16_pairs` (NVIDIA GPUs; FOLD: its folded form,
     for scale codes up to 128 only); else `_decoded_rows` rounded to bf16 (the interpreter, whose
     bf16 arithmetic is not IEEE)."""
     if ASM:
-        lo, hi = e2m1_bf16_pairs(_row_codes(packed_ptr, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED), sc, FOLD)
+        lo, hi = e2m1_bf16_pairs(_row_codes(packed_ptr, rows, mask_r, k0, s_pr, BLOCK_K, TILED), sc, FOLD)
         return tl.reshape(lo, (lo.shape[0], BLOCK_K // 2)), tl.reshape(hi, (hi.shape[0], BLOCK_K // 2))
-    lo, hi = _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED)
+    lo, hi = _decoded_rows(packed_ptr, sc, rows, mask_r, k0, s_pr, BLOCK_K, TILED)
     return lo.to(tl.bfloat16), hi.to(tl.bfloat16)
 
 
@@ -193,26 +189,25 @@ def _token_columns(src_ptr, src_row, s_src, mask_t, k0, BLOCK_K: tl.constexpr, M
 
 
 @triton.jit
-def _rows_times_tokens(packed_ptr, sc, e, rows, mask_r, x_a, x_b, k0, acc, s_pe, s_pr, BLOCK_K: tl.constexpr,
+def _rows_times_tokens(packed_ptr, sc, rows, mask_r, x_a, x_b, k0, acc, s_pr, BLOCK_K: tl.constexpr,
                        MODE: tl.constexpr, IEEE: tl.constexpr, TILED: tl.constexpr):
-    """acc [R, T] += W_e[rows, k0:k0+BLOCK_K] @ (token columns k0:k0+BLOCK_K)^T: sc, the rows'
-    scale codes of these columns (`_scale_codes`); x_a, x_b, the columns as `_token_columns`
+    """acc [R, T] += W[rows, k0:k0+BLOCK_K] @ (token columns k0:k0+BLOCK_K)^T (W: an expert's
+    codes, `_weight_rows`): sc, the rows' scale codes of these columns (`_scale_codes`); x_a, x_b, the columns as `_token_columns`
     returns them. MODE 0: dot_scaled on the stored codes, 1: decoded in the kernel to fp32,
     2 / 3 / 4: decoded in the kernel to bf16 for bf16 tensor-core products, by fp32 bit placement
     / by PTX on bf16 pairs / by PTX with the bias folded into the scale, for scale codes <= 128.
     TILED: the codes in moe_mxfp4_layout's tile-major layout."""
     if MODE == 0:
         tile, start = _step_start(k0, TILED)
-        packed = tl.load(packed_ptr + e * s_pe + tile + rows[:, None] * s_pr + (start + tl.arange(0, BLOCK_K // 2))[None, :],
+        packed = tl.load(packed_ptr + tile + rows[:, None] * s_pr + (start + tl.arange(0, BLOCK_K // 2))[None, :],
                          mask=mask_r[:, None], other=0)                                # [R, BLOCK_K/2] u8
         acc = tl.dot_scaled(packed, sc.to(tl.uint8), "e2m1", x_a, None, "bf16", acc)
     elif MODE >= 2:
-        lo, hi = _decoded_rows_bf16(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, MODE >= 3, MODE == 4,
-                                    TILED)
+        lo, hi = _decoded_rows_bf16(packed_ptr, sc, rows, mask_r, k0, s_pr, BLOCK_K, MODE >= 3, MODE == 4, TILED)
         acc = tl.dot(lo, x_a.to(tl.bfloat16), acc)                                   # bf16 operands, fp32 sums
         acc = tl.dot(hi, x_b.to(tl.bfloat16), acc)
     else:
-        lo, hi = _decoded_rows(packed_ptr, sc, e, rows, mask_r, k0, s_pe, s_pr, BLOCK_K, TILED)
+        lo, hi = _decoded_rows(packed_ptr, sc, rows, mask_r, k0, s_pr, BLOCK_K, TILED)
         x_even, x_odd = x_a.to(tl.float32), x_b.to(tl.float32)                        # [BLOCK_K/2, T]
         if IEEE:
             acc += tl.dot(lo, x_even, input_precision="ieee") + tl.dot(hi, x_odd, input_precision="ieee")
@@ -257,24 +252,24 @@ def _gate_up_kernel(
     acc_u = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     G: tl.constexpr = BLOCK_K // 32
     # this program's gate rows and up rows (I further on): codes and scales pointers, row indices and strides
-    p_g, s_g, r_g, pr, sr = _weight_rows(p13_ptr, s13_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr,
-                                         s_se, s_sr, TILED)
-    p_u, s_u, r_u, pr, sr = _weight_rows(p13_ptr, s13_ptr, e, I + tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr,
-                                         s_se, s_sr, TILED)
-    sc_g = _scale_codes(s_g, 0, r_g, mask_n, 0, 0, sr, G, TILED)
-    sc_u = _scale_codes(s_u, 0, r_u, mask_n, 0, 0, sr, G, TILED)
+    p_g, s_g, r_g = _weight_rows(p13_ptr, s13_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr, s_se, s_sr,
+                                 TILED)
+    p_u, s_u, r_u = _weight_rows(p13_ptr, s13_ptr, e, I + tl.program_id(1) * BLOCK_N, BLOCK_N, L, s_pe, s_pr, s_se,
+                                 s_sr, TILED)
+    sc_g = _scale_codes(s_g, r_g, mask_n, 0, s_sr, G, TILED)
+    sc_u = _scale_codes(s_u, r_u, mask_n, 0, s_sr, G, TILED)
     for k0 in range(0, L, BLOCK_K):
         if SCALES_AHEAD:    # the next step's scale codes (the last step reloads the first's: in bounds, unused)
             k_next = (k0 + BLOCK_K) % L
-            sc_g_next = _scale_codes(s_g, 0, r_g, mask_n, k_next, 0, sr, G, TILED)
-            sc_u_next = _scale_codes(s_u, 0, r_u, mask_n, k_next, 0, sr, G, TILED)
+            sc_g_next = _scale_codes(s_g, r_g, mask_n, k_next, s_sr, G, TILED)
+            sc_u_next = _scale_codes(s_u, r_u, mask_n, k_next, s_sr, G, TILED)
         else:
-            sc_g = _scale_codes(s_g, 0, r_g, mask_n, k0, 0, sr, G, TILED)
-            sc_u = _scale_codes(s_u, 0, r_u, mask_n, k0, 0, sr, G, TILED)
+            sc_g = _scale_codes(s_g, r_g, mask_n, k0, s_sr, G, TILED)
+            sc_u = _scale_codes(s_u, r_u, mask_n, k0, s_sr, G, TILED)
             sc_g_next, sc_u_next = sc_g, sc_u
         x_a, x_b = _token_columns(x_ptr, token, s_x, mask_t, k0, BLOCK_K, MODE, PIPELINED)   # one load for both
-        acc_g = _rows_times_tokens(p_g, sc_g, 0, r_g, mask_n, x_a, x_b, k0, acc_g, 0, pr, BLOCK_K, MODE, IEEE, TILED)
-        acc_u = _rows_times_tokens(p_u, sc_u, 0, r_u, mask_n, x_a, x_b, k0, acc_u, 0, pr, BLOCK_K, MODE, IEEE, TILED)
+        acc_g = _rows_times_tokens(p_g, sc_g, r_g, mask_n, x_a, x_b, k0, acc_g, s_pr, BLOCK_K, MODE, IEEE, TILED)
+        acc_u = _rows_times_tokens(p_u, sc_u, r_u, mask_n, x_a, x_b, k0, acc_u, s_pr, BLOCK_K, MODE, IEEE, TILED)
         sc_g, sc_u = sc_g_next, sc_u_next
     if HAS_DELTA:       # a LoRA adapter's gate / up rows of each (token, choice), before the activation
         both = mask_t[None, :] & mask_n[:, None]
@@ -302,17 +297,16 @@ def _down_kernel(
     mask_n = row < L
     acc = tl.zeros((BLOCK_N, BLOCK_T), dtype=tl.float32)
     G: tl.constexpr = BLOCK_K // 32
-    p_d, s_d, r_d, pr, sr = _weight_rows(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, I, s_pe, s_pr, s_se,
-                                         s_sr, TILED)
-    sc = _scale_codes(s_d, 0, r_d, mask_n, 0, 0, sr, G, TILED)
+    p_d, s_d, r_d = _weight_rows(p2_ptr, s2_ptr, e, tl.program_id(1) * BLOCK_N, BLOCK_N, I, s_pe, s_pr, s_se, s_sr, TILED)
+    sc = _scale_codes(s_d, r_d, mask_n, 0, s_sr, G, TILED)
     for k0 in range(0, I, BLOCK_K):
         if SCALES_AHEAD:    # the next step's scale codes, as in _gate_up_kernel
-            sc_next = _scale_codes(s_d, 0, r_d, mask_n, (k0 + BLOCK_K) % I, 0, sr, G, TILED)
+            sc_next = _scale_codes(s_d, r_d, mask_n, (k0 + BLOCK_K) % I, s_sr, G, TILED)
         else:
-            sc = _scale_codes(s_d, 0, r_d, mask_n, k0, 0, sr, G, TILED)
+            sc = _scale_codes(s_d, r_d, mask_n, k0, s_sr, G, TILED)
             sc_next = sc
         x_a, x_b = _token_columns(act_ptr, choice, s_act, mask_t, k0, BLOCK_K, MODE, PIPELINED)
-        acc = _rows_times_tokens(p_d, sc, 0, r_d, mask_n, x_a, x_b, k0, acc, 0, pr, BLOCK_K, MODE, IEEE, TILED)
+        acc = _rows_times_tokens(p_d, sc, r_d, mask_n, x_a, x_b, k0, acc, s_pr, BLOCK_K, MODE, IEEE, TILED)
         sc = sc_next
     if HAS_DELTA:       # a LoRA adapter's down rows of each (token, choice), before the routing weight
         acc += tl.load(delta_ptr + choice[None, :] * s_delta + row[:, None], mask=mask_t[None, :] & mask_n[:, None],
@@ -454,7 +448,7 @@ def launch_options(t: int, mode: str) -> dict:
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None, linear_beta=None, expert_start=0,
                     dense_dispatch=False, mode=None, block_t=None, block_n=None, block_k=None, num_warps=None,
                     stages=None, row_split=None, prefetch=None, half=None, chain=None, ieee=None, group_tokens=None,
-                    ptx=None, pipelined_loads=True, tiles=None, scales_ahead=None):
+                    ptx=None, pipelined_loads=True, scales_ahead=None):
     """`k3.reference.experts_forward` over MXFP4 experts (same signature and contract).
 
     mode (one of MODES; None: `default_mode`), block_t (tokens per program,
@@ -468,13 +462,16 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     group_tokens (gemv_grouped: pairs of one expert a tile, one of 1, 2, 4, 8), ptx (decode_bf16:
     the PTX decode of bf16 pairs; None: on a GPU, not under the interpreter; False: fp32 bit placement;
     "folded": the PTX with the bias in the scale, correct only while every E8M0 scale code is <= 128,
-    for measuring what the second multiply costs), pipelined_loads (the tensor-core modes: scale
-    codes read as 4-byte words and activation columns as contiguous rows, so the software pipeline
-    loads them ahead with the codes; False: byte and strided loads in the loop, as before issue 27,
-    for benchmarks):
+    for measuring what the second multiply costs), pipelined_loads (the tensor-core modes: each
+    step's scale codes loaded a step ahead and the activation columns as contiguous rows, which
+    the software pipeline loads ahead with the codes; False: both loaded where they are used, a
+    round trip to memory every step, as before issue 27, for benchmarks), scales_ahead (None: with
+    pipelined_loads; False with it, for benchmarks: the scale codes loaded in their step):
     launch options for benchmarks and platform tables (None: `launch_options` for this batch).
+    w13 and w2 may both be tile-major (`k3.quant.mxfp4_tiles.TileMajorMXFP4`): every mode but
+    gemv_grouped reads them as such, with the checkpoint layout's result bit for bit.
     """
-    tiles = tiles or moe_mxfp4_layout.tile_pair(w13, w2)             # tile-major experts are their own tiles
+    tiled = moe_mxfp4_layout.tile_pair(w13, w2) is not None
     if not covers(x, w13, w2, activation):
         return torch_experts.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
                                    linear_beta=linear_beta, expert_start=expert_start, dense_dispatch=dense_dispatch)
@@ -492,7 +489,7 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
         return torch.zeros_like(x)
     if mode == "dequant":
         return moe_mxfp4_dequant.experts_forward(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta,
-                                                 linear_beta=linear_beta, expert_start=expert_start, tiles=tiles)
+                                                 linear_beta=linear_beta, expert_start=expert_start)
     chosen = launch_options(t, mode)
     block_t, block_n = block_t or chosen["block_t"], block_n or chosen["block_n"]
     block_k, num_warps = block_k or chosen["block_k"], num_warps or chosen["num_warps"]
@@ -500,9 +497,9 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
     inter = w13.shape[1] // 2
     while l % block_k or inter % block_k:               # a power of two dividing both (>= 32: covers)
         block_k //= 2
-    if tiles is None and mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
+    if not tiled and mode in ("gemv", "gemv_grouped") and not moe_mxfp4_gemv.word_aligned(w13, w2):
         mode = "decode"                 # codes not readable as 32-bit words (a view at an odd offset)
-    if mode == "gemv_grouped" and tiles is not None:
+    if mode == "gemv_grouped" and tiled:
         raise ValueError("experts_forward: gemv_grouped reads the checkpoint layout, not tile-major experts")
     if mode == "gemv_grouped":
         return moe_mxfp4_gemv_grouped.experts_forward(
@@ -516,11 +513,11 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta=None
                                               block_k=block_k, num_warps=num_warps, stages=stages or 1,
                                               split=row_split or chosen.get("row_split", 1),
                                               prefetch=chosen.get("prefetch", False) if prefetch is None else prefetch,
-                                              half=half, chain=chain or chosen.get("chain", 4), tiles=tiles)
+                                              half=half, chain=chain or chosen.get("chain", 4))
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
     return tiled_experts(x, w13, w2, topk_weights, topk_ids, activation=activation, beta=beta, linear_beta=linear_beta,
                          expert_start=expert_start, dot_scaled=mode == "dot_scaled", ieee=ieee, block_t=block_t,
-                         bf16_decode=_bf16_decode_form(mode, ptx), pipelined_loads=pipelined_loads, tiles=tiles,
+                         bf16_decode=_bf16_decode_form(mode, ptx), pipelined_loads=pipelined_loads,
                          scales_ahead=scales_ahead,
                          block_n=block_n, block_k=block_k, num_warps=num_warps, stages=stages)
 
@@ -537,18 +534,16 @@ def _bf16_decode_form(mode: str, ptx) -> str | bool:
 
 def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start, dot_scaled, ieee,
                   block_t, block_n, block_k, num_warps, stages, delta13=None, delta2=None, bf16_decode=False,
-                  pipelined_loads=True, tiles=None, scales_ahead=None):
+                  pipelined_loads=True, scales_ahead=None):
     """The two tensor-core launches of the module docstring ("dot_scaled", or "decode" without
     dot_scaled). delta13: [T*k, 2I] fp32 rows added to each (token, choice)'s gate / up rows
     before the activation; delta2: a function of the activation rows [T*k, I] returning [T*k, L]
     fp32 rows added to the down rows before the routing weight (LoRA adapters,
     `triton_kernels.lora`); None: nothing added (the served experts). bf16_decode (bf16
     activations, not with dot_scaled): "decode_bf16", the codes decoded to bf16 in the kernel by
-    "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode. pipelined_loads:
-    `experts_forward`'s. tiles: (w13, w2) tile-major (`k3.quant.mxfp4_tiles`), read in place of
-    w13's and w2's tensors (None: those, or w13 and w2 themselves when tile-major); then block_n
-    must divide 128, and block_k is cut to 64 at most.
-    scales_ahead: `experts_forward`'s."""
+    "ptx" (GPU) or by fp32 "bits" (any; the interpreter); False: not this mode. pipelined_loads,
+    scales_ahead: `experts_forward`'s. With tile-major w13 and w2 (`k3.quant.mxfp4_tiles`)
+    block_n must divide 128, and block_k is cut to 64 at most."""
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
@@ -561,12 +556,12 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
         raise ValueError(f"tiled_experts: bf16_decode is False, 'ptx', 'bits' or 'folded', got {bf16_decode!r}")
     if bf16_decode and (dot_scaled or x.dtype != torch.bfloat16):
         raise ValueError("tiled_experts: bf16_decode takes bf16 activations and excludes dot_scaled")
-    tiles = tiles or moe_mxfp4_layout.tile_pair(w13, w2)
-    if tiles is not None:
+    tiled = moe_mxfp4_layout.tile_pair(w13, w2) is not None
+    if tiled:
         block_k = min(block_k, moe_mxfp4_layout.TILE_COLS)       # a step within one column tile (T = 1's 128)
-    if tiles is not None and (moe_mxfp4_layout.TILE_ROWS % block_n or moe_mxfp4_layout.TILE_COLS % block_k):
-        raise ValueError(f"tiled_experts: with tiles, block_n must divide {moe_mxfp4_layout.TILE_ROWS} and block_k "
-                         f"{moe_mxfp4_layout.TILE_COLS}, got {block_n} and {block_k}")
+        if moe_mxfp4_layout.TILE_ROWS % block_n or moe_mxfp4_layout.TILE_COLS % block_k:
+            raise ValueError(f"tiled_experts: tile-major experts need block_n dividing {moe_mxfp4_layout.TILE_ROWS} "
+                             f"and block_k {moe_mxfp4_layout.TILE_COLS}, got {block_n} and {block_k}")
     bf16_operands = dot_scaled or bf16_decode
     act = torch.empty(t * topk, inter, dtype=torch.bfloat16 if bf16_operands else torch.float32, device=x.device)
     ieee = x.dtype == torch.float32 if ieee is None else bool(ieee)
@@ -574,17 +569,16 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     common = dict(MODE=0 if dot_scaled else {"folded": 4, "ptx": 3, "bits": 2}.get(bf16_decode, 1), IEEE=ieee,
                   ROUND_ACT=0 if legacy else rounding.round_code(x.dtype),
                   ROUND_PRODUCTS=0 if legacy else rounding.round_code(x.dtype), BLOCK_T=block_t, BLOCK_N=block_n,
-                  BLOCK_K=block_k, PIPELINED=bool(pipelined_loads), TILED=tiles is not None,
+                  BLOCK_K=block_k, PIPELINED=bool(pipelined_loads), TILED=tiled,
                   SCALES_AHEAD=bool(pipelined_loads) if scales_ahead is None else bool(scales_ahead),
                   num_warps=num_warps, **({"num_stages": stages} if stages else {}))
-    # the codes and scales the kernels read, with their expert and row strides (tiled: a row's within its tile)
-    (p13, s13), (p2, s2) = ((w.packed, w.scales) for w in (tiles or (w13, w2)))
+    # the expert and row strides of the codes and scales (tile-major: a row's within its tile)
     strides13, strides2 = ((w.packed.stride(0), w.packed.stride(-2), w.scales.stride(0), w.scales.stride(-2))
-                           for w in (tiles or (w13, w2)))
+                           for w in (w13, w2))
     grid_tiles = tile_expert.numel()
     d13 = y if delta13 is None else delta13                                           # y: a pointer never read
     _gate_up_kernel[(grid_tiles, triton.cdiv(inter, block_n))](
-        x, p13, s13, tile_expert, tile_start, order, starts, counts, act, d13,
+        x, w13.packed, w13.scales, tile_expert, tile_start, order, starts, counts, act, d13,
         x.stride(0), *strides13, act.stride(0), d13.stride(0),
         topk, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
@@ -592,7 +586,7 @@ def tiled_experts(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linea
     )
     d2 = None if delta2 is None else delta2(act)
     _down_kernel[(grid_tiles, triton.cdiv(l, block_n))](
-        act, p2, s2, tile_expert, tile_start, order, starts, counts, weights, y, y if d2 is None else d2,
+        act, w2.packed, w2.scales, tile_expert, tile_start, order, starts, counts, weights, y, y if d2 is None else d2,
         act.stride(0), *strides2, y.stride(0), l if d2 is None else d2.stride(0),
         L=l, I=inter, HAS_DELTA=d2 is not None, **common,
     )

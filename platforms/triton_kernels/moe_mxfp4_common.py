@@ -121,6 +121,15 @@ fma.rn.bf16x2 $1, a, $3, mz;
 
 
 @triton.jit
+def tile_major_row(row, K: tl.constexpr):
+    """Where weight row `row` (a scalar or a tensor) of a K-column expert lies in the tile-major
+    layout (`k3.quant.mxfp4_tiles`: tiles of 128 rows x 64 columns, row tile by row tile, each
+    row tile's K / 64 column tiles in turn), counted in tile rows (32 code bytes, 2 scale bytes):
+    the row's first byte in its first column tile is this times 32 (scales: times 2)."""
+    return (row // 128) * (128 * (K // 64)) + row % 128
+
+
+@triton.jit
 def e2m1_bf16_pairs(packed, scale_codes, FOLD: tl.constexpr = False):
     """MXFP4 codes as bf16 by PTX (NVIDIA GPUs; the interpreter runs no PTX), exact (every MXFP4
     value is a bf16; products past bf16's range are inf, as in fp32): packed uint8 codes

@@ -55,7 +55,8 @@ from k3.quant.mxfp4 import MXFP4Tensor
 
 from . import glu
 from .moe_mxfp4_layout import tiles_of
-from .moe_mxfp4_common import e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert, pairs_per_local_expert
+from .moe_mxfp4_common import (e2m1_over_16384, e8m0_multiplier, pairs_by_local_expert, pairs_per_local_expert,
+                               tile_major_row)
 
 BLOCK_ROWS = 16
 BLOCK_BYTES = 128           # 256 weights of a row per program (a multiple of a 16-byte scale group)
@@ -70,7 +71,7 @@ def _dequantize_kernel(packed_ptr, scales_ptr, ids_ptr, out_ptr, rows, s_pe, s_p
     """out[g, r, 2j] / out[g, r, 2j + 1] = low / high nibble of packed[e, r, j] times
     2^(scale - 127) of its 32-column group, e = ids[g] (program_id(0)), for BLOCK_ROWS rows
     (program_id(1)) x BLOCK_BYTES bytes (program_id(2)) per program. TILED: packed and scales
-    are the experts' tile-major copy (moe_mxfp4_layout.py; s_pr, s_sr unused): byte j of row r
+    are tile-major (`k3.quant.mxfp4_tiles`; s_pr, s_sr unused): byte j of row r
     in column tile j / 32 of row tile r / 128, 32 bytes a row there (scales: 2)."""
     g = tl.program_id(0)
     e = tl.load(ids_ptr + g).to(tl.int64)        # e * expert stride can pass 2^31 (k3-slice w13: 1.4e9 bytes)
@@ -79,8 +80,7 @@ def _dequantize_kernel(packed_ptr, scales_ptr, ids_ptr, out_ptr, rows, s_pe, s_p
     mask = (r < rows)[:, None] & (j < HALF_COLS)[None, :]
     r64 = r.to(tl.int64)[:, None]
     if TILED:
-        tiles_k: tl.constexpr = HALF_COLS // 32
-        row_at = (r64 // 128) * (128 * tiles_k) + r64 % 128                     # the row's place in tile order
+        row_at = tile_major_row(r64, 2 * HALF_COLS)
         code_at = row_at * 32 + ((j // 32) * (128 * 32) + j % 32)[None, :]
         scale_at = row_at * 2 + ((j // 32) * (128 * 2) + (j // 16) % 2)[None, :]
     else:
@@ -100,16 +100,12 @@ def _dequantize_kernel(packed_ptr, scales_ptr, ids_ptr, out_ptr, rows, s_pe, s_p
     tl.store(out, pairs, mask=(r < rows)[:, None] & (cols < 2 * HALF_COLS)[None, :])
 
 
-def dequantize_experts(w: MXFP4Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
-                       tiles=None) -> torch.Tensor:
-    """Experts `ids` (int32 [G] on w's device) of an [E, R, C] MXFP4Tensor as a dense [G, R, C]
-    tensor of `dtype`, in one launch; tiles: w's tile-major copy (`k3.quant.mxfp4_tiles`), read
-    in its place (None: w itself when tile-major)."""
-    tiles = tiles if tiles is not None else tiles_of(w)
-    packed, scales = w.packed, w.scales                              # [E, R, C/2] u8, [E, R, C/32] u8
-    _, rows, half = w.shape[0], w.shape[1], w.shape[2] // 2
-    if tiles is not None:
-        packed, scales = tiles.packed, tiles.scales                  # [E, R/128, C/64, 128, 32 | 2] u8
+def dequantize_experts(w: MXFP4Tensor, ids: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Experts `ids` (int32 [G] on w's device) of an [E, R, C] MXFP4Tensor (the checkpoint layout,
+    or tile-major: `k3.quant.mxfp4_tiles`) as a dense [G, R, C] tensor of `dtype`, in one launch."""
+    # [E, R, C/2] u8 and [E, R, C/32] u8, or tile-major [E, R/128, C/64, 128, 32 | 2] u8
+    packed, scales = w.packed, w.scales
+    rows, half = w.shape[1], w.shape[2] // 2
     if packed.stride(-1) != 1 or scales.stride(-1) != 1:
         raise ValueError("dequantize_experts: the packed codes and scales need contiguous rows")
     if ids.dtype != torch.int32 or ids.dim() != 1:
@@ -119,7 +115,7 @@ def dequantize_experts(w: MXFP4Tensor, ids: torch.Tensor, dtype: torch.dtype = t
         grid = (ids.numel(), triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(half, BLOCK_BYTES))
         _dequantize_kernel[grid](packed, scales, ids, out, rows, packed.stride(0), packed.stride(-2), scales.stride(0),
                                  scales.stride(-2), *out.stride()[:2], HALF_COLS=half, BLOCK_ROWS=BLOCK_ROWS,
-                                 BLOCK_BYTES=BLOCK_BYTES, TILED=tiles is not None, num_warps=4)
+                                 BLOCK_BYTES=BLOCK_BYTES, TILED=tiles_of(w) is not None, num_warps=4)
     return out
 
 
@@ -197,14 +193,13 @@ def expert_groups(counts: list[int], expert_bytes: int) -> list[list[int]]:
 
 
 def experts_forward(x, w13: MXFP4Tensor, w2: MXFP4Tensor, topk_weights, topk_ids, *, activation, beta=None,
-                    linear_beta=None, expert_start=0, grouped=None, tiles=None):
+                    linear_beta=None, expert_start=0, grouped=None):
     """`k3.reference.experts_forward` for bf16 activations over MXFP4 experts (its contract), a
     group of active experts at a time (`expert_groups`): dequantise w13 of the group, its
     (token, choice) rows @ w13[e]^T as one grouped product, the gated activation (glu.py),
     dequantise w2 of the group, @ w2[e]^T, each rounded to bf16 (module docstring).
-    grouped: `grouped_matmul`'s (None: torch._grouped_mm where it runs). tiles: (w13, w2)'s
-    tile-major copies (moe_mxfp4_layout.py), dequantised in their place."""
-    t13, t2 = tiles or (None, None)
+    grouped: `grouped_matmul`'s (None: torch._grouped_mm where it runs). w13 and w2 may be
+    tile-major (`k3.quant.mxfp4_tiles`)."""
     t, l = x.shape
     e_local, two_i, topk = w13.shape[0], w13.shape[1], topk_ids.shape[1]
     local, order = pairs_by_local_expert(topk_ids, expert_start, e_local)            # [T*k], pairs sorted by expert
@@ -226,10 +221,10 @@ def experts_forward(x, w13: MXFP4Tensor, w2: MXFP4Tensor, topk_weights, topk_ids
         ends_dev = active_ends[done: done + len(ids)] - first                         # int32 [G]: ends
         done += len(ids)
         pairs = order[first:last]                                                     # [n] (token, choice), by expert
-        h13 = grouped_matmul(x[pairs // topk], dequantize_experts(w13, ids_dev, tiles=t13), ends, ends_dev,
+        h13 = grouped_matmul(x[pairs // topk], dequantize_experts(w13, ids_dev), ends, ends_dev,
                              grouped=grouped)                                         # [n, 2I] bf16
         a = glu.glu_activation(h13, activation=activation, beta=beta, linear_beta=linear_beta)   # [n, I] bf16
         del h13
-        o = grouped_matmul(a, dequantize_experts(w2, ids_dev, tiles=t2), ends, ends_dev, grouped=grouped)  # [n, L]
+        o = grouped_matmul(a, dequantize_experts(w2, ids_dev), ends, ends_dev, grouped=grouped)  # [n, L]
         y[pairs] = o.float() * weights[pairs, None]
     return y.view(t, topk, l).sum(1).to(x.dtype)

@@ -44,7 +44,8 @@ import triton.language as tl
 
 from . import interpreted, rounding
 from .rounding import round_to
-from .moe_mxfp4_common import e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, gated_activation, half_group_scales
+from .moe_mxfp4_common import (e2m1_pairs, e8m0_multiplier, fp16_bits_to_f32, gated_activation, half_group_scales,
+                               tile_major_row)
 from .moe_mxfp4_gemv_half import _half_planes_kernel, _half_step_sums, _pair_plane_index
 from .moe_mxfp4_layout import tile_pair
 
@@ -92,9 +93,7 @@ def first_step_pointers(packed_ptr, scales_ptr, e, row0, N, s_pe, s_pr, s_se, s_
     mask_r = rows < N
     group_in_step = tl.arange(0, G)
     if TILED:
-        tiles_k: tl.constexpr = K // 64
-        first = (row0 // 128) * 128 * tiles_k + row0 % 128                    # row0's place in the row-tile order
-        rows_in = first + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB
+        rows_in = tile_major_row(row0, K) + tl.arange(0, RB)[:, None] + tl.arange(0, SPLIT)[None, :] * RB
         group_words = (group_in_step // 2) * 1024 + (group_in_step % 2) * 4                   # 4 KB, 16 bytes
         group_scales = (group_in_step // 2) * 256 + group_in_step % 2
     else:
@@ -291,7 +290,7 @@ def word_aligned(w13, w2) -> bool:
 
 def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, linear_beta, expert_start,
                     block_n, block_k, num_warps, stages=1, split=1, prefetch=False, half=None, chain=4,
-                    legacy=None, tiles=None):
+                    legacy=None):
     """moe_mxfp4.experts_forward's gemv mode: [T, L] of x.dtype. No grouping by expert: one
     program per (token, choice) and row block reads the chosen expert itself (a token naming an
     expert twice simply runs it twice), so a decode step is the activations' re-layout, two
@@ -305,9 +304,8 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     no other variant makes (issue 32); else fp32 products on activation planes in x's dtype
     (bf16 / fp16) or fp32.
     legacy (None: `rounding.legacy()`): the pre-issue-32 rounding (fp16x2 by default for bf16,
-    only the activations rounded, to bf16 only). tiles: (w13, w2) tile-major (`k3.quant.mxfp4_tiles`),
-    read in place of their tensors (None: w13 and w2 themselves when tile-major); block_n must
-    divide 128 and block_k be a multiple of 64."""
+    only the activations rounded, to bf16 only). Tile-major w13 and w2 (`k3.quant.mxfp4_tiles`)
+    are read as such; then block_n must divide 128 and block_k be a multiple of 64."""
     if block_n % split or (block_n // split) & (block_n // split - 1):
         raise ValueError(f"gemv: block_n {block_n} must be split {split} times a power of two")
     legacy = rounding.legacy() if legacy is None else legacy
@@ -315,18 +313,17 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     if half and (block_n % 32 or chain not in (1, 4)):
         raise ValueError(f"gemv: the fp16x2 form needs block_n a multiple of 32 (got {block_n}) and chain 1 or 4 "
                          f"(got {chain})")
-    tiles = tiles or tile_pair(w13, w2)                       # tile-major experts are their own tiles
-    if tiles is not None and (128 % block_n or block_k % 64):
-        raise ValueError(f"gemv: with tiles, block_n must divide 128 and block_k be a multiple of 64, got {block_n} "
-                         f"and {block_k}")
+    tiled = tile_pair(w13, w2) is not None
+    if tiled and (128 % block_n or block_k % 64):
+        raise ValueError(f"gemv: tile-major experts need block_n dividing 128 and block_k a multiple of 64, got "
+                         f"{block_n} and {block_k}")
     t, l = x.shape
     e_local, inter = w13.shape[0], w13.shape[1] // 2
     topk = topk_ids.shape[1]
     ids = topk_ids.reshape(-1)
-    # what the kernels read: codes, scales, their expert and row strides (tiled: a row's within its tile)
-    (p13, s13), (p2, s2) = ((w.packed, w.scales) for w in (tiles or (w13, w2)))
+    # the expert and row strides of the codes and scales (tile-major: a row's within its tile)
     strides13, strides2 = ((w.packed.stride(0), w.packed.stride(-2), w.scales.stride(0), w.scales.stride(-2))
-                           for w in (tiles or (w13, w2)))
+                           for w in (w13, w2))
     weights = topk_weights.reshape(-1)
     if half:
         x_planes, x_unscale = half_planes(x)
@@ -346,17 +343,16 @@ def experts_forward(x, w13, w2, topk_weights, topk_ids, *, activation, beta, lin
     y = torch.empty(t * topk, l, dtype=torch.float32, device=x.device)
     code = rounding.round_code(x.dtype)
     form = dict(BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, SPLIT=split, PREFETCH=prefetch, HALF=half,
-                CHAIN=chain, ASM=not interpreted(), ROUND_PRODUCTS=0 if legacy else code, TILED=tiles is not None,
-                num_warps=num_warps)
+                CHAIN=chain, ASM=not interpreted(), ROUND_PRODUCTS=0 if legacy else code, TILED=tiled, num_warps=num_warps)
     gate_up_kernel[(t * topk, triton.cdiv(inter, block_n))](
-        x_planes, x_unscale, p13, s13, ids, act, act_unscale,
+        x_planes, x_unscale, w13.packed, w13.scales, ids, act, act_unscale,
         x_planes.stride(0), x_unscale.stride(0), *strides13, act.stride(0),
         act_unscale.stride(0), topk, expert_start, e_local, float(beta or 1.0), float(linear_beta or 1.0),
         L=l, I=inter, SITU=activation == "situ", HAS_LINEAR_BETA=linear_beta is not None,
         ROUND_ACT=(1 if x.dtype == torch.bfloat16 else 0) if legacy else code, **form,
     )
     down_kernel[(t * topk, triton.cdiv(l, block_n))](
-        act_words, act_unscale, p2, s2, ids, weights, y,
+        act_words, act_unscale, w2.packed, w2.scales, ids, weights, y,
         act_words.stride(0), act_unscale.stride(0), *strides2, y.stride(0),
         expert_start, e_local, L=l, I=inter, **form,
     )

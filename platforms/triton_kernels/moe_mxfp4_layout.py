@@ -6,9 +6,9 @@ rows 1,792 bytes apart (k3-slice): on an H100 that pattern streams the codes at 
 bandwidth, 47% with the scale bytes (bench/moe_weight_stream.py). Tile by tile, a step's codes
 are one contiguous 4 KB block and its scales one 256-byte block: 98%.
 
-Every reader of MXFP4 experts here takes a `TileMajorMXFP4` in place of the checkpoint layout
-(`moe_mxfp4.experts_forward(..., tiles=)`: the tensor-core tiles, the gemv, the prefill dequant
-mode; the experimental grouped gemv excepted) and gets the same result bit for bit. The nvidia
+Every reader of MXFP4 experts here takes `TileMajorMXFP4` experts in place of the checkpoint
+layout (`moe_mxfp4.experts_forward`: the tensor-core tiles, the gemv, the prefill dequant mode;
+the experimental grouped gemv excepted) and gets the same result bit for bit. The nvidia
 plugin's `k3_process_weights` repacks a model's experts into it in place when the experimental
 `moe_experts_bf16` entry serves (`k3.model.ffn.MoE.hold_experts_tile_major`).
 """
@@ -16,11 +16,9 @@ plugin's `k3_process_weights` repacks a model's experts into it in place when th
 from __future__ import annotations
 
 from k3.quant.mxfp4 import MXFP4Tensor
-from k3.quant.mxfp4_tiles import TILE_COLS, TILE_ROWS, TileMajorMXFP4, tileable, to_tile_major
+from k3.quant.mxfp4_tiles import TILE_COLS, TILE_ROWS, TileMajorMXFP4
 
-__all__ = ["TILE_COLS", "TILE_ROWS", "TileMajorMXFP4", "tileable", "tiles_of", "to_tiles"]
-
-to_tiles = to_tile_major
+__all__ = ["TILE_COLS", "TILE_ROWS", "TileMajorMXFP4", "tile_pair", "tiles_of"]
 
 
 def tiles_of(w) -> TileMajorMXFP4 | None:

@@ -677,63 +677,64 @@ def test_the_tiled_copy_and_the_load_pipeline_change_no_bit(mode):
     columns, scale codes loaded a step ahead or in the step) and load with and without the
     pipelined scale / activation loads, bit for bit the checkpoint layout's result, which is the
     reference's within the dtype's tolerance."""
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+    from k3.quant.mxfp4_tiles import to_tile_major
 
     g = torch.Generator().manual_seed(15)
     w13, w2 = _tileable_experts(g)
     weights, ids = _routing(19, 2, 3, g)
     dtype = torch.bfloat16 if mode == "decode_bf16" else torch.float32
     x = torch.randn(19, 128, generator=g).to(dtype)
-    tiles = (to_tiles(w13), to_tiles(w2))
+    t13, t2 = to_tile_major(w13), to_tile_major(w2)
     kw = {"activation": "situ", "beta": 4.0, "mode": mode, "block_t": 16, "num_warps": 4}
     for block_n, block_k in ((128, 64), (64, 32)):
         base = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **kw)
         _check(base, ref.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0), dtype)
-        for options in (dict(tiles=tiles), dict(tiles=tiles, scales_ahead=False), dict(pipelined_loads=False)):
-            got = kernel.experts_forward(x, w13, w2, weights, ids, block_n=block_n, block_k=block_k, **options, **kw)
-            assert torch.equal(got, base), (block_n, block_k, list(options))
-    with pytest.raises(ValueError, match="block_n must divide 128 and block_k 64"):
-        kernel.experts_forward(x, w13, w2, weights, ids, block_n=256, block_k=64, tiles=tiles, **kw)
+        for experts, options in (((t13, t2), {}), ((t13, t2), dict(scales_ahead=False)),
+                                 ((w13, w2), dict(pipelined_loads=False))):
+            got = kernel.experts_forward(x, *experts, weights, ids, block_n=block_n, block_k=block_k, **options, **kw)
+            assert torch.equal(got, base), (block_n, block_k, experts[0] is t13, list(options))
+    with pytest.raises(ValueError, match="need block_n dividing 128 and block_k 64"):
+        kernel.experts_forward(x, t13, t2, weights, ids, block_n=256, block_k=64, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_the_gemv_reads_the_tiled_copy_bit_for_bit(dtype):
     """The gemv mode on the tiled copy (a step's 16 groups across 8 column tiles, rows in one
     row tile, with and without prefetch) gives the checkpoint layout's result bit for bit."""
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+    from k3.quant.mxfp4_tiles import to_tile_major
 
     g = torch.Generator().manual_seed(17)
     w13, w2 = _tileable_experts(g)
     weights, ids = _routing(3, 2, 3, g)
     x = torch.randn(3, 128, generator=g).to(dtype)
-    tiles = (to_tiles(w13), to_tiles(w2))
+    t13, t2 = to_tile_major(w13), to_tile_major(w2)
     kw = {"activation": "situ", "beta": 4.0, "mode": "gemv", "block_n": 32, "block_k": 128, "row_split": 4}
     for prefetch in (False, True):
         base = kernel.experts_forward(x, w13, w2, weights, ids, prefetch=prefetch, **kw)
         _check(base, ref.experts_forward(x, w13, w2, weights, ids, activation="situ", beta=4.0), dtype)
-        assert torch.equal(kernel.experts_forward(x, w13, w2, weights, ids, prefetch=prefetch, tiles=tiles, **kw), base)
-    with pytest.raises(ValueError, match="block_k be a multiple of 64"):
-        kernel.experts_forward(x, w13, w2, weights, ids, tiles=tiles, **{**kw, "block_k": 32})
+        assert torch.equal(kernel.experts_forward(x, t13, t2, weights, ids, prefetch=prefetch, **kw), base)
+    with pytest.raises(ValueError, match="block_k a multiple of 64"):
+        kernel.experts_forward(x, t13, t2, weights, ids, **{**kw, "block_k": 32})
 
 
 def test_the_dequant_mode_reads_the_tiled_copy_bit_for_bit(monkeypatch):
     """The prefill dequant mode dequantises the tiled copy to the same bf16 experts, and so gives
     the checkpoint layout's result bit for bit."""
     from k3.platforms.triton_kernels import moe_mxfp4_dequant as dequant
-    from k3.platforms.triton_kernels.moe_mxfp4_layout import to_tiles
+    from k3.quant.mxfp4_tiles import to_tile_major
 
     g = torch.Generator().manual_seed(18)
     w13, w2 = _tileable_experts(g)
-    tiles = (to_tiles(w13), to_tiles(w2))
+    t13, t2 = to_tile_major(w13), to_tile_major(w2)
     ids = torch.tensor([2, 0], dtype=torch.int32)
-    for w, t in zip((w13, w2), tiles):
-        assert torch.equal(dequant.dequantize_experts(w, ids, tiles=t), dequant.dequantize_experts(w, ids))
+    for w, t in ((w13, t13), (w2, t2)):
+        assert torch.equal(dequant.dequantize_experts(t, ids), dequant.dequantize_experts(w, ids))
     weights, choice = _routing(20, 2, 3, g)
     x = torch.randn(20, 128, generator=g).to(torch.bfloat16)
     monkeypatch.setattr(dequant, "grouped_mm_runs", lambda device, dtype: False)       # the CPU: plain products
     kw = {"activation": "situ", "beta": 4.0, "mode": "dequant"}
     base = kernel.experts_forward(x, w13, w2, weights, choice, **kw)
-    assert torch.equal(kernel.experts_forward(x, w13, w2, weights, choice, tiles=tiles, **kw), base)
+    assert torch.equal(kernel.experts_forward(x, t13, t2, weights, choice, **kw), base)
 
 
 def test_tile_major_experts_serve_every_mode_bit_for_bit(monkeypatch):

@@ -48,20 +48,6 @@ def test_the_engine_sizes_its_cache_after_the_dense_experts():
     assert off - on == gap and gap > 60 * GIB
 
 
-def test_bytes_the_platform_adds_beside_the_weights_come_out_of_the_cache():
-    """`k3_process_weights` may keep a repacked copy beside the weights (nvidia's tiled MoE
-    experts): the engine's cache budget shrinks by what it reports, on an accelerator only."""
-    config = EngineConfig(model="unused", max_model_len=8448, max_num_batched_tokens=8192)
-    fmt = CacheFormat.build(SLICE, activation_dtype=torch.bfloat16)
-    plain = cache_bytes(config, SLICE, fmt, _accelerator())
-    assert cache_bytes(config, SLICE, fmt, _accelerator(), processed_weight_bytes=3 * GIB) == plain - 3 * GIB
-    with pytest.raises(ValueError, match="repacked weights .* leave no memory for the cache"):
-        cache_bytes(config, SLICE, fmt, _accelerator(), processed_weight_bytes=plain)
-    cpu = SimpleNamespace(info=SimpleNamespace(device="cpu"), capabilities=SimpleNamespace(memory_bytes=None))
-    config = EngineConfig(model="unused", kv_cache_memory_gib=1)
-    assert cache_bytes(config, SLICE, fmt, cpu, processed_weight_bytes=3 * GIB) == GIB
-
-
 @pytest.mark.parametrize("memory, util, want", [(H200, 0.9, True), (H200, 0.6, False), (80 * GIB, 0.9, False)])
 def test_auto_follows_the_plan(memory, util, want):
     config = EngineConfig(model="unused", max_model_len=8448, max_num_batched_tokens=8192, gpu_memory_utilization=util)
