@@ -11,9 +11,15 @@ chunked prefill: the batched torch kernel (`torch_kernels/kda_chunked_blocked.py
 `kda_chunked_torch`, `torch_batched_ms`), the sixth session's served form (torch phase 1 with the
 Triton diagonal, Triton recurrence: `torch_batched_triton_ms`) and both phases in Triton
 (`triton_kernels/kda_chunked_blocked.py`): served (`triton_phases_ms`: phase 1 in fp32 FMAs, the
-recurrence in 3xTF32), both in fp32 FMAs (`triton_phases_ieee_ms`) and both in 3xTF32
-(`triton_phases_tf32x3_ms`). The 8K case without checkpoints also times each phase's launch
-variants inside a whole prefill (`phase_ms`: CUDA events around the phase, medians of 10).
+recurrence in 3xTF32), both in fp32 FMAs (`triton_phases_ieee_ms`), both in 3xTF32
+(`triton_phases_tf32x3_ms`) and phase 1's whole-chunk tensor-core form (`intra_chunk(form="mma")`,
+3xTF32) with the served recurrence (`triton_phases_mma_ms`), and both with o scattered to the
+token rows and cast after the recurrence (`triton_phases_o_scatter_ms`,
+`triton_phases_mma_o_scatter_ms`; served until 2026-12-06, when the recurrence began storing o
+to its rows itself; files of that day's first run name the other pair `_o_index`). The 8K
+case without checkpoints also times each phase's launch variants inside a whole prefill
+(`phase_ms`: CUDA events around the phase, medians of 10; `intra_mma_*` the mma form's, `whole` /
+`whole_mma` the prefill with each form; `phase_error_ratio_final_state`: each pair's check).
 
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,
@@ -62,7 +68,9 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     args, kw = make(lens)
     emit = {} if offsets is None else {"checkpoint_offsets": offsets}
     got = kda_chunked(*args, **kw, **emit)
-    want = torch_chunked.kda_chunked(*(a.float() for a in args), **kw, **emit)
+    # the float64 reference (the reference platform's WY kernel on float64 inputs and states)
+    want = torch_chunked.kda_chunked(*(a.double() for a in args), **emit,
+                                     **{n: t.double() if t.is_floating_point() else t for n, t in kw.items()})
     out = {"lens": lens, "offsets": offsets if not isinstance(offsets, torch.Tensor) else offsets.tolist(),
            "error_ratio_o": ratio(got.o, want.o), "error_ratio_final_state": ratio(got.state, want.state)}
     if offsets is not None:
@@ -78,12 +86,12 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
                           cu_seqlens=kw["cu_seqlens"]))
     out["reference_ms"] = bench_ms(lambda: torch_chunked.kda_chunked(*args, **kw, **emit), rep_ms=1000)
     # the batched torch kernel (experimental kda_chunked_torch): exact fp32, every chunk at once
-    from k3.platforms.torch_kernels.kda_chunked_blocked import kda_chunked as torch_chunked
+    from k3.platforms.torch_kernels.kda_chunked_blocked import kda_chunked as torch_batched
 
-    batched = torch_chunked(*args, **kw, **emit)
+    batched = torch_batched(*args, **kw, **emit)
     out["error_ratio_o_torch_batched"] = ratio(batched.o, want.o)
     out["error_ratio_final_state_torch_batched"] = ratio(batched.state, want.state)
-    out["torch_batched_ms"] = bench_ms(lambda: torch_chunked(*args, **kw, **emit), rep_ms=1000)
+    out["torch_batched_ms"] = bench_ms(lambda: torch_batched(*args, **kw, **emit), rep_ms=1000)
     out["torch_batched_vs_reference_speedup"] = out["reference_ms"] / out["torch_batched_ms"]
     # the same with its diagonal blocks in Triton, the recurrence still the torch loop (one round
     # of batched matmuls per chunk index), then the wrapper (triton_kernels/kda_chunked_blocked.py),
@@ -94,7 +102,7 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     from k3.platforms.triton_kernels import kda_intra_chunk as triton_intra
 
     def phases(intra_precision, rec_precision, **rec_launch):
-        return lambda: torch_chunked(
+        return lambda: torch_batched(
             *args, **kw, **emit, intra=functools.partial(triton_intra.intra_chunk, precision=intra_precision),
             recurrence=functools.partial(triton_recurrence.recurrence, precision=rec_precision, **rec_launch))
 
@@ -104,9 +112,19 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
                 # then both phases in fp32 FMAs, and both in 3xTF32
                 "triton_phases": lambda: triton_blocked.kda_chunked(*args, **kw, **emit),
                 "triton_phases_ieee": phases("ieee", "ieee"),
-                "triton_phases_tf32x3": phases("tf32x3", "tf32x3")}
+                "triton_phases_tf32x3": phases("tf32x3", "tf32x3"),
+                # phase 1 as whole-chunk 3xTF32 tensor-core dots (kda_intra_chunk's "mma" form), recurrence served
+                "triton_phases_mma": lambda: triton_blocked.kda_chunked_mma(*args, **kw, **emit),
+                # the served form and the mma one with o scattered to the token rows and cast after the
+                # recurrence (the served form until 2026-12-06) instead of stored there by the recurrence
+                "triton_phases_o_scatter": lambda: triton_blocked.kda_chunked(*args, **kw, **emit,
+                                                                              o_through_index=False),
+                "triton_phases_mma_o_scatter": lambda: triton_blocked.kda_chunked(*args, **kw, **emit,
+                                                                                  intra_form="mma",
+                                                                                  o_through_index=False)}
     if len(lens) == 1 and offsets is None:
-        out["phase_ms"] = phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence)
+        out["phase_ms"], out["phase_error_ratio_final_state"] = phase_split(
+            args, kw, torch_batched, triton_intra, triton_recurrence, want)
     for key, call in variants.items():
         res = call()
         out[f"error_ratio_o_{key}"] = ratio(res.o, want.o)
@@ -124,11 +142,12 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
     return out
 
 
-def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence):
+def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence, want):
     """Device time of each phase's kernel variants (CUDA events around the phase inside one
     prefill, the median of 10), and of the whole prefill: what the rest (input copies, index
-    building, the output scatter) costs is the difference."""
-    timings = {}
+    building, the output scatter) costs is the difference. Returns (the times, each pair's
+    final-state error ratio against `want`)."""
+    timings, errors = {}, {}
 
     def timed(name, fn):
         def call(*a, **k):
@@ -146,7 +165,12 @@ def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence):
               "intra_tf32x3": P(triton_intra.intra_chunk, precision="tf32x3"),
               "intra_ieee_rows_inverse": P(triton_intra.intra_chunk, neumann=False),
               "intra_ieee_w8_s32": P(triton_intra.intra_chunk, num_warps=8, slice_=32),
-              "intra_ieee_diag32": P(triton_intra.intra_chunk, diag_slice=32)}
+              "intra_ieee_diag32": P(triton_intra.intra_chunk, diag_slice=32),
+              # the whole-chunk tensor-core form (3xTF32): [64, slice] tiles, warps
+              "intra_mma_s64_w4": P(triton_intra.intra_chunk, form="mma"),
+              "intra_mma_s32_w4": P(triton_intra.intra_chunk, form="mma", slice_=32),
+              "intra_mma_s64_w8": P(triton_intra.intra_chunk, form="mma", num_warps=8),
+              "intra_mma_s32_w8": P(triton_intra.intra_chunk, form="mma", slice_=32, num_warps=8)}
     recs = {"recurrence_ieee": P(triton_recurrence.recurrence, precision="ieee"),
             "recurrence_tf32x3_bv16_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=16),
             "recurrence_tf32x3_bv32_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=32)}
@@ -154,12 +178,14 @@ def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence):
     pairs += [("intra_ieee", "recurrence_ieee"), ("intra_ieee", "recurrence_tf32x3_bv16_w4")]
     for iname, rname in pairs:
         for _ in range(11):
-            torch_chunked(*args, **kw, intra=timed(iname, intras[iname]), recurrence=timed(rname, recs[rname]))
-    whole = timed("whole", lambda: torch_chunked(*args, **kw, intra=intras["intra_ieee"],
-                                                 recurrence=recs["recurrence_tf32x3_bv32_w4"]))
-    for _ in range(11):
-        whole()
-    return {name: statistics.median(ms[1:]) for name, ms in timings.items()}
+            res = torch_chunked(*args, **kw, intra=timed(iname, intras[iname]), recurrence=timed(rname, recs[rname]))
+        errors[f"{iname}+{rname}"] = ratio(res.state, want.state)
+    for name, iname in (("whole", "intra_ieee"), ("whole_mma", "intra_mma_s64_w4")):
+        whole = timed(name, lambda iname=iname: torch_chunked(*args, **kw, intra=intras[iname],
+                                                              recurrence=recs["recurrence_tf32x3_bv32_w4"]))
+        for _ in range(11):
+            whole()
+    return {name: statistics.median(ms[1:]) for name, ms in timings.items()}, errors
 
 
 def main() -> None:
@@ -196,6 +222,15 @@ def main() -> None:
         print(f"{name:<30} {'ok' if e['passed'] else 'FAIL':<4} {e['k3_ms']:8.2f} {e['fla_direct_no_checkpoints_ms']:8.2f} "
               f"{e['reference_ms']:8.1f} {e['floor_ms']:7.3f} {e['k3_vs_reference_speedup']:6.0f}x "
               f"{e['error_ratio_o']:8.1e}")
+    forms = ("triton_phases", "triton_phases_mma", "triton_phases_o_scatter", "triton_phases_mma_o_scatter")
+    print(f"{'Triton phases (ms, state err)':<30} " + " ".join(f"{f[14:] or 'served':>22}" for f in forms))
+    for name in cases:
+        e = result[name]
+        if "error" not in e:
+            print(f"{name:<30} " + " ".join(f"{e[f + '_ms']:10.2f} {e['error_ratio_final_state_' + f]:11.1e}"
+                                            for f in forms))
+    for key, ms in result.get("T8192_no_checkpoints", {}).get("phase_ms", {}).items():
+        print(f"  {key:<28} {ms:8.2f} ms")
 
 
 if __name__ == "__main__":

@@ -126,6 +126,12 @@ def variants():
         yield ("kda_chunked_recurrence", f"mma_C64_K128_bv{block_v}_w{warps}_tf32x3", fn, types,
                dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, PRECISION="tf32x3"), warps)
 
+    fn = kda_chunked_recurrence._recurrence_mma_rows_kernel        # the served form: o stored to the bf16 token rows
+    rows_types = _types(fn, {"seg_ptr": "*i32", "slot_ptr": "*i32", "idx_ptr": "*i64", "o_ptr": "*bf16"}, (),
+                        default_pointer="*fp32")
+    yield ("kda_chunked_recurrence", "mma_rows_C64_K128_bv32_w4_tf32x3", fn, rows_types,
+           dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=32, PRECISION="tf32x3"), 4)
+
     from k3.platforms.triton_kernels import kda_intra_chunk
 
     fn = kda_intra_chunk._intra_chunk_kernel                      # the chunked prefill's phase 1
@@ -136,6 +142,11 @@ def variants():
                                                                                  f"_{precision}"),
                fn, types, dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
                                DIAG_SLICE=diag_slice, PRECISION=precision, NEUMANN=True), warps)
+    fn = kda_intra_chunk._intra_chunk_mma_kernel                  # phase 1's whole-chunk tensor-core form
+    for warps, slice_ in ((4, 64), (4, 32)):
+        yield ("kda_intra_chunk", f"mma_C64_K128_w{warps}_s{slice_}_tf32x3", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
+                    DIAG_SLICE=kda_intra_chunk.DIAG_SLICE, PRECISION="tf32x3", NEUMANN=True), warps)
 
     fn = short_conv._short_conv_kernel
     types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())

@@ -190,7 +190,8 @@ def recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                checkpoint_offsets=None, diagonal=None, group_elements=None, intra=None, recurrence=None):
+                checkpoint_offsets=None, diagonal=None, group_elements=None, intra=None, recurrence=None,
+                o_rows=False):
     """`k3.reference.kda_chunked` (same signature and contract), all chunks' intra-chunk work
     batched; chunk_size must be a multiple of 16 here (the reference takes the others).
 
@@ -201,7 +202,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     nothing, as `working_floats` per chunk. intra: phase 1 whole (`intra_chunk_torch`'s
     signature and contract), in place of the torch one with `diagonal` and `group_elements`.
     recurrence: phase 2 (`recurrence_torch`'s signature
-    and contract); None for the torch loop.
+    and contract); None for the torch loop. o_rows: the recurrence writes o itself, straight to
+    the packed rows in v's dtype (it takes `out=` [B*T, HV, V] and `out_index=` [nseg, C], as
+    `triton_kernels.kda_chunked_recurrence.recurrence` does), in place of the scatter here.
     """
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < BLOCK or chunk_size % BLOCK:
         return wy.kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -235,11 +238,17 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         if keep and z - bounds[n][0] in keep[n] and (n, z - bounds[n][0]) not in slot_of:
             slot_of[n, z - bounds[n][0]] = len(capture)
             capture.append(s)
-    o_chunks, state, captured = (recurrence or recurrence_torch)(W, U, A_qk, qeG, kdec, eGC, p.state, order, sizes,
-                                                                 capture)
-    o = vf.new_empty(B * T + 1, HV, V)
-    o[index.reshape(-1)] = o_chunks.permute(0, 2, 1, 3).reshape(-1, HV, V)   # padding lands on the last row
-    o = o[:-1].view(B, T, HV, V).to(v.dtype)
+    recurrence = recurrence or recurrence_torch
+    if o_rows:                          # o to its rows in the recurrence (padding positions, row B*T, dropped)
+        o = torch.empty(B * T, HV, V, dtype=v.dtype, device=dev)
+        _, state, captured = recurrence(W, U, A_qk, qeG, kdec, eGC, p.state, order, sizes, capture, out=o,
+                                        out_index=index)
+        o = o.view(B, T, HV, V)
+    else:
+        o_chunks, state, captured = recurrence(W, U, A_qk, qeG, kdec, eGC, p.state, order, sizes, capture)
+        o = vf.new_empty(B * T + 1, HV, V)
+        o[index.reshape(-1)] = o_chunks.permute(0, 2, 1, 3).reshape(-1, HV, V)   # padding lands on the last row
+        o = o[:-1].view(B, T, HV, V).to(v.dtype)
     if wanted is None:
         return KDAChunkedOut(o, state)
     at = lambda n, t: p.state[n] if t == 0 else captured[slot_of[n, t]]    # noqa: E731  the state after t tokens

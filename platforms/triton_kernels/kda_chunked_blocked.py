@@ -9,6 +9,12 @@ The dots: phase 1 in fp32 FMAs ("ieee", INTRA_PRECISION), phase 2 in 3xTF32 tens
 products (RECURRENCE_PRECISION; bench/kda_tf32_sensitivity.py: as accurate as fp32 for this
 chain, where plain TF32 is not; its kernel keeps the state in registers: 4.2 ms at 8K tokens and
 96 heads on the H200 against 15.4 for the fp32-FMA form; the whole prefill 12.05 ms a layer).
+Phase 1's form (INTRA_FORM, `intra_form=`): "blocks" (served, 16-row FMA dots) or "mma" (the
+64 x 64 products, the block inverse and W, U as whole-chunk 3xTF32 tensor-core dots,
+`kda_chunked_mma`, experimental): on an H100 at 8K tokens and 96 heads phase 1 takes 8.85 ms in
+the mma form against 5.89 ms in blocks (bench/kda_prefill.py, BENCHMARKS.md 2026-12-06), so
+blocks stays served. The recurrence stores o to the token rows itself (O_THROUGH_INDEX; the whole
+prefill 10.22 ms there against 11.14 ms with the scatter and cast after it).
 
 `kda_chunked_triton_diagonal` is the previous served form (measured in bench/kda_prefill.py):
 phase 1 in torch with only its diagonal blocks in Triton (`kda_intra_diagonal`).
@@ -32,8 +38,10 @@ from .kda_intra_chunk import intra_chunk
 from .kda_intra_diagonal import diagonal_blocks
 
 GROUP_ELEMENTS = 1 << 28      # floats of the torch phase 1's working tensors per group (1 GiB in fp32)
-INTRA_PRECISION = "ieee"            # phase 1's dots
+INTRA_FORM = "blocks"               # phase 1's kernel (`kda_intra_chunk.intra_chunk`'s form)
+INTRA_PRECISION = "ieee"            # phase 1's dots (the "blocks" form's; the "mma" form's default is "tf32x3")
 RECURRENCE_PRECISION = "tf32x3"     # phase 2's
+O_THROUGH_INDEX = True              # phase 2 writes o to the token rows itself (no scatter and cast after): 0.9 ms of 11.1 at 8K on an H100
 
 
 def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
@@ -45,19 +53,25 @@ def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                checkpoint_offsets=None, precision=None, block_v=None):
+                checkpoint_offsets=None, precision=None, block_v=None, intra_form=None, o_through_index=None):
     """`k3.reference.kda_chunked` (same signature and contract): both phases in Triton where
     `uses_triton`, else the torch prefill as it is. precision: both phases' dots (default
-    INTRA_PRECISION and RECURRENCE_PRECISION). block_v: the recurrence's state columns per
-    program (None: its default; a launch option for platform tables)."""
+    INTRA_PRECISION, or the "mma" form's own, and RECURRENCE_PRECISION). block_v: the
+    recurrence's state columns per program (None: its default; a launch option for platform
+    tables). intra_form: phase 1's kernel, "blocks" or "mma" (default INTRA_FORM).
+    o_through_index: the recurrence stores o to the token rows through the chunk index, in v's
+    dtype, instead of the scatter and cast after it (default O_THROUGH_INDEX)."""
     kw = dict(scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               checkpoint_offsets=checkpoint_offsets)
     if not uses_triton(q, k, v, g, beta, initial_state):
         return blocked.kda_chunked(q, k, v, g, beta, **kw)
+    form = intra_form or INTRA_FORM
     return blocked.kda_chunked(q, k, v, g, beta, **kw,
-                               intra=functools.partial(intra_chunk, precision=precision or INTRA_PRECISION),
+                               intra=functools.partial(intra_chunk, form=form, precision=precision or (
+                                   INTRA_PRECISION if form == "blocks" else None)),
                                recurrence=functools.partial(recurrence, precision=precision or RECURRENCE_PRECISION,
-                                                           block_v=block_v))
+                                                           block_v=block_v),
+                               o_rows=O_THROUGH_INDEX if o_through_index is None else o_through_index)
 
 
 def kda_chunked_tf32x3(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
@@ -65,6 +79,14 @@ def kda_chunked_tf32x3(q, k, v, g, beta, *, scale=None, initial_state=None, cu_s
     """`kda_chunked` with both phases' dots in 3xTF32 (experimental `kda_chunked_tf32x3`)."""
     return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, precision="tf32x3")
+
+
+def kda_chunked_mma(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
+                    checkpoint_offsets=None):
+    """`kda_chunked` with phase 1's "mma" form (whole-chunk 3xTF32 tensor-core dots), the
+    recurrence as served (3xTF32)."""
+    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="mma")
 
 
 def kda_chunked_triton_diagonal(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -32,6 +32,11 @@ Two kernels, by the dots' precision (`recurrence(precision=...)`):
   dot is SLICE (16) deep over K or C slices, with a CTA barrier after delta is written and one
   at the end of each chunk. Launch: BLOCK_V = 32 and 8 warps (184 registers, no spills).
 
+Either kernel has an O_ROWS twin (`_recurrence_rows_kernel`, `_recurrence_mma_rows_kernel`;
+`recurrence(out=, out_index=)`) that writes o straight to the packed token rows through the
+chunk index, in o's dtype, instead of o_chunks: the glue's scatter copy (and the cast after it)
+are then not needed. Not yet timed on a GPU.
+
 Dimensions that are not powers of two (or under 16, tl.dot's least) are padded with masked loads
 reading 0, which leaves S's padded rows 0 (eGC and kdec read 0 there) and delta's padded rows 0
 (U and W read 0). bench/ptxas_report.py compiles the launched tiles for sm_90a.
@@ -54,12 +59,26 @@ MMA_NUM_WARPS = 4
 
 
 @triton.jit
-def _recurrence_kernel(
+def _store_o(o_ptr, idx_ptr, o, seg, sh, h, HV, n_out, cc, vv, c_in, v_in, C: tl.constexpr, V: tl.constexpr,
+             O_ROWS: tl.constexpr):
+    """Chunk seg's o [BLOCK_C, BLOCK_V]: to its [C, V] tile of o_chunks [nseg, HV, C, V], or with
+    O_ROWS straight to the packed rows idx[seg, c] of o [n_out, HV, V] in o's dtype (rows >= n_out,
+    the padding, dropped)."""
+    if O_ROWS:
+        rows = tl.load(idx_ptr + seg * C + cc, mask=c_in, other=n_out)                    # [BLOCK_C] int64
+        tl.store(o_ptr + (rows * HV + h)[:, None] * V + vv[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=(rows < n_out)[:, None] & v_in[None, :])
+    else:
+        tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=c_in[:, None] & v_in[None, :])
+
+
+@triton.jit
+def _recurrence_body(
     w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr, work_ptr,
-    HV, R,
+    idx_ptr, n_out, HV, R,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SLICE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, O_ROWS: tl.constexpr,
 ):
     # all tensors contiguous: W, qeG, kdec [nseg, HV, C, K]; U, o [nseg, HV, C, V];
     # A [nseg, HV, C, C]; eGC [nseg, HV, 1, K]; h0, ht [N, HV, K, V]; ckpt [slots, HV, K, V];
@@ -112,7 +131,7 @@ def _recurrence_kernel(
                         mask=c_in[:, None] & (cs < C)[None, :], other=0.0)  # [BLOCK_C, SLICE]
             D = tl.load(d_work + cs[:, None] * BLOCK_V + bv[None, :])       # [SLICE, BLOCK_V]
             o = tl.dot(A, D, acc=o, input_precision=PRECISION)
-        tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=cv_in)
+        _store_o(o_ptr, idx_ptr, o, seg, sh, h, HV, n_out, cc, vv, c_in, v_in, C, V, O_ROWS)
         slot = tl.load(slot_ptr + n * R + r).to(tl.int64)
         for k0 in tl.static_range(0, BLOCK_K, SLICE):                      # S = eGC S + kdec^T delta
             kk = k0 + ss
@@ -140,11 +159,12 @@ def _recurrence_kernel(
 
 
 @triton.jit
-def _recurrence_mma_kernel(
+def _recurrence_mma_body(
     w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr,
-    HV, R,
+    idx_ptr, n_out, HV, R,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+    O_ROWS: tl.constexpr,
 ):
     # `_recurrence_kernel`'s contract and layouts with tensor-core dots (PRECISION "tf32x3"):
     # their accumulators are spread over the CTA, so the state stays in registers across chunks
@@ -180,7 +200,7 @@ def _recurrence_mma_kernel(
         A = tl.load(a_ptr + sh * C * C + cc[:, None] * C + cc[None, :], mask=c_in[:, None] & c_in[None, :],
                     other=0.0)                                              # [BLOCK_C, BLOCK_C]
         o = tl.dot(A, delta, acc=o, input_precision=PRECISION)
-        tl.store(o_ptr + sh * C * V + cc[:, None] * V + vv[None, :], o, mask=cv_in)
+        _store_o(o_ptr, idx_ptr, o, seg, sh, h, HV, n_out, cc, vv, c_in, v_in, C, V, O_ROWS)
         d1 = tl.load(egc_ptr + sh * K + k1, mask=k1 < K, other=0.0)        # 0 on padded rows
         d2 = tl.load(egc_ptr + sh * K + k2, mask=k2 < K, other=0.0)
         KT1 = tl.load(kdec_ptr + sh * C * K + cc[None, :] * K + k1[:, None], mask=(k1 < K)[:, None] & c_in[None, :],
@@ -198,6 +218,50 @@ def _recurrence_mma_kernel(
         seg = tl.load(seg_ptr + n * R + r, mask=r < R, other=-1).to(tl.int64)
     tl.store(ht_ptr + nh * K * V + k1[:, None] * V + vv[None, :], S1, mask=(k1 < K)[:, None] & v_in[None, :])
     tl.store(ht_ptr + nh * K * V + k2[:, None] * V + vv[None, :], S2, mask=(k2 < K)[:, None] & v_in[None, :])
+
+
+# The launched kernels: each body as it was (o to o_chunks), and with O_ROWS (o through the index)
+
+
+@triton.jit
+def _recurrence_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr, work_ptr,
+    HV, R, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr, SLICE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    _recurrence_body(w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr,
+                     ckpt_ptr, work_ptr, o_ptr, 0, HV, R, C, K, V, BLOCK_C, BLOCK_K, BLOCK_V, SLICE, PRECISION, False)
+
+
+@triton.jit
+def _recurrence_rows_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr, work_ptr,
+    idx_ptr, n_out, HV, R, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, SLICE: tl.constexpr, PRECISION: tl.constexpr,
+):
+    _recurrence_body(w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr,
+                     ckpt_ptr, work_ptr, idx_ptr, n_out, HV, R, C, K, V, BLOCK_C, BLOCK_K, BLOCK_V, SLICE, PRECISION,
+                     True)
+
+
+@triton.jit
+def _recurrence_mma_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr,
+    HV, R, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+):
+    _recurrence_mma_body(w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr,
+                         ckpt_ptr, o_ptr, 0, HV, R, C, K, V, BLOCK_C, BLOCK_K, BLOCK_V, PRECISION, False)
+
+
+@triton.jit
+def _recurrence_mma_rows_kernel(
+    w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr, ckpt_ptr,
+    idx_ptr, n_out, HV, R, C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr,
+):
+    _recurrence_mma_body(w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, h0_ptr, seg_ptr, slot_ptr, o_ptr, ht_ptr,
+                         ckpt_ptr, idx_ptr, n_out, HV, R, C, K, V, BLOCK_C, BLOCK_K, BLOCK_V, PRECISION, True)
 
 
 def tables(order, sizes, capture, device):
@@ -219,7 +283,7 @@ def tables(order, sizes, capture, device):
 
 
 def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=None, num_warps=None,
-               slice_=SLICE, precision="ieee"):
+               slice_=SLICE, precision="ieee", out=None, out_index=None):
     """Phase 2 in one launch: `torch_kernels.kda_chunked_blocked.recurrence_torch`'s signature and
     contract (W, qeG, kdec [nseg, HV, C, K]; U [nseg, HV, C, V]; A_qk [nseg, HV, C, C]; eGC
     [nseg, HV, 1, K]; initial [N, HV, K, V]; the round-major `order`, `sizes`; `capture`, the
@@ -233,13 +297,20 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     "tf32x3" (three TF32 tensor-core products, as accurate as fp32 for this chain in
     bench/kda_tf32_sensitivity.py and on the H200's conformance cases; `_recurrence_mma_kernel`,
     the state in registers and whole-depth dots).
+    out, out_index: o written straight to the packed rows instead of o_chunks (no scatter after):
+    out [rows, HV, V] (contiguous, any float dtype: o rounded to it once), out_index [nseg, C] the
+    row of each chunk position (`kda_chunked`'s index; rows >= out.shape[0], the padding, are
+    dropped). Returns (out, final states, captured states) then.
     """
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
     nseg, HV, C, V = U.shape
     K, N = W.shape[-1], initial.shape[0]
+    if (out is None) != (out_index is None) or (out is not None and not out.is_contiguous()):
+        raise ValueError("kda chunked recurrence: out (contiguous) and out_index go together")
     if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
-        return recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
+        res = recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
+        return res if out is None else (_scatter(out, out_index, res[0]), *res[1:])
     mma = precision != "ieee"
     block_v = block_v or (MMA_BLOCK_V if mma else BLOCK_V)
     num_warps = num_warps or (MMA_NUM_WARPS if mma else NUM_WARPS)
@@ -250,7 +321,8 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
                          f"{sum(sizes)} over {len(order)} sequences")
     dev = initial.device
     W, U, A_qk, qeG, kdec, eGC, initial = (x.contiguous() for x in (W, U, A_qk, qeG, kdec, eGC, initial))
-    o_chunks = torch.empty(nseg, HV, C, V, dtype=torch.float32, device=dev)
+    rows_out = out is not None
+    o_chunks = out if rows_out else torch.empty(nseg, HV, C, V, dtype=torch.float32, device=dev)
     final = torch.empty_like(initial)
     captured = torch.empty(len(capture), HV, K, V, dtype=torch.float32, device=dev)
     table = tables(order, sizes, capture, dev)
@@ -258,17 +330,26 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     block_c, block_k = max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(K))
     slice_ = min(slice_, block_c, block_k)
     grid = (triton.cdiv(V, block_v), N * HV)
+    rows_args = (out_index.long().contiguous(), out.shape[0]) if rows_out else ()   # the O_ROWS kernels' index, rows
     if mma:                                 # tensor-core dots: the state in registers, two halves >= 16
-        _recurrence_mma_kernel[grid](
-            W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, HV, len(sizes),
-            C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=max(32, block_k), BLOCK_V=block_v, PRECISION=precision,
-            num_warps=num_warps,
+        (_recurrence_mma_rows_kernel if rows_out else _recurrence_mma_kernel)[grid](
+            W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, *rows_args, HV,
+            len(sizes), C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=max(32, block_k), BLOCK_V=block_v,
+            PRECISION=precision, num_warps=num_warps,
         )
         return o_chunks, final, captured
     work = torch.empty(grid[0] * grid[1] * (2 * block_k + block_c) * block_v, dtype=torch.float32, device=dev)
-    _recurrence_kernel[grid](
-        W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, work, HV, len(sizes),
-        C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_V=block_v, SLICE=slice_, PRECISION=precision,
-        num_warps=num_warps,
+    (_recurrence_rows_kernel if rows_out else _recurrence_kernel)[grid](
+        W, U, A_qk, qeG, kdec, eGC, initial, table[0], table[1], o_chunks, final, captured, work, *rows_args, HV,
+        len(sizes), C=C, K=K, V=V, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_V=block_v, SLICE=slice_,
+        PRECISION=precision, num_warps=num_warps,
     )
     return o_chunks, final, captured
+
+
+def _scatter(out, out_index, o_chunks):
+    """The torch loop's o_chunks [nseg, HV, C, V] into out's packed rows (what O_ROWS does)."""
+    rows = out_index.reshape(-1)
+    keep = rows < out.shape[0]
+    out[rows[keep]] = o_chunks.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])[keep].to(out.dtype)
+    return out

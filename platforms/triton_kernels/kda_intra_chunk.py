@@ -30,6 +30,17 @@ Products: `tl.dot` with `input_precision` PRECISION, every dot SLICE (16 or 32) 
 served); "tf32x3" three TF32 tensor-core products, as accurate as fp32 for this chain in
 bench/kda_tf32_sensitivity.py, a launch option (6.9 ms: these dots are too small for tensor
 cores to pay).
+
+The "mma" form (`_intra_chunk_mma_kernel`, `intra_chunk(form="mma")`; not yet timed on a GPU),
+the same outputs from whole-chunk tensor-core dots (3xTF32 by default), one program per (chunk,
+head) as well: step 1 as above; A_qk and L below the diagonal blocks a 16-column block j at a
+time, every row at once: [C, MMA_SLICE] x [MMA_SLICE, 16] dots over K (wgmma's 64 rows), both
+sides scaled to block j's end as above; the diagonal blocks exact as above, their inverses
+D_i^-1 (as above) written into the scratch as T's diagonal blocks; T = (I + L)^-1's block rows
+below by block forward substitution, T_i,<i = -D_i^-1 (L_i,<i T_<i,<i), a [16, C] x [C, C] and a
+[16, 16] x [16, C] dot each (T overwrites L in the scratch a block row at a time); then
+W = T (beta e^G k) and U = T (beta v) as [C, C] x [C, MMA_SLICE] dots. sm_90a (ptxas, K3's
+C = 64, K = V = 128, 4 warps): 224 registers and no spills at MMA_SLICE = 64, 178 at 32.
 """
 
 from __future__ import annotations
@@ -46,6 +57,10 @@ DIAG_SLICE = 16               # key channels per slice of the diagonal blocks' [
 NEUMANN = True                # the diagonal blocks' inverse as a product of powers (six dots)
 NUM_WARPS = 4                 # 168 registers, 24 B spilled at K3's C = 64, K = V = 128 (bench/ptxas_report.py):
                               # 5.8 ms at 8K tokens on the H200; 8 warps (one program an SM) took 10.1 ms
+FORM = "blocks"               # the served kernel; "mma": `_intra_chunk_mma_kernel` (not yet timed on a GPU)
+PRECISION = {"blocks": "ieee", "mma": "tf32x3"}   # each form's dots by default
+MMA_SLICE = 64                # the mma form's tile width over K and V ([C, 64] tiles)
+MMA_NUM_WARPS = 4
 
 
 @triton.jit
@@ -224,7 +239,120 @@ def _intra_chunk_kernel(
                          BLOCK_V, NEUMANN, PRECISION, C)
 
 
-def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARPS, slice_=SLICE,
+@triton.jit
+def _below_diagonal_columns(G_ptr, q_ptr, k_ptr, b_ptr, index_ptr, a_ptr, L_ptr, s, h, sh, HV, j,
+                            C: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                            BLOCK: tl.constexpr, SLICE: tl.constexpr, PRECISION: tl.constexpr):
+    """Column block j (its first column; not the last block) of A_qk and of L = beta A_kk, every
+    row of the chunk at once: [BLOCK_C, SLICE] x [SLICE, BLOCK] tensor-core dots over K, the rows
+    below the block scaled to its end r, e^(G_i - G_r) <= 1, the block's own rows from r,
+    e^(G_r - G_j) <= 1 (nothing overflows whatever the gate). Rows above the block get zeros,
+    the diagonal block's rows nothing."""
+    cc = tl.arange(0, BLOCK_C)
+    ii = tl.arange(0, BLOCK)
+    ss = tl.arange(0, SLICE)
+    r = j + BLOCK - 1
+    below = (cc > r) & (cc < C)
+    rows = tl.load(index_ptr + s * C + cc, mask=below, other=0).to(tl.int64)          # [BLOCK_C]
+    rows_j = tl.load(index_ptr + s * C + j + ii).to(tl.int64)                         # [BLOCK]
+    chunk_k = sh * C * K
+    akk = tl.zeros((BLOCK_C, BLOCK), dtype=tl.float32)
+    aqk = tl.zeros((BLOCK_C, BLOCK), dtype=tl.float32)
+    for c0 in tl.static_range(0, BLOCK_K, SLICE):
+        cs = c0 + ss
+        c_in = cs < K
+        m = below[:, None] & c_in[None, :]
+        G = tl.load(G_ptr + chunk_k + cc[:, None] * K + cs[None, :], mask=m, other=0.0)       # [BLOCK_C, SLICE]
+        Gr = tl.load(G_ptr + chunk_k + r * K + cs, mask=c_in, other=0.0)                      # [SLICE]
+        Gj = tl.load(G_ptr + chunk_k + (j + ii)[:, None] * K + cs[None, :], mask=c_in[None, :], other=0.0)
+        left = tl.exp(tl.where(m, G - Gr[None, :], float("-inf")))                          # <= 1, 0 off `below`
+        ki = tl.load(k_ptr + (rows * HV + h)[:, None] * K + cs[None, :], mask=m, other=0.0)
+        qi = tl.load(q_ptr + (rows * HV + h)[:, None] * K + cs[None, :], mask=m, other=0.0)
+        kj = tl.load(k_ptr + (rows_j * HV + h)[:, None] * K + cs[None, :], mask=c_in[None, :], other=0.0)
+        right = tl.trans(kj * tl.exp(Gr[None, :] - Gj))                                     # [SLICE, BLOCK]
+        akk = tl.dot(ki * left, right, acc=akk, input_precision=PRECISION)
+        aqk = tl.dot(qi * left, right, acc=aqk, input_precision=PRECISION)
+    beta = tl.load(b_ptr + rows * HV + h, mask=below, other=0.0)
+    out = sh * C * C + cc[:, None] * C + (j + ii)[None, :]
+    keep = (((cc < j) | (cc > r)) & (cc < C))[:, None]                                  # all but block j's rows
+    tl.store(a_ptr + out, aqk, mask=keep)
+    tl.store(L_ptr + out, beta[:, None] * akk, mask=keep)
+
+
+@triton.jit
+def _intra_chunk_mma_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, index_ptr,
+    G_ptr, L_ptr, w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
+    C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr, DIAG_SLICE: tl.constexpr,
+    PRECISION: tl.constexpr, NEUMANN: tl.constexpr,
+):
+    # `_intra_chunk_kernel`'s contract and layouts, the products as whole-chunk dots. L_ptr's
+    # [C, C] scratch holds L below the diagonal blocks, then T = (I + L)^-1 (its diagonal blocks
+    # D_i^-1 written first, block rows i overwriting L's as they are solved)
+    sh = tl.program_id(0).to(tl.int64)
+    s = sh // HV
+    h = sh % HV
+    cc = tl.arange(0, BLOCK_C)
+    ii = tl.arange(0, BLOCK)
+    chunk_k, chunk_v, chunk_c = sh * C * K, sh * C * V, sh * C * C
+    _decays(q_ptr, k_ptr, g_ptr, index_ptr, G_ptr, qeg_ptr, kdec_ptr, egc_ptr, s, h, sh, HV, C, K, BLOCK, BLOCK_K)
+    tl.debug_barrier()
+    # 1. A_qk and L below the diagonal blocks, a column block at a time, every row at once
+    for j in tl.static_range(0, C - BLOCK, BLOCK):
+        _below_diagonal_columns(G_ptr, q_ptr, k_ptr, b_ptr, index_ptr, a_ptr, L_ptr, s, h, sh, HV, j, C, K, BLOCK_C,
+                                BLOCK_K, BLOCK, SLICE, PRECISION)
+    if C > BLOCK:                                                       # the last column block: zeros above it
+        last = tl.zeros((BLOCK_C, BLOCK), dtype=tl.float32)
+        out = chunk_c + cc[:, None] * C + (C - BLOCK + ii)[None, :]
+        tl.store(a_ptr + out, last, mask=(cc < C - BLOCK)[:, None])
+        tl.store(L_ptr + out, last, mask=(cc < C - BLOCK)[:, None])
+    # 2. the diagonal blocks with their exact pairwise decays; their inverses D_i^-1 into T
+    strictly_lower = ii[:, None] > ii[None, :]
+    for i in range(0, C, BLOCK):
+        rows_i = tl.load(index_ptr + s * C + i + ii).to(tl.int64)
+        beta = tl.load(b_ptr + rows_i * HV + h)
+        akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
+        diag = chunk_c + (i + ii)[:, None] * C + (i + ii)[None, :]
+        tl.store(a_ptr + diag, aqk)
+        tl.store(L_ptr + diag, _unit_lower_inverse(tl.where(strictly_lower, beta[:, None] * akk, 0.0), BLOCK,
+                                                   NEUMANN, PRECISION))
+    tl.debug_barrier()
+    # 3. T's block rows below the first by block forward substitution:
+    #    T_i,<i = -D_i^-1 (L_i,<i T_<i,<i), one [BLOCK, BLOCK_C] x [BLOCK_C, BLOCK_C] dot and one [BLOCK, BLOCK] x
+    #    [BLOCK, BLOCK_C]; L_i,<i and T's rows above read from the scratch (rows >= i and columns >= i read 0)
+    for i in range(BLOCK, C, BLOCK):
+        strip = chunk_c + (i + ii)[:, None] * C + cc[None, :]
+        L_i = tl.load(L_ptr + strip, mask=(cc < i)[None, :], other=0.0)                        # [BLOCK, BLOCK_C]
+        T_above = tl.load(L_ptr + chunk_c + cc[:, None] * C + cc[None, :],
+                          mask=(cc < i)[:, None] & (cc < i)[None, :], other=0.0)              # [BLOCK_C, BLOCK_C]
+        Dinv = tl.load(L_ptr + chunk_c + (i + ii)[:, None] * C + (i + ii)[None, :])             # [BLOCK, BLOCK]
+        T_i = -tl.dot(Dinv, tl.dot(L_i, T_above, input_precision=PRECISION), input_precision=PRECISION)
+        tl.debug_barrier()                                              # L_i read by all before it is overwritten
+        tl.store(L_ptr + strip, T_i, mask=(cc < i)[None, :])
+        tl.debug_barrier()                                              # T's block row i written before i + 1 reads it
+    # 4. W = T (beta e^G k), U = T (beta v): [BLOCK_C, BLOCK_C] x [BLOCK_C, SLICE] dots
+    c_in = cc < C
+    T = tl.load(L_ptr + chunk_c + cc[:, None] * C + cc[None, :], mask=c_in[:, None] & c_in[None, :], other=0.0)
+    rows = tl.load(index_ptr + s * C + cc, mask=c_in, other=0).to(tl.int64)
+    beta = tl.load(b_ptr + rows * HV + h, mask=c_in, other=0.0)                                # 0 on padded rows
+    ss = tl.arange(0, SLICE)
+    for c0 in tl.static_range(0, BLOCK_K, SLICE):
+        cs = c0 + ss
+        m = c_in[:, None] & (cs < K)[None, :]
+        G = tl.load(G_ptr + chunk_k + cc[:, None] * K + cs[None, :], mask=m, other=0.0)
+        kb = tl.load(k_ptr + (rows * HV + h)[:, None] * K + cs[None, :], mask=m, other=0.0)
+        tl.store(w_ptr + chunk_k + cc[:, None] * K + cs[None, :],
+                 tl.dot(T, beta[:, None] * tl.exp(G) * kb, input_precision=PRECISION), mask=m)
+    for c0 in tl.static_range(0, BLOCK_V, SLICE):
+        cs = c0 + ss
+        m = c_in[:, None] & (cs < V)[None, :]
+        vb = tl.load(v_ptr + (rows * HV + h)[:, None] * V + cs[None, :], mask=m, other=0.0)
+        tl.store(u_ptr + chunk_v + cc[:, None] * V + cs[None, :],
+                 tl.dot(T, beta[:, None] * vb, input_precision=PRECISION), mask=m)
+
+
+def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps=None, slice_=None,
                 diag_slice=DIAG_SLICE, neumann=NEUMANN):
     """Phase 1 for all chunks at once: `torch_kernels.kda_chunked_blocked.intra_chunk_torch`'s
     contract. q (scaled), k, g [rows, HV, K], v [rows, HV, V], beta [rows, HV]: the packed
@@ -233,9 +361,17 @@ def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARP
     [nseg, HV, 1, K], fp32.
 
     C must be a multiple of 16; other dtypes than fp32 (float64) go to the torch version.
-    Launch options: precision ("ieee" served, "tf32x3"), num_warps, slice_ (16 or 32),
-    diag_slice and neumann (the diagonal blocks' inverse as a product of powers, else by rows).
+    form: "blocks" (FORM, served: `_intra_chunk_kernel`) or "mma" (`_intra_chunk_mma_kernel`,
+    whole-chunk tensor-core dots), the same outputs. Launch options: precision (the form's
+    default from PRECISION: "ieee" or "tf32x3"), num_warps (NUM_WARPS / MMA_NUM_WARPS), slice_
+    (the blocks form's dot depth, 16 or 32, SLICE; the mma form's tile width over K and V,
+    MMA_SLICE), diag_slice and neumann (the diagonal blocks' inverse as a product of powers,
+    else by rows).
     """
+    form = form or FORM
+    if form not in PRECISION:
+        raise ValueError(f"kda intra chunk: form must be one of {sorted(PRECISION)}; got {form!r}")
+    precision = precision or PRECISION[form]
     if precision not in ("ieee", "tf32x3"):
         raise ValueError(f"kda intra chunk: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
     nseg, C = index.shape
@@ -248,14 +384,20 @@ def intra_chunk(q, k, v, g, beta, index, *, precision="ieee", num_warps=NUM_WARP
     q, k, v, g, beta, index = (x.contiguous() for x in (q, k, v, g, beta, index))
     dev, f32 = q.device, torch.float32
     G = torch.empty(nseg, HV, C, K, dtype=f32, device=dev)             # scratch: the cumulative log decays
-    L = torch.empty(nseg, HV, C, C, dtype=f32, device=dev)             # scratch: beta A_kk, strictly lower
+    L = torch.empty(nseg, HV, C, C, dtype=f32, device=dev)             # scratch: beta A_kk (mma: then T)
     W, qeG, kdec = (torch.empty(nseg, HV, C, K, dtype=f32, device=dev) for _ in range(3))
     U = torch.empty(nseg, HV, C, V, dtype=f32, device=dev)
     A_qk = torch.empty(nseg, HV, C, C, dtype=f32, device=dev)
     eGC = torch.empty(nseg, HV, 1, K, dtype=f32, device=dev)
     block_k, block_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
-    _intra_chunk_kernel[(nseg * HV,)](
-        q, k, v, g, beta, index, G, L, W, U, A_qk, qeG, kdec, eGC, HV, C=C, K=K, V=V, BLOCK_K=block_k,
-        BLOCK_V=block_v, BLOCK=BLOCK, SLICE=min(slice_, block_k), DIAG_SLICE=min(diag_slice, block_k),
-        PRECISION=precision, NEUMANN=neumann and BLOCK == 16, num_warps=num_warps)
+    common = dict(C=C, K=K, V=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK=BLOCK, DIAG_SLICE=min(diag_slice, block_k),
+                  PRECISION=precision, NEUMANN=neumann and BLOCK == 16)
+    args = (q, k, v, g, beta, index, G, L, W, U, A_qk, qeG, kdec, eGC, HV)
+    if form == "mma":
+        _intra_chunk_mma_kernel[(nseg * HV,)](
+            *args, **common, BLOCK_C=max(16, triton.next_power_of_2(C)),
+            SLICE=min(slice_ or MMA_SLICE, block_k, block_v), num_warps=num_warps or MMA_NUM_WARPS)
+    else:
+        _intra_chunk_kernel[(nseg * HV,)](*args, **common, SLICE=min(slice_ or SLICE, block_k),
+                                          num_warps=num_warps or NUM_WARPS)
     return W, U, A_qk, qeG, kdec, eGC

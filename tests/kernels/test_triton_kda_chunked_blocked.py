@@ -134,8 +134,36 @@ def test_intra_chunk_matches_the_torch_phase1(C, K, V, precision, monkeypatch):
     assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
 
 
-@pytest.mark.parametrize("neumann", [True, False])
-def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann):
+@pytest.mark.parametrize("C, K, V, precision", [(64, 32, 16, "tf32x3"), (48, 40, 32, "tf32x3"),
+                                                 (32, 16, 48, "ieee"), (16, 32, 16, "tf32x3")])
+def test_mma_intra_chunk_matches_the_torch_phase1_and_the_blocks_form(C, K, V, precision, monkeypatch):
+    # the whole-chunk form on K3's gates: half the key channels near the -5 lower bound (e^-80 across
+    # a 16-row block), half slow, spikes of -50; keys strongly correlated; full, partial and short chunks
+    # (C = 48: the tiles padded to 64 rows); outputs NaN-poisoned
+    rows, HV = 3 * C + 5, 2
+    q, k, v, g, beta = _packed(rows, HV, K, V, seed=C + K + V + 1)
+    gen = torch.Generator().manual_seed(C)
+    g[:-1] = -5.0 * torch.sigmoid(2.0 + torch.randn(rows, HV, K, generator=gen))
+    g[:-1, :, 1::2] *= 0.01
+    g[5:-1:13] = -50.0
+    k[:-1] = ref.l2_norm(k[:-1] + 2 * k[:1])
+    index = torch.full((5, C), rows, dtype=torch.long)                    # pad: the zero row
+    for s, (a, z) in enumerate([(0, C), (C, 2 * C), (2 * C, 3 * C), (3 * C, rows), (7, 12)]):
+        index[s, : z - a] = torch.arange(a, z)
+    _nan_poisoned_empty(monkeypatch, intra)
+    got = intra.intra_chunk(q, k, v, g, beta, index, form="mma", precision=precision)
+    monkeypatch.undo()
+    blocks = intra.intra_chunk(q, k, v, g, beta, index, form="blocks")
+    want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
+    for name, a, b, w in zip(("W", "U", "A_qk", "qeG", "kdec", "eGC"), got, blocks, want):
+        assert a.shape == w.shape and a.dtype == torch.float32 and torch.isfinite(a).all(), name
+        assert _ratio(a, w) < 1e-5, (name, _ratio(a, w))
+        assert _ratio(a, b) < 1e-5, (name, _ratio(a, b))                 # the served form's outputs
+    assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
+
+
+@pytest.mark.parametrize("neumann, form", [(True, "blocks"), (False, "blocks"), (True, "mma")])
+def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann, form):
     # keys all near one direction, beta 1 and slow decays: (I + L) is far from I, and the powers
     # of L in the product-form inverse cancel; with its Newton step it matches float64 as the
     # row-by-row inverse does (without the step W's error was ~1e-4 here)
@@ -145,7 +173,7 @@ def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann):
     g[:-1] = -0.05 * torch.rand(rows, HV, K, generator=torch.Generator().manual_seed(1))
     beta[:-1] = 1.0
     index = torch.arange(rows).view(2, C)
-    got = intra.intra_chunk(q, k, v, g, beta, index, neumann=neumann)
+    got = intra.intra_chunk(q, k, v, g, beta, index, neumann=neumann, form=form)
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
     for name, a, b in zip(("W", "U"), got, want):
         assert _ratio(a, b) < 2e-6, (name, _ratio(a, b))
@@ -158,37 +186,48 @@ def test_intra_chunk_fallbacks_and_errors():
     for g, w in zip(intra.intra_chunk(*d, index), blocked.intra_chunk_torch(*d, index)):   # float64: torch
         assert g.dtype == torch.float64
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+    for g, w in zip(intra.intra_chunk(*d, index, form="mma"), blocked.intra_chunk_torch(*d, index)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
     with pytest.raises(ValueError, match="precision"):
         intra.intra_chunk(*tensors, index, precision="tf32")
+    with pytest.raises(ValueError, match="form"):
+        intra.intra_chunk(*tensors, index, form="wgmma")
     with pytest.raises(ValueError, match="multiple of 16"):
-        intra.intra_chunk(*tensors, torch.arange(24).view(1, 24))
+        intra.intra_chunk(*tensors, torch.arange(24).view(1, 24), form="mma")
 
 
 @pytest.mark.parametrize("form, dtype, chunk, group_elements", [   # group_elements 1: a group per chunk
     ("served", torch.float32, 32, None), ("served", torch.bfloat16, 64, None),
+    ("mma", torch.float32, 64, None), ("mma", torch.bfloat16, 48, None),
     ("triton_diagonal", torch.float32, 64, 1), ("triton_diagonal", torch.bfloat16, 32, 1),
     ("triton_diagonal", torch.float32, 32, None)])
 def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elements, monkeypatch):
     if group_elements is not None:
         monkeypatch.setattr(wrapper, "GROUP_ELEMENTS", group_elements)
-    calls = []
-    if form == "served":
-        counted = lambda *a, **kw: calls.append(1) or intra.intra_chunk(*a, **kw)   # noqa: E731
+    calls, decay = [], 1.0
+    if form in ("served", "mma"):
+        counted = lambda *a, **kw: calls.append(kw["form"]) or intra.intra_chunk(*a, **kw)   # noqa: E731
         monkeypatch.setattr(wrapper, "intra_chunk", counted)
-        run = wrapper.kda_chunked
+        run = wrapper.kda_chunked if form == "served" else wrapper.kda_chunked_mma
+        decay = 1.0 if form == "served" else 5.0                          # K3's gate bound, spikes of -50 too
     else:
         counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
         monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
         run = wrapper.kda_chunked_triton_diagonal
-    args, kw = _inputs([45, 100, 31], dtype=dtype)
+    args, kw = _inputs([45, 100, 31], dtype=dtype, decay=decay)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 31]])
+    _nan_poisoned_empty(monkeypatch, wrapper)                             # every torch.empty, for the call
     got = run(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
+    monkeypatch.undo()
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
                            chunk_size=chunk, checkpoint_offsets=offsets)
     assert got.o.dtype == dtype and got.state.dtype == torch.float32 and len(got.checkpoints) == 2
     # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
-    assert calls == [1] if form == "served" else (calls and (group_elements is None or len(calls) > 3))
+    if form in ("served", "mma"):
+        assert calls == [wrapper.INTRA_FORM if form == "served" else "mma"]
+    else:
+        assert calls and (group_elements is None or len(calls) > 3)
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
@@ -290,6 +329,67 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
                                                             for n, t in kw.items()},
                            chunk_size=chunk, checkpoint_offsets=offsets)
     assert calls == [1]
+    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
+        assert torch.isfinite(a).all()
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
+        assert _ratio(a, b) < floor, _ratio(a, b)
+
+
+@pytest.mark.parametrize("precision, dtype", [("ieee", torch.float32), ("tf32x3", torch.bfloat16)])
+def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypatch):
+    # o straight to the packed rows: the chunk positions go to the even rows of `out` in a shuffled
+    # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
+    C, K, V, HV = 32, 40, 48, 2
+    counts = [3, 1, 0, 4, 2]
+    tensors, order, sizes = _phase1(counts, HV, C, K, V, seed=17)
+    nseg = sum(sizes)
+    index = 2 * torch.randperm(nseg * C, generator=torch.Generator().manual_seed(0)).view(nseg, C)
+    n_out = 2 * nseg * C - 40                                             # 20 positions past the end
+    out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
+    capture = [0, 7, 3, 9]
+    _nan_poisoned_empty(monkeypatch, rec)
+    got, final, captured = rec.recurrence(*tensors, order, sizes, capture, precision=precision, out=out,
+                                          out_index=index)
+    monkeypatch.undo()
+    want_o, want_final, want_captured = blocked.recurrence_torch(*tensors, order, sizes, capture)
+    assert got is out and out.dtype == dtype
+    rows = index.reshape(-1)
+    keep = rows < n_out
+    want_rows = want_o.permute(0, 2, 1, 3).reshape(-1, HV, V)[keep]      # [positions kept, HV, V]
+    assert torch.isfinite(out[rows[keep]]).all()
+    assert _ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
+    written = torch.zeros(n_out, dtype=torch.bool)
+    written[rows[keep]] = True
+    assert out[~written].isnan().all() and (~written).sum() == n_out - keep.sum()
+    for g, w in ((final, want_final), (captured, want_captured)):
+        assert torch.isfinite(g).all() and _ratio(g, w) < 1e-6, _ratio(g, w)
+    # float64 takes the torch loop and scatters the same way
+    d = [t.double() for t in tensors]
+    out64 = torch.full((n_out, HV, V), float("nan"), dtype=torch.float64)
+    rec.recurrence(*d, order, sizes, capture, out=out64, out_index=index)
+    torch.testing.assert_close(out64[rows[keep]], want_rows.double(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="together"):
+        rec.recurrence(*tensors, order, sizes, out=out)
+
+
+@pytest.mark.parametrize("intra_form, dtype, chunk", [("blocks", torch.bfloat16, 64), ("mma", torch.float32, 32)])
+def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, monkeypatch):
+    # the wrapper with the recurrence writing o to the token rows itself (no scatter): ragged
+    # sequences with chunk tails, an empty one, initial states, checkpoints, K3's gate bound with
+    # spikes of -50; every torch.empty NaN-poisoned meanwhile (o's rows included)
+    args, kw = _inputs([45, 100, 0, 31], dtype=dtype, decay=5.0)
+    offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
+    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
+                                                            for n, t in kw.items()},
+                           chunk_size=chunk, checkpoint_offsets=offsets)
+    calls = []
+    counted = lambda *a, **k: calls.append(k.get("out") is not None) or rec.recurrence(*a, **k)   # noqa: E731
+    monkeypatch.setattr(wrapper, "recurrence", counted)
+    _nan_poisoned_empty(monkeypatch, blocked)
+    got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets, intra_form=intra_form,
+                              o_through_index=True)
+    monkeypatch.undo()
+    assert calls == [True] and got.o.dtype == dtype and got.o.shape == want.o.shape
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
