@@ -72,10 +72,14 @@
 #     issue 27: the MoE tiles reading the tile-major copy of the experts (moe_mxfp4_layout.py) against the
 #     checkpoint layout's at 1 / 16 / 32 / 64 tokens, the prefill tiles with their loads pipelined and in the
 #     loop at 1K / 2K tokens (bench/moe_mxfp4.py), and Nsight Compute on the tiled decode_bf16 tile at 64;
-#   bash bench/h200_session.sh moe-bf16-e2e                 (about 9 minutes)
-#     the experimental entry (K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16, the experts repacked tile-major) under
-#     the moe and model conformance cases, then k3-slice decode at 1 / 16 / 64 requests with it;
-#     ONLY="conformance-served-moe k3-slice-served": the served set's moe cases and figures instead;
+#   bash bench/h200_session.sh moe-bf16-e2e                 (about 8 minutes)
+#     issue 27: k3-slice decode at 1 / 16 / 64 requests with the served set (moe_experts_bf16 promoted, the
+#     experts repacked tile-major) and with the previous one (K3_NVIDIA_DISABLE=moe_experts_bf16: the experts
+#     in the checkpoint layout) on the same GPU; the conformance phase checks the served set;
+#   bash bench/h200_session.sh kda-mma                      (about 7 minutes)
+#     issue 27 item 2: bench/kda_prefill.py (phase 1's "mma" form and the recurrence writing o to its
+#     rows against the served form, fla-core and the reference), then the kda.chunked and model
+#     conformance cases with the experimental kda_chunked_mma;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
@@ -85,8 +89,9 @@ set -uo pipefail
 phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
       && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
-      && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled" >&2
+      && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled
+      && $phase != kda-mma ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -103,7 +108,7 @@ source bench/device_steps.sh
 
 case $phase in
 conformance)
-    step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-served 300 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
     step conformance-kda-torch 150 env K3_NVIDIA_DISABLE=kda_chunked_blocked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_torch" -k "kda.chunked or model"
     step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
@@ -142,7 +147,7 @@ profile)
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice
     # decode (synchronous and asynchronous scheduling) with TTFT 1K / 8K and the workload, the profile
-    step conformance-served 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-served 300 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
     step bench-k3-slice 240 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --ttft 1024 8192 ${K3_SLICE_ARGS:-}
     step profile-k3-slice 75 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
@@ -179,16 +184,16 @@ moe-tiled)
     rm -f "$OUT"/*.ncu-rep
     ;;
 moe-bf16-e2e)
-    step conformance-moe-bf16 220 env K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16 \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_moe_bf16" -k "moe or model"
-    rm -f "$OUT/conf_moe_bf16/report.md"
-    step k3-slice-bf16 320 env K3_NVIDIA_EXPERIMENTAL=moe_experts_bf16 python3 bench/k3_slice.py \
-        --out "$OUT/k3_slice_bf16.json" --peer= --decode-only --concurrency 1 16 64
-    ONLY=${ONLY:-none}          # the served set's steps run only when ONLY names them (a second call)
-    step conformance-served-moe 200 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_served_moe" -k moe
-    rm -f "$OUT/conf_served_moe/report.md"
-    step k3-slice-served 320 env K3_NVIDIA_EXPERIMENTAL= python3 bench/k3_slice.py --out "$OUT/k3_slice_served.json" \
-        --peer= --decode-only --concurrency 1 16 64
+    step k3-slice-served 290 python3 bench/k3_slice.py --out "$OUT/k3_slice_served.json" --peer= --decode-only \
+        --concurrency 1 16 64
+    step k3-slice-before 290 env K3_NVIDIA_DISABLE=moe_experts_bf16 python3 bench/k3_slice.py \
+        --out "$OUT/k3_slice_before.json" --peer= --decode-only --concurrency 1 16 64
+    ;;
+kda-mma)
+    step bench-kda-prefill 200 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step conformance-kda-mma 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_mma \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_mma" -k "kda.chunked or model"
+    rm -f "$OUT/conf_kda_mma/report.md"
     ;;
 vision)
     step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \

@@ -5,6 +5,11 @@ activations), in one call on the GPU.
     python3 bench/moe_mxfp4.py --out moe_mxfp4.json              # on the H200
     TRITON_INTERPRET=1 python3 bench/moe_mxfp4.py --smoke         # CPU: correctness only, tiny
 
+Each decode batch also times what the nvidia platform serves for `moe.experts` (`k3_served_us`,
+`served_kernel`: the promoted moe_experts_bf16 on the experts repacked tile-major, unless
+K3_NVIDIA_DISABLE names it), beside `k3_default_us` (experts_forward's default launch on the
+checkpoint layout).
+
 For each batch size T: a correctness check against `k3.reference.experts_forward` on the same
 fresh random weights and routing (error ratio), then the median time of the kernel and of the
 reference (which dequantises each active expert to fp32 and multiplies), and the weight-bytes
@@ -16,6 +21,7 @@ about 128 * (1 - (1 - 16/128)^T) experts.
 from __future__ import annotations
 
 import argparse
+import importlib
 
 import torch
 
@@ -113,6 +119,19 @@ PREFILL_T = 512
 GEMV_MAX_T = 32          # one program per (expert, token): past a few tokens per expert the tensor cores win
 
 
+def served_experts_kernel():
+    """(name, function) of what the nvidia platform serves `moe.experts` with in this environment
+    (K3_NVIDIA_DISABLE / K3_NVIDIA_EXPERIMENTAL apply): `k3_served_us` times it on the experts as
+    the plugin's k3_process_weights leaves them (tile-major for moe_experts_bf16)."""
+    from k3.platforms.nvidia import experimental
+
+    name = experimental.serving("moe.experts")
+    if name is None:
+        raise SystemExit("the nvidia platform serves moe.experts with the reference op here (K3_NVIDIA_DISABLE?)")
+    module, function = experimental.ALL[name].target.split(":")
+    return name, getattr(importlib.import_module(f"k3.platforms.{module}"), function)
+
+
 def make_experts(e, inter, l, device, seed):
     """Random MXFP4 experts, quantised one expert at a time (k3-slice's are 128 x 12.6 MiB)."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -204,6 +223,8 @@ def main() -> None:
     rows = []
     w13, w2 = make_experts(e, inter, l, "cuda", seed=0)
     tiles = (to_tile_major(w13), to_tile_major(w2))           # the tiled_ variants' experts (k3.quant.mxfp4_tiles)
+    served_name, served = served_experts_kernel()
+    served_experts = tiles if served_name == "moe_experts_bf16" else (w13, w2)    # as k3_process_weights leaves them
     for t in args.batch:
         entry = {"check": check(kernel, w13, w2, t, k, "cuda", seed=t)}
         if entry["check"]["passed"]:
@@ -236,6 +257,10 @@ def main() -> None:
                     entry[f"k3_{name}_us"] = graph_replay_ms(
                         lambda: kernel(x, a13, a2, weights, ids, **options, **kw)) * 1e3
             entry["k3_default_us"] = graph_replay_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
+            entry["served_kernel"] = served_name
+            entry["k3_served_check"] = check(served, *served_experts, t, k, "cuda", seed=t)
+            if entry["k3_served_check"]["passed"]:
+                entry["k3_served_us"] = graph_replay_ms(lambda: served(x, *served_experts, weights, ids, **kw)) * 1e3
             entry["k3_default_eager_us"] = bench_ms(lambda: kernel(x, w13, w2, weights, ids, **kw)) * 1e3
             pick_best(entry)
             entry["fraction_of_roofline"] = entry["roofline_us"] / entry["k3_us"]

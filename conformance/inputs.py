@@ -89,12 +89,12 @@ def shuffled_pages(gen: torch.Generator, seq_lens: Sequence[int], page_size: int
 
 
 def tree_map(fn: Callable[[torch.Tensor], Any], obj, leaf: Callable[[Any], Any] | None = None):
-    """fn applied to every tensor inside tuples, lists, dicts, Inputs and MXFP4Tensors
-    (`leaf`, when given, to every other leaf)."""
+    """fn applied to every tensor inside tuples, lists, dicts, Inputs and MXFP4Tensors (their
+    layout class kept: a tile-major stack stays one), `leaf`, when given, to every other leaf."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, MXFP4Tensor):
-        return MXFP4Tensor(fn(obj.packed), fn(obj.scales), obj.shape)
+        return type(obj)(fn(obj.packed), fn(obj.scales), obj.shape)
     if isinstance(obj, Inputs):
         return Inputs(tree_map(fn, obj.args, leaf), tree_map(fn, obj.kwargs, leaf))
     if isinstance(obj, tuple):

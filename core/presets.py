@@ -209,6 +209,16 @@ def k3_tiny_text() -> dict[str, Any]:
     return _nest(_tiny_text(), media_placeholder=compact_special_id(163605), vision=False)
 
 
+def k3_tiny_tiles() -> dict[str, Any]:
+    """k3-tiny's text model with routed experts that divide into the 128 x 64 MXFP4 tiles of
+    `k3.quant.mxfp4_tiles` (latent 128, expert width 64): a platform that repacks the experts
+    tile-major (the nvidia plugin's moe_experts_bf16) does so on this model, so the model cases
+    run that layout end to end."""
+    text = _tiny_text()
+    text.update(routed_expert_hidden_size=128, moe_intermediate_size=64)
+    return _nest(text, media_placeholder=compact_special_id(163605), vision=False)
+
+
 def k3_tiny_mtp() -> dict[str, Any]:
     """k3-tiny with one MTP layer (index 8: MLA, LatentMoE), for the "mtp" speculative method."""
     text = _tiny_text()
@@ -288,6 +298,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "k3-tiny-mtp": k3_tiny_mtp,
     "k3-tiny-vision": k3_tiny_vision,
     "k3-tiny-text": k3_tiny_text,
+    "k3-tiny-tiles": k3_tiny_tiles,
     "k3.1-pro-tiny": k3_1_pro_tiny,
     "kimi-linear-tiny": kimi_linear_tiny,
     "k3-slice": k3_slice,

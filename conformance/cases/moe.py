@@ -13,6 +13,7 @@ import torch
 
 from k3 import reference as ref
 from k3.quant.mxfp4 import MXFP4Tensor
+from k3.quant.mxfp4_tiles import to_tile_major
 from k3.reference.router import _group_mask
 
 from .. import compare as cmp
@@ -77,7 +78,11 @@ register(Case(
     doc="Top-k experts by biased score; unbiased, renormalised, scaled weights."))
 
 
-def _experts(t, e, k, l, i, *, mxfp4=False, activation="situ", start=0, local=None, dense_dispatch=None):
+def _experts(t, e, k, l, i, *, mxfp4=False, activation="situ", start=0, local=None, dense_dispatch=None,
+             tile_major=False):
+    """tile_major: the MXFP4 stacks repacked tile by tile (`k3.quant.mxfp4_tiles`), as a platform's
+    `k3_process_weights` may hold them (the nvidia plugin's `moe_experts_bf16` does); L and I must
+    then divide into the 128 x 64 tiles."""
     def make(g, dtype):
         el = local or e
         if mxfp4:   # random codes, E8M0 scales giving weights of rms ~ 1/sqrt(fan_in)
@@ -86,6 +91,8 @@ def _experts(t, e, k, l, i, *, mxfp4=False, activation="situ", start=0, local=No
                 scales = (127 + exp + torch.randint(-1, 1, (el, out, fan_in // 32), generator=g)).to(torch.uint8)
                 return MXFP4Tensor(packed, scales)
             w13, w2 = weight(2 * i, l, -5), weight(l, i, -5)
+            if tile_major:
+                w13, w2 = to_tile_major(w13), to_tile_major(w2)
         else:
             w13, w2 = randn(g, (el, 2 * i, l), dtype, l ** -0.5), randn(g, (el, l, i), dtype, i ** -0.5)
         ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])     # [T, k] global ids
@@ -106,6 +113,12 @@ SAMPLES = [
     Sample("T1_E8_k3_L64_I64_mxfp4_single_token", _experts(1, 8, 3, 64, 64, mxfp4=True)),
     # a prefill chunk's size: plugins may switch strategy there (nvidia: dequantise each expert, cuBLAS)
     Sample("T8192_E8_k2_L64_I32_mxfp4_prefill_chunk", _experts(8192, 8, 2, 64, 32, mxfp4=True)),
+    # the experts repacked tile-major (128-row x 64-column tiles): the gemv's, the decode tiles' and the
+    # prefill mode's batch sizes
+    Sample("T1_E8_k2_L128_I64_mxfp4_tile_major", _experts(1, 8, 2, 128, 64, mxfp4=True, tile_major=True)),
+    Sample("T32_E8_k2_L128_I128_mxfp4_tile_major", _experts(32, 8, 2, 128, 128, mxfp4=True, tile_major=True)),
+    Sample("T1024_E8_k2_L128_I64_mxfp4_tile_major_prefill",
+           _experts(1024, 8, 2, 128, 64, mxfp4=True, tile_major=True)),
     # what AMD's AITER fused MoE takes (MXFP4 SiLU-GLU at widths of its tiles): runs where it serves
     Sample("aiter_T4_E8_k2_L512_I256_mxfp4_silu", _experts(4, 8, 2, 512, 256, mxfp4=True, activation="silu"),
            requires=("aiter",)),

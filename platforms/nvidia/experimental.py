@@ -13,6 +13,8 @@ import os
 import warnings
 from dataclasses import dataclass
 
+from k3.platforms._probe import has_module
+
 ENV = "K3_NVIDIA_EXPERIMENTAL"
 DISABLE_ENV = "K3_NVIDIA_DISABLE"
 
@@ -36,6 +38,14 @@ PROMOTED = {
                              "causal short conv of prefill chunks and verify steps, ragged, with checkpoint windows"),
     "moe_experts": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward",
                           "MXFP4 routed experts, W4A16, SiTU-GLU fused"),
+    # two for moe.experts: the later one serves unless K3_NVIDIA_DISABLE names it. moe_experts_bf16 (issue 27):
+    # 16-1,023-token bf16 batches on decode_bf16 tiles over the experts repacked tile-major
+    # (plugin.k3_process_weights), 1.5x the 16- and 64-request decode throughput of k3-slice on an H100
+    # (BENCHMARKS.md, 2026-12-06); moe and model conformance passed there with the experts repacked in place
+    "moe_experts_bf16": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_bf16_decode",
+                               "MXFP4 routed experts repacked tile-major, the codes decoded to bf16 pairs in the "
+                               "registers (PTX) for bf16 tensor-core tiles from 16 tokens up to the prefill dequant "
+                               "mode"),
     "moe_router": Kernel("moe.select_experts", "triton_kernels.router:select_experts",
                          "expert selection (scores, bias, top-k, renormalisation) in one launch"),
     "moe_router_logits": Kernel("moe.router_logits", "triton_kernels.router:router_logits",
@@ -83,16 +93,15 @@ KERNELS = {
     "moe_experts_grouped": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_grouped",
                                   "MXFP4 routed experts with each weight tile decoded once for the 2-64 decode "
                                   "tokens routed to its expert (gemv_grouped)"),
-    # the MXFP4 experts with 16-1023-token bf16 batches on decode_bf16 tiles (issue 27), when named, over the
-    # experts repacked tile-major (plugin.k3_process_weights): 1.6-2.1x the served launch at 16-64 tokens on an
-    # H100 (moe and model conformance passed there with a tiled copy; the in-place repack not yet on a GPU)
-    "moe_experts_bf16": Kernel("moe.experts", "triton_kernels.moe_mxfp4:experts_forward_bf16_decode",
-                               "MXFP4 routed experts repacked tile-major, the codes decoded to bf16 pairs in the "
-                               "registers (PTX) for bf16 tensor-core tiles from 16 tokens up to the prefill dequant "
-                               "mode"),
     "kda_chunked_tf32x3": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_tf32x3",
                                  "kda_chunked_blocked with 3xTF32 tensor-core dots in both phases"),
+    # issue 27 item 2: phase 1 as whole-chunk 3xTF32 tensor-core dots (kda_intra_chunk's "mma" form)
+    "kda_chunked_mma": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_mma",
+                              "kda_chunked_blocked with the intra-chunk phase's 64 x 64 products, block inverse "
+                              "and W, U as whole-chunk 3xTF32 tensor-core dots"),
 }
+
+ALL = {**PROMOTED, **KERNELS}
 
 
 def _names(env: str, known: dict) -> set[str]:
@@ -102,6 +111,15 @@ def _names(env: str, known: dict) -> set[str]:
         warnings.warn(f"{env}: unknown kernel name(s) {sorted(unknown)} ignored; known: "
                       f"{', '.join(sorted(known))}, or all", stacklevel=3)
     return names
+
+
+def serving(entry: str) -> str | None:
+    """The name of the kernel that serves kernel-table entry `entry` ("family.entry"): of those
+    switched on (`enabled`) whose modules are installed, the last in PROMOTED then KERNELS (an
+    experimental one named replaces the promoted); None where the reference op serves."""
+    names = [name for name, kernel in ALL.items()
+             if kernel.entry == entry and enabled(name) and all(has_module(m) for m in kernel.needs)]
+    return names[-1] if names else None
 
 
 def enabled(name: str) -> bool:

@@ -4,8 +4,8 @@ Backs detection, capabilities, serving defaults, conformance expectations, CUDA-
 the symmetric-memory all-reduce (symm_mem.py, opt-in) and the kernels listed in experimental.py (k3.platforms.triton_kernels, torch_kernels), each when
 the modules it needs are installed: the promoted set by default (K3_NVIDIA_DISABLE takes one
 out), the experimental ones when K3_NVIDIA_EXPERIMENTAL names them. Every other kernel entry
-falls back to the reference plugin's pure-torch kernels on device "cuda" (with
-`moe_experts_bf16`, `k3_process_weights` repacks the MoE experts tile-major). In the batch-invariant
+falls back to the reference plugin's pure-torch kernels on device "cuda" (where
+`moe_experts_bf16` serves, `k3_process_weights` repacks the MoE experts tile-major). In the batch-invariant
 mode every kernel hook serves a full table marked batch invariant (invariant.py: its invariant
 Triton kernels and the torch invariant set). A platform plugin's hooks are asked only while its
 platform is selected, so none checks the platform name.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from k3.platforms._probe import has_module
 from k3.plugin import (AttnResKernels, DenseKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels,
                        MLAKernels, MoEKernels, QuantKernels, hookimpl)
 
@@ -64,24 +63,26 @@ def k3_conformance_expectations():
 
 @hookimpl
 def k3_process_weights(model):
-    """With the experimental `moe_experts_bf16` serving, every MXFP4 routed-expert stack is
-    repacked tile by tile in place (`k3.model.ffn.MoE.hold_experts_tile_major`: 4 KB contiguous
-    code blocks a tile step, which every MoE mode here reads)."""
-    if experimental.enabled("moe_experts_bf16") and has_module("triton"):
+    """Where `moe_experts_bf16` serves the MoE experts (promoted; not when K3_NVIDIA_DISABLE names it or
+    an experimental moe.experts kernel is named instead), every MXFP4 routed-expert stack is repacked
+    tile by tile in place (`k3.model.ffn.MoE.hold_experts_tile_major`: 4 KB contiguous code blocks a
+    tile step, which every MoE mode of that kernel reads)."""
+    if experimental.serving("moe.experts") == "moe_experts_bf16":
         for module in model.modules():
             if hasattr(module, "hold_experts_tile_major"):
                 module.hold_experts_tile_major()
 
 
 def _kernel_table(family: str, table):
-    """The `table` (a KernelTable class) of `family` holding every kernel of experimental.py for
-    that family that is switched on and whose modules are installed; None when none is (the
+    """The `table` (a KernelTable class) of `family` holding, for each of its entries in
+    experimental.py, the kernel that serves it (`experimental.serving`); None when none does (the
     reference plugin serves every entry)."""
     entries = {}
-    for name, kernel in {**experimental.PROMOTED, **experimental.KERNELS}.items():
+    for kernel in {**experimental.PROMOTED, **experimental.KERNELS}.values():
         kernel_family, entry = kernel.entry.split(".")
-        if kernel_family == family and experimental.enabled(name) and all(has_module(m) for m in kernel.needs):
-            module, function = kernel.target.split(":")
+        name = experimental.serving(kernel.entry) if kernel_family == family else None
+        if name is not None and entry not in entries:
+            module, function = experimental.ALL[name].target.split(":")
             entries[entry] = getattr(importlib.import_module(f"k3.platforms.{module}"), function)
     return table(**entries) if entries else None
 

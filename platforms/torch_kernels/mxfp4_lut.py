@@ -25,6 +25,7 @@ import sys
 import torch
 
 from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor
+from k3.quant.mxfp4_tiles import TileMajorMXFP4
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _WORD = {2: torch.int32, 4: torch.int64}        # two values of this itemsize in one integer word
@@ -79,6 +80,9 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     if not out.is_contiguous() or tuple(w.shape[1:]) != (rows, cols):
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
                          f"got {tuple(out.shape)}")
+    if isinstance(w, TileMajorMXFP4):   # a platform's tile-major repack: the selected experts untiled (a copy)
+        w = w.checkpoint_layout(index if index is not None else list(range(start, start + n)))
+        start, index = 0, None
     table = scaled_byte_table(out.dtype, out.device)
     if index is None:
         packed, scales = w.packed[start:start + n], w.scales[start:start + n]             # views: no copy

@@ -42,7 +42,7 @@ Four ways to multiply (the `mode` launch option):
     the even columns of x by the low nibbles and the odd columns by the high ones (MXFP4 packs
     element 2j in the low nibble of byte j); IEEE products for fp32 models, tf32 for fp16 (which
     holds fp16 activations and every MXFP4 weight exactly); activations kept in fp32;
-  - "decode_bf16" (bf16 activations; nvidia's experimental `moe_experts_bf16` for 16-1,023 tokens,
+  - "decode_bf16" (bf16 activations; nvidia's promoted `moe_experts_bf16` for 16-1,023 tokens,
     issue 27): the same tiles, each nibble placed by PTX bit operations as a bf16's sign, two
     lowest exponent bits and top mantissa bit (its value / 2^126) and scaled by power-of-two bf16
     multiplies (exact; one instead of two where every scale code is <= 128, `folding_safe`), then
@@ -405,9 +405,9 @@ def experts_forward_bf16_decode(x, w13, w2, topk_weights, topk_ids, *, activatio
     """`k3.reference.experts_forward` (same signature and contract) with the decode_bf16 mode
     (BF16_DECODE_TILE) for bf16 batches on a GPU of BF16_DECODE_MIN_TOKENS up to
     DEQUANT_MIN_TOKENS - 1 tokens (where `default_mode` picks the gemv or dot_scaled), `default_mode`
-    elsewhere: the nvidia plugin's experimental `moe_experts_bf16`, served in place of the
-    promoted kernel when K3_NVIDIA_EXPERIMENTAL names it, on the experts its `k3_process_weights`
-    repacked tile-major (`k3.quant.mxfp4_tiles`; every mode reads them)."""
+    elsewhere: the nvidia plugin's promoted `moe_experts_bf16`, on the experts its
+    `k3_process_weights` repacked tile-major (`k3.quant.mxfp4_tiles`; every mode reads them, and the
+    checkpoint layout too)."""
     mode = default_mode(x)
     mxfp4 = isinstance(w13, MXFP4Tensor) and isinstance(w2, MXFP4Tensor)      # dense experts: experts_forward's
     if mxfp4 and (mode == "dot_scaled" or (mode == "gemv" and x.shape[0] >= BF16_DECODE_MIN_TOKENS)):

@@ -134,3 +134,14 @@ def test_every_figure_has_an_h200_measurement_in_the_committed_results():
 
 def test_the_committed_benchmarks_table_is_current():
     assert reg.main(["--check"]) == 0, "run python bench/regression_table.py --write"
+
+
+def test_the_served_launch_is_read_before_experts_forwards_default(tmp_path):
+    """Since the promoted moe_experts_bf16, moe_mxfp4.py records what the platform serves
+    (`k3_served_us`) beside experts_forward's default launch; the figure reads the served one
+    where a file has it, else the default (older files, when the default was served)."""
+    _moe(tmp_path, "moe_mxfp4-h200-2026-11-29-s3.json", 200.0)                  # default only: 50%
+    doc = {"date": "x", "T16": {"roofline_us": 100.0, "k3_default_us": 400.0, "k3_served_us": 125.0}}
+    (tmp_path / "moe_mxfp4-h200-2026-12-06-s21.json").write_text(json.dumps(doc))
+    found = reg.measurements(MOE_T16, tmp_path, "h200")
+    assert [m.value for m in found] == [50.0, 80.0]

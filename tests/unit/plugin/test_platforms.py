@@ -260,7 +260,9 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
     assert sorted(plugin.k3_mla_kernels(batch_invariant=False).provided()) == ["decode", "prefill"]
     assert sorted(plugin.k3_indexer_kernels(batch_invariant=False).provided()) == ["paged_decode_scores", "scores", "topk"]
     assert sorted(plugin.k3_elementwise_kernels(batch_invariant=False).provided()) == ["glu_activation", "rms_norm"]
-    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, moe_router_logits, mla_prefill, rms_norm")
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts")      # moe.experts has two: moe_experts_bf16 still serves
+    assert plugin.k3_moe_kernels(batch_invariant=False).experts.__name__ == "experts_forward_bf16_decode"
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts, moe_experts_bf16, moe_router_logits, mla_prefill, rms_norm")
     assert plugin.k3_moe_kernels(batch_invariant=False).provided() == ["select_experts"]
     assert plugin.k3_elementwise_kernels(batch_invariant=False).provided() == ["glu_activation"]
     assert plugin.k3_mla_kernels(batch_invariant=False).provided() == ["decode"]
@@ -274,11 +276,11 @@ def test_nvidia_serves_the_promoted_kernels_and_takes_out_the_disabled(monkeypat
 
 def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
     pytest.importorskip("triton")
-    from k3.platforms.nvidia import plugin
+    from k3.platforms.nvidia import experimental, plugin
 
     monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    monkeypatch.setattr(plugin, "has_module", lambda name: True)             # fla-core installed
+    monkeypatch.setattr(experimental, "has_module", lambda name: True)       # fla-core installed
     kda = ["chunked", "decode_step", "recurrent", "short_conv"]
     assert sorted(plugin.k3_kda_kernels(batch_invariant=False).provided()) == kda
     assert plugin.k3_kda_kernels(batch_invariant=False).chunked.__module__.endswith("triton_kernels.kda_chunked_blocked")
@@ -296,22 +298,36 @@ def test_nvidia_experimental_kernels_enter_only_when_named(monkeypatch):
         assert "chunked" in plugin.k3_kda_kernels(batch_invariant=False).provided()
 
 
-def test_nvidia_repacks_experts_tile_major_only_for_the_bf16_decode_entry(monkeypatch):
-    """With `moe_experts_bf16` named, k3_process_weights repacks every MoE layer's experts
-    tile-major in place (MoE.hold_experts_tile_major); otherwise it leaves them."""
+def test_nvidia_repacks_experts_tile_major_only_where_the_bf16_decode_entry_serves(monkeypatch):
+    """Where `moe_experts_bf16` serves moe.experts (promoted: by default), k3_process_weights repacks
+    every MoE layer's experts tile-major in place (MoE.hold_experts_tile_major); with it disabled,
+    or with an experimental moe.experts kernel named in its place (the grouped gemv, which reads only
+    the checkpoint layout), it leaves them."""
     pytest.importorskip("triton")
-    from k3.platforms.nvidia import plugin
+    from k3.platforms.nvidia import experimental, plugin
 
     repacked = []
     moe = torch.nn.Module()
     moe.hold_experts_tile_major = lambda: repacked.append(True) or True
     model = torch.nn.Sequential(moe, torch.nn.Linear(2, 2))
     monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL", raising=False)
-    plugin.k3_process_weights(model)
-    assert repacked == []
-    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts_bf16")
+    monkeypatch.delenv("K3_NVIDIA_DISABLE", raising=False)
+    assert experimental.serving("moe.experts") == "moe_experts_bf16"
     plugin.k3_process_weights(model)
     assert repacked == [True]
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "moe_experts_bf16")
+    assert experimental.serving("moe.experts") == "moe_experts"
+    assert plugin.k3_moe_kernels(batch_invariant=False).experts.__name__ == "experts_forward"
+    plugin.k3_process_weights(model)
+    monkeypatch.delenv("K3_NVIDIA_DISABLE")
+    monkeypatch.setenv("K3_NVIDIA_EXPERIMENTAL", "moe_experts_grouped")
+    assert experimental.serving("moe.experts") == "moe_experts_grouped"
+    assert plugin.k3_moe_kernels(batch_invariant=False).experts.__name__ == "experts_forward_grouped"
+    plugin.k3_process_weights(model)
+    assert repacked == [True]
+    monkeypatch.setenv("K3_NVIDIA_DISABLE", "all")
+    monkeypatch.delenv("K3_NVIDIA_EXPERIMENTAL")
+    assert experimental.serving("moe.experts") is None
 
 
 def test_nvidia_captures_decode_with_cuda_graphs():

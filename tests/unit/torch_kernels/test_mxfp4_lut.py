@@ -75,3 +75,21 @@ def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
 
     assert W4A16Experts(grouped=False, compiled=False)._lookup is None
     assert W4A16Experts(grouped=False, compiled=True)._lookup is not None
+
+
+def test_tile_major_experts_decode_as_their_checkpoint_layout():
+    """A platform's tile-major repack (k3.quant.mxfp4_tiles) reaching the torch kernels: the
+    selected experts are untiled first, so a slice or an index decodes to the same weights."""
+    from k3.quant.mxfp4_tiles import to_tile_major
+
+    g = torch.Generator().manual_seed(5)
+    w = MXFP4Tensor.from_float(torch.randn(3, 128, 128, generator=g))
+    tiles = to_tile_major(w)
+    want = w.dequantize(torch.bfloat16)
+    out = torch.full((3, 128, 128), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(lut_dequantize(tiles, out), want)
+    part = torch.full((2, 128, 128), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(lut_dequantize(tiles, part, start=1), want[1:])
+    assert torch.equal(lut_dequantize(tiles, part.fill_(float("nan")), index=torch.tensor([2, 0])), want[[2, 0]])
+    part.fill_(float("nan"))
+    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=lookup_into), want[[0, 2]])
