@@ -108,10 +108,10 @@ source bench/device_steps.sh
 
 case $phase in
 conformance)
-    step conformance-served 300 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step conformance-served 240 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
     step conformance-kda-torch 150 env K3_NVIDIA_DISABLE=kda_chunked_blocked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_torch" -k "kda.chunked or model"
-    step conformance-fla 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
+    step conformance-fla 200 env K3_NVIDIA_EXPERIMENTAL=kda_chunked \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_fla" -k "kda.chunked or model"
     rm -f "$OUT/conf_fla/report.md" "$OUT/conf_kda_torch/report.md"
     ;;
@@ -147,8 +147,8 @@ profile)
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice
     # decode (synchronous and asynchronous scheduling) with TTFT 1K / 8K and the workload, the profile
-    step conformance-served 300 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
-    step bench-k3-slice 240 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
+    step conformance-served 240 python3 -m k3 conformance --platform nvidia --report "$OUT/conf"
+    step bench-k3-slice 200 env K3_NVIDIA_EXPERIMENTAL="${E2E_EXPERIMENTAL-}" \
         python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --ttft 1024 8192 ${K3_SLICE_ARGS:-}
     step profile-k3-slice 75 python3 bench/k3_slice_profile.py --graph --out "$OUT/k3_slice_profile.json"
     step profile-prefill 60 python3 bench/k3_slice_profile.py --prefill 8192 --out "$OUT/k3_slice_prefill_profile.json"

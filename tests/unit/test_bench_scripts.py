@@ -59,12 +59,14 @@ def test_every_device_session_phase_fits_one_call():
 
     text = (ROOT / "bench" / "h200_session.sh").read_text()
     body = text[text.index('case $phase in'):]
-    phases = re.findall(r"^(\w+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
+    phases = re.findall(r"^([\w-]+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
     assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
-                                            "tune", "vision", "collectives", "amd", "company"}
+                                            "tune", "vision", "collectives", "amd", "company", "moe-grouped",
+                                            "moe-bf16", "moe-tiled", "moe-bf16-e2e", "kda-mma"}
+    calls = {"moe-grouped": 2}      # documented as two calls (ONLY= names the second half)
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
-        assert limits and sum(limits) < 600, (name, limits)
+        assert limits and sum(limits) < 600 * calls.get(name, 1), (name, limits)
 
 
 def test_company_probe_smoke(tmp_path):
