@@ -21,7 +21,6 @@ about 128 * (1 - (1 - 16/128)^T) experts.
 from __future__ import annotations
 
 import argparse
-import importlib
 
 import torch
 
@@ -128,8 +127,7 @@ def served_experts_kernel():
     name = experimental.serving("moe.experts")
     if name is None:
         raise SystemExit("the nvidia platform serves moe.experts with the reference op here (K3_NVIDIA_DISABLE?)")
-    module, function = experimental.ALL[name].target.split(":")
-    return name, getattr(importlib.import_module(f"k3.platforms.{module}"), function)
+    return name, experimental.ALL[name].function()
 
 
 def make_experts(e, inter, l, device, seed):

@@ -48,9 +48,10 @@ class TileMajorMXFP4(MXFP4Tensor):
                              f"{tuple(logical)})")
         self.shape = logical
 
-    def checkpoint_layout(self, index: torch.Tensor | int | list[int] | None = None) -> MXFP4Tensor:
+    def checkpoint_layout(self, index: torch.Tensor | int | list[int] | slice | None = None) -> MXFP4Tensor:
         """The checkpoint layout (a copy): all experts, or `index` as `MXFP4Tensor.dequantize`
-        takes it (an int: that expert, [N, K]; a list or 1-D tensor: those, [n, N, K])."""
+        takes it (an int: that expert, [N, K]; a list or 1-D tensor: those, [n, N, K]), or a
+        slice of the experts ([n, N, K], no index upload)."""
         packed, scales = self.packed, self.scales
         if index is not None:
             if isinstance(index, list):

@@ -9,6 +9,7 @@ before promoting one (promotion needs a passing device report).
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,6 +30,11 @@ class Kernel:
     target: str
     about: str
     needs: tuple[str, ...] = ("triton",)
+
+    def function(self):
+        """The kernel's callable: `target` imported (its module may import what `needs` names)."""
+        module, function = self.target.split(":")
+        return getattr(importlib.import_module(f"k3.platforms.{module}"), function)
 
 
 PROMOTED = {

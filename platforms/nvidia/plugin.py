@@ -13,7 +13,6 @@ platform is selected, so none checks the platform name.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from k3.plugin import (AttnResKernels, DenseKernels, ElementwiseKernels, IndexerKernels, KDAKernels, LoRAKernels,
@@ -78,12 +77,11 @@ def _kernel_table(family: str, table):
     experimental.py, the kernel that serves it (`experimental.serving`); None when none does (the
     reference plugin serves every entry)."""
     entries = {}
-    for kernel in {**experimental.PROMOTED, **experimental.KERNELS}.values():
-        kernel_family, entry = kernel.entry.split(".")
-        name = experimental.serving(kernel.entry) if kernel_family == family else None
-        if name is not None and entry not in entries:
-            module, function = experimental.ALL[name].target.split(":")
-            entries[entry] = getattr(importlib.import_module(f"k3.platforms.{module}"), function)
+    for family_entry in dict.fromkeys(kernel.entry for kernel in experimental.ALL.values()):
+        kernel_family, entry = family_entry.split(".")
+        name = experimental.serving(family_entry) if kernel_family == family else None
+        if name is not None:
+            entries[entry] = experimental.ALL[name].function()
     return table(**entries) if entries else None
 
 

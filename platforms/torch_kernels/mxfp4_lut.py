@@ -81,7 +81,7 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
                          f"got {tuple(out.shape)}")
     if isinstance(w, TileMajorMXFP4):   # a platform's tile-major repack: the selected experts untiled (a copy)
-        w = w.checkpoint_layout(index if index is not None else list(range(start, start + n)))
+        w = w.checkpoint_layout(index if index is not None else slice(start, start + n))
         start, index = 0, None
     table = scaled_byte_table(out.dtype, out.device)
     if index is None:

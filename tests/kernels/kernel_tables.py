@@ -37,15 +37,12 @@ def nvidia_served(platform):
     (`k3.platforms.nvidia.experimental.PROMOTED`, the later of two for one entry) in place of its
     own, as the nvidia plugin's kernel hooks build them: the nvidia platform on the CPU, under the
     interpreter."""
-    import importlib
-
     from k3.platforms.nvidia import experimental
 
     tables = {}
     for kernel in experimental.PROMOTED.values():
         family, entry = kernel.entry.split(".")
-        module, function = kernel.target.split(":")
-        tables.setdefault(family, {})[entry] = getattr(importlib.import_module(f"k3.platforms.{module}"), function)
+        tables.setdefault(family, {})[entry] = kernel.function()
     k = platform.kernels
     platform.kernels = dataclasses.replace(k, **{family: dataclasses.replace(getattr(k, family), **entries)
                                                  for family, entries in tables.items()})
