@@ -80,6 +80,9 @@
 #     issue 27 item 2: bench/kda_prefill.py (phase 1's "mma" form and the recurrence writing o to its
 #     rows against the served form, fla-core and the reference), then the kda.chunked and model
 #     conformance cases with the experimental kda_chunked_mma;
+#   bash bench/h200_session.sh kda-split                    (about 9 minutes)
+#     issue 27: bench/kda_prefill.py with the split phases (kda_intra_split, kda_chunked_state) beside
+#     the served and mma forms, then the kda.chunked and model cases with both phases split;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
@@ -90,8 +93,8 @@ phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
       && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
       && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled
-      && $phase != kda-mma ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma" >&2
+      && $phase != kda-mma && $phase != kda-split ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma|kda-split" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -194,6 +197,14 @@ kda-mma)
     step conformance-kda-mma 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_mma \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_mma" -k "kda.chunked or model"
     rm -f "$OUT/conf_kda_mma/report.md"
+    ;;
+kda-split)
+    # the split phases (issue 27 item 2): every prefill form timed and checked, then the chunked
+    # KDA and model conformance cases with both phases split (kda_chunked_splits)
+    step bench-kda-prefill 300 python3 bench/kda_prefill.py --out "$OUT/kda_prefill.json"
+    step conformance-kda-splits 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_splits \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_splits" -k "kda.chunked or model"
+    rm -f "$OUT/conf_kda_splits/report.md"
     ;;
 vision)
     step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \

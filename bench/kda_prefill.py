@@ -18,8 +18,11 @@ token rows and cast after the recurrence (`triton_phases_o_scatter_ms`,
 `triton_phases_mma_o_scatter_ms`; served until 2026-12-06, when the recurrence began storing o
 to its rows itself; files of that day's first run name the other pair `_o_index`). The 8K
 case without checkpoints also times each phase's launch variants inside a whole prefill
-(`phase_ms`: CUDA events around the phase, medians of 10; `intra_mma_*` the mma form's, `whole` /
-`whole_mma` the prefill with each form; `phase_error_ratio_final_state`: each pair's check).
+(`phase_ms`: CUDA events around the phase, medians of 10; `intra_mma_*` the mma form's,
+`intra_split_*` the split form's (`triton_phases_split_ms` its whole prefill), `rec_split_*` phase
+2 split in two launches (kda_chunked_state.recurrence_split; `triton_phases_state_split_ms` its
+whole prefill, o stored to the rows), `whole` / `whole_mma` / `whole_split` / `whole_state_split`
+the prefill with each form; `phase_error_ratio_final_state`: each pair's check).
 
 Cases: one 8,192-token prompt without checkpoints, the same with the checkpoint prefix caching
 keeps at its last full 512-token unit (7,680) and at 4,096; four ragged prompts (3,000, 2,048,
@@ -115,6 +118,11 @@ def run_case(name, lens, offsets, copy_GBps) -> dict:
                 "triton_phases_tf32x3": phases("tf32x3", "tf32x3"),
                 # phase 1 as whole-chunk 3xTF32 tensor-core dots (kda_intra_chunk's "mma" form), recurrence served
                 "triton_phases_mma": lambda: triton_blocked.kda_chunked_mma(*args, **kw, **emit),
+                # phase 1 in three kernels with wide grids (kda_intra_split), recurrence served
+                "triton_phases_split": lambda: triton_blocked.kda_chunked_split(*args, **kw, **emit),
+                # phase 1 served, the recurrence split in two launches (kda_chunked_state: the state kernel,
+                # then the output product, o stored to the token rows)
+                "triton_phases_state_split": lambda: triton_blocked.kda_chunked_state_split(*args, **kw, **emit),
                 # the served form and the mma one with o scattered to the token rows and cast after the
                 # recurrence (the served form until 2026-12-06) instead of stored there by the recurrence
                 "triton_phases_o_scatter": lambda: triton_blocked.kda_chunked(*args, **kw, **emit,
@@ -160,6 +168,8 @@ def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence, want):
             return res
         return call
 
+    from k3.platforms.triton_kernels import kda_intra_split as triton_intra_split
+
     P = functools.partial
     intras = {"intra_ieee": P(triton_intra.intra_chunk, precision="ieee"),          # served: 4 warps, slices of 16
               "intra_tf32x3": P(triton_intra.intra_chunk, precision="tf32x3"),
@@ -170,19 +180,39 @@ def phase_split(args, kw, torch_chunked, triton_intra, triton_recurrence, want):
               "intra_mma_s64_w4": P(triton_intra.intra_chunk, form="mma"),
               "intra_mma_s32_w4": P(triton_intra.intra_chunk, form="mma", slice_=32),
               "intra_mma_s64_w8": P(triton_intra.intra_chunk, form="mma", num_warps=8),
-              "intra_mma_s32_w8": P(triton_intra.intra_chunk, form="mma", slice_=32, num_warps=8)}
+              "intra_mma_s32_w8": P(triton_intra.intra_chunk, form="mma", slice_=32, num_warps=8),
+              # the split form (kda_intra_split: three kernels, wide grids): 3xTF32 wide dots, or fp32 FMAs;
+              # warps; 32 key channels a step in its first launch
+              "intra_split_w4": P(triton_intra.intra_chunk, form="split"),
+              "intra_split_ieee_w4": P(triton_intra.intra_chunk, form="split", precision="ieee"),
+              "intra_split_w8": P(triton_intra.intra_chunk, form="split", num_warps=8),
+              "intra_split_s32_w4": P(triton_intra.intra_chunk, form="split", slice_=32),
+              "intra_split_c32_w4": P(triton_intra_split.intra_chunk_split, w_slice=32)}   # W, U: 32 columns
     recs = {"recurrence_ieee": P(triton_recurrence.recurrence, precision="ieee"),
             "recurrence_tf32x3_bv16_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=16),
             "recurrence_tf32x3_bv32_w4": P(triton_recurrence.recurrence, precision="tf32x3", block_v=32)}
+    # phase 2 split (kda_chunked_state.recurrence_split: the state kernel, then the output product), 3xTF32:
+    # the state kernel's columns, warps, chunk prefetch (s1: none, held to 168 registers); the output's columns
+    from k3.platforms.triton_kernels import kda_chunked_state as triton_state
+
+    split = P(triton_state.recurrence_split, precision="tf32x3")
+    recs.update({"rec_split_bv64_w4": split,                                       # its default launch
+                 "rec_split_bv64_w4_out32": P(split, out_block_v=32),
+                 "rec_split_bv32_w4": P(split, block_v=32),
+                 "rec_split_bv32_w4_s1_r168": P(split, block_v=32, num_stages=1, max_registers=168)})
     pairs = [(name, "recurrence_tf32x3_bv32_w4") for name in intras]
     pairs += [("intra_ieee", "recurrence_ieee"), ("intra_ieee", "recurrence_tf32x3_bv16_w4")]
+    pairs += [("intra_ieee", name) for name in recs if name.startswith("rec_split")]
     for iname, rname in pairs:
         for _ in range(11):
             res = torch_chunked(*args, **kw, intra=timed(iname, intras[iname]), recurrence=timed(rname, recs[rname]))
         errors[f"{iname}+{rname}"] = ratio(res.state, want.state)
-    for name, iname in (("whole", "intra_ieee"), ("whole_mma", "intra_mma_s64_w4")):
-        whole = timed(name, lambda iname=iname: torch_chunked(*args, **kw, intra=intras[iname],
-                                                              recurrence=recs["recurrence_tf32x3_bv32_w4"]))
+    for name, iname, rname in (("whole", "intra_ieee", "recurrence_tf32x3_bv32_w4"),
+                               ("whole_mma", "intra_mma_s64_w4", "recurrence_tf32x3_bv32_w4"),
+                               ("whole_split", "intra_split_w4", "recurrence_tf32x3_bv32_w4"),
+                               ("whole_state_split", "intra_ieee", "rec_split_bv64_w4")):
+        whole = timed(name, lambda iname=iname, rname=rname: torch_chunked(*args, **kw, intra=intras[iname],
+                                                                           recurrence=recs[rname]))
         for _ in range(11):
             whole()
     return {name: statistics.median(ms[1:]) for name, ms in timings.items()}, errors
@@ -222,7 +252,8 @@ def main() -> None:
         print(f"{name:<30} {'ok' if e['passed'] else 'FAIL':<4} {e['k3_ms']:8.2f} {e['fla_direct_no_checkpoints_ms']:8.2f} "
               f"{e['reference_ms']:8.1f} {e['floor_ms']:7.3f} {e['k3_vs_reference_speedup']:6.0f}x "
               f"{e['error_ratio_o']:8.1e}")
-    forms = ("triton_phases", "triton_phases_mma", "triton_phases_o_scatter", "triton_phases_mma_o_scatter")
+    forms = ("triton_phases", "triton_phases_mma", "triton_phases_split", "triton_phases_o_scatter",
+             "triton_phases_mma_o_scatter")
     print(f"{'Triton phases (ms, state err)':<30} " + " ".join(f"{f[14:] or 'served':>22}" for f in forms))
     for name in cases:
         e = result[name]

@@ -32,6 +32,8 @@ MOE_TILES = ((0, 64, 16, 128, 4), (0, 128, 16, 64, 8), (0, 128, 64, 64, 8), (0, 
 MOE_GEMV_TILES = ((16, 512, 4, 1, 1, False, 0), (32, 512, 4, 1, 4, False, 0), (32, 256, 2, 1, 4, True, 0),
                   (16, 512, 4, 1, 2, True, 0), (32, 512, 4, 1, 4, False, 4), (32, 512, 4, 1, 4, False, 1),
                   (32, 256, 2, 1, 4, True, 4), (32, 256, 2, 1, 4, True, 1))
+# variants launched with a register cap (Triton's maxnreg): (kernel, variant) -> registers
+MAX_REGISTERS = {("kda_chunked_recurrence", "split_state_C64_K128_bv32_w4_s1_r168_tf32x3"): 168}
 
 
 def ptxas_path() -> str:
@@ -39,13 +41,13 @@ def ptxas_path() -> str:
 
 
 def assemble(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int | None = None,
-             disassemble: bool = False):
+             disassemble: bool = False, maxnreg: int | None = None):
     """Compile fn (a @triton.jit function) for sm_90a and assemble it with ptxas: (the Triton
     kernel, ptxas's -v report, the SASS when `disassemble`, by the wheel's cuobjdump, else "").
 
     types: Triton type of every runtime argument ("*bf16", "*fp32", "i32", "fp32"...);
     constexprs: the compile-time arguments; num_stages: Triton's software-pipeline depth (None:
-    its default).
+    its default); maxnreg: a register cap (Triton's launch option; None: ptxas's choice).
     """
     signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
     # pointers 16-byte aligned and strides (s_*) multiples of 16, as Triton specialises them at
@@ -54,7 +56,8 @@ def assemble(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_st
                if types.get(name, "")[:1] == "*" or (types.get(name) == "i32" and name.startswith("s_"))}
     source = ASTSource(fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    options = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages else {})}
+    options = {"num_warps": num_warps, **({"num_stages": num_stages} if num_stages else {}),
+               **({"maxnreg": maxnreg} if maxnreg else {})}
     kernel = triton.compile(source, target=TARGET, options=options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "k.cubin")
@@ -69,10 +72,10 @@ def assemble(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_st
     return kernel, done.stderr, sass
 
 
-def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int) -> dict:
+def compile_report(fn, types: dict[str, str], constexprs: dict, num_warps: int, maxnreg: int | None = None) -> dict:
     """Compile fn (a @triton.jit function) for sm_90a (`assemble`): {"registers",
     "spill_bytes", "shared_bytes", "convert_layouts", "barriers"}."""
-    kernel, text, _ = assemble(fn, types, constexprs, num_warps)
+    kernel, text, _ = assemble(fn, types, constexprs, num_warps, maxnreg=maxnreg)
     number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, text)) else 0  # noqa: E731
     # layout conversions (TTGIR) and barriers (PTX): each is a shared-memory round trip; in a loop
     # body they are paid every step (the grouped gemv's census: BENCHMARKS.md, 2026-12-04)
@@ -132,6 +135,24 @@ def variants():
     yield ("kda_chunked_recurrence", "mma_rows_C64_K128_bv32_w4_tf32x3", fn, rows_types,
            dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=32, PRECISION="tf32x3"), 4)
 
+    from k3.platforms.triton_kernels import kda_chunked_state
+
+    # phase 2 split (kda_chunked_state.recurrence_split): the state kernel (two 3xTF32 dots a chunk,
+    # the next chunk's tiles prefetched at s2; r168: held to 168 registers, MAX_REGISTERS) ...
+    fn = kda_chunked_state._state_kernel
+    types = _types(fn, {"seg_ptr": "*i32", "slot_ptr": "*i32", "cnt_ptr": "*i32"}, (), default_pointer="*fp32")
+    for block_v, stages in ((64, 2), (32, 2), (32, 1)):
+        yield ("kda_chunked_recurrence", f"split_state_C64_K128_bv{block_v}_w4_s{stages}"
+               + ("_r168" if stages == 1 else "") + "_tf32x3", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, PRECISION="tf32x3",
+                    NUM_STAGES=stages, STEPS=0), 4)
+    # ... and the output product, o stored to the bf16 token rows
+    fn = kda_chunked_state._output_rows_kernel
+    types = _types(fn, {"idx_ptr": "*i64", "o_ptr": "*bf16"}, (), default_pointer="*fp32")
+    for block_v in (64, 32):
+        yield ("kda_chunked_recurrence", f"split_out_rows_C64_K128_bv{block_v}_w4_k64_tf32x3", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=block_v, K_SLICE=64, PRECISION="tf32x3"), 4)
+
     from k3.platforms.triton_kernels import kda_intra_chunk
 
     fn = kda_intra_chunk._intra_chunk_kernel                      # the chunked prefill's phase 1
@@ -147,6 +168,29 @@ def variants():
         yield ("kda_intra_chunk", f"mma_C64_K128_w{warps}_s{slice_}_tf32x3", fn, types,
                dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
                     DIAG_SLICE=kda_intra_chunk.DIAG_SLICE, PRECISION="tf32x3", NEUMANN=True), warps)
+
+    from k3.platforms.triton_kernels import kda_intra_split
+
+    # phase 1's split form (three launches): A's block rows with the decays, T's substitution, W and U
+    fn = kda_intra_split._split_blocks_kernel
+    types = _types(fn, {"index_ptr": "*i64"}, (), default_pointer="*fp32")
+    for warps, slice_, precision in ((4, 16, "tf32x3"), (4, 32, "tf32x3"), (8, 16, "tf32x3"), (4, 16, "ieee")):
+        yield ("kda_intra_chunk", f"split_blocks_C64_K128_w{warps}_s{slice_}_{precision}", fn, types,
+               dict(C=64, K=128, BLOCK_C=64, BLOCK_K=128, BLOCK=kda_intra_split.BLOCK, SLICE=slice_,
+                    PRECISION=precision, SOLVE_PRECISION=kda_intra_split.SOLVE_PRECISION, NEUMANN=True), warps)
+    fn = kda_intra_split._split_solve_kernel
+    for warps in (4, 8):
+        yield ("kda_intra_chunk", f"split_solve_C64_w{warps}_{kda_intra_split.SOLVE_PRECISION}", fn,
+               _types(fn, {}, (), default_pointer="*fp32"),
+               dict(C=64, BLOCK_C=64, BLOCK=kda_intra_split.BLOCK, SOLVE_PRECISION=kda_intra_split.SOLVE_PRECISION),
+               warps)
+    fn = kda_intra_split._split_wu_kernel
+    types = _types(fn, {"index_ptr": "*i64"}, (), default_pointer="*fp32")
+    for warps, cols, precision, is_w in ((4, 64, "tf32x3", True), (4, 64, "tf32x3", False), (8, 64, "tf32x3", True),
+                                         (4, 32, "tf32x3", True), (4, 64, "ieee", True), (4, 32, "ieee", True)):
+        yield ("kda_intra_chunk", f"split_{'w' if is_w else 'u'}_C64_K128_w{warps}_c{cols}_{precision}", fn, types,
+               dict(C=64, K=128, V=128, BLOCK_C=64, BLOCK=kda_intra_split.BLOCK, W_SLICE=cols, IS_W=is_w,
+                    PRECISION=precision), warps)
 
     fn = short_conv._short_conv_kernel
     types = _types(fn, {"w_ptr": "*bf16", "seq_ptr": "*i32", "pos_ptr": "*i32"}, ())
@@ -292,7 +336,7 @@ def main() -> None:
     rows = []
     for name, variant, fn, types, constexprs, warps in variants():
         rows.append({"kernel": name, "variant": variant, "num_warps": warps,
-                     **compile_report(fn, types, constexprs, warps)})
+                     **compile_report(fn, types, constexprs, warps, MAX_REGISTERS.get((name, variant)))})
     if args.json:
         print(json.dumps(rows, indent=2))
         return

@@ -105,6 +105,17 @@ KERNELS = {
     "kda_chunked_mma": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_mma",
                               "kda_chunked_blocked with the intra-chunk phase's 64 x 64 products, block inverse "
                               "and W, U as whole-chunk 3xTF32 tensor-core dots"),
+    # issue 27 item 2: the prefill's phases split into launches with wide grids (kda_intra_split,
+    # kda_chunked_state), each phase alone and both together
+    "kda_chunked_split": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_split",
+                                "kda_chunked_blocked with the intra-chunk phase in three launches with wide grids "
+                                "(A's block rows, the solve, W and U; the wide dots in 3xTF32)"),
+    "kda_chunked_state_split": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_state_split",
+                                      "kda_chunked_blocked with the recurrence split: a state kernel with two "
+                                      "3xTF32 dots a chunk, then the output product in a parallel launch"),
+    "kda_chunked_splits": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_splits",
+                                 "kda_chunked_blocked with both phases split (kda_chunked_split and "
+                                 "kda_chunked_state_split together)"),
 }
 
 ALL = {**PROMOTED, **KERNELS}

@@ -9,12 +9,17 @@ The dots: phase 1 in fp32 FMAs ("ieee", INTRA_PRECISION), phase 2 in 3xTF32 tens
 products (RECURRENCE_PRECISION; bench/kda_tf32_sensitivity.py: as accurate as fp32 for this
 chain, where plain TF32 is not; its kernel keeps the state in registers: 4.2 ms at 8K tokens and
 96 heads on the H200 against 15.4 for the fp32-FMA form; the whole prefill 12.05 ms a layer).
-Phase 1's form (INTRA_FORM, `intra_form=`): "blocks" (served, 16-row FMA dots) or "mma" (the
+Phase 1's form (INTRA_FORM, `intra_form=`): "blocks" (served, 16-row FMA dots), "split" (three
+kernels with wide grids, `kda_chunked_split`, experimental; not yet timed on a GPU) or "mma" (the
 64 x 64 products, the block inverse and W, U as whole-chunk 3xTF32 tensor-core dots,
 `kda_chunked_mma`, experimental): on an H100 at 8K tokens and 96 heads phase 1 takes 8.85 ms in
 the mma form against 5.89 ms in blocks (bench/kda_prefill.py, BENCHMARKS.md 2026-12-06), so
 blocks stays served. The recurrence stores o to the token rows itself (O_THROUGH_INDEX; the whole
-prefill 10.22 ms there against 11.14 ms with the scatter and cast after it).
+prefill 10.22 ms there against 11.14 ms with the scatter and cast after it). Phase 2's form
+(RECURRENCE_FORM, `recurrence_form=`): "fused" (served, one launch, four dots a chunk in the
+chain) or "split" (`kda_chunked_state.recurrence_split`: a state kernel with two dots a chunk,
+then the output product fully parallel; `kda_chunked_state_split`, experimental, not yet timed
+on a GPU).
 
 `kda_chunked_triton_diagonal` is the previous served form (measured in bench/kda_prefill.py):
 phase 1 in torch with only its diagonal blocks in Triton (`kda_intra_diagonal`).
@@ -34,6 +39,7 @@ from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
 
 from . import interpreted
 from .kda_chunked_recurrence import recurrence
+from .kda_chunked_state import recurrence_split
 from .kda_intra_chunk import intra_chunk
 from .kda_intra_diagonal import diagonal_blocks
 
@@ -41,6 +47,7 @@ GROUP_ELEMENTS = 1 << 28      # floats of the torch phase 1's working tensors pe
 INTRA_FORM = "blocks"               # phase 1's kernel (`kda_intra_chunk.intra_chunk`'s form)
 INTRA_PRECISION = "ieee"            # phase 1's dots (the "blocks" form's; the "mma" form's default is "tf32x3")
 RECURRENCE_PRECISION = "tf32x3"     # phase 2's
+RECURRENCE_FORM = "fused"           # phase 2's kernels: "fused" (`recurrence`) or "split" (`recurrence_split`)
 O_THROUGH_INDEX = True              # phase 2 writes o to the token rows itself (no scatter and cast after): 0.9 ms of 11.1 at 8K on an H100
 
 
@@ -53,14 +60,20 @@ def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                checkpoint_offsets=None, precision=None, block_v=None, intra_form=None, o_through_index=None):
+                checkpoint_offsets=None, precision=None, block_v=None, intra_form=None, o_through_index=None,
+                recurrence_form=None):
     """`k3.reference.kda_chunked` (same signature and contract): both phases in Triton where
     `uses_triton`, else the torch prefill as it is. precision: both phases' dots (default
     INTRA_PRECISION, or the "mma" form's own, and RECURRENCE_PRECISION). block_v: the
     recurrence's state columns per program (None: its default; a launch option for platform
-    tables). intra_form: phase 1's kernel, "blocks" or "mma" (default INTRA_FORM).
+    tables). intra_form: phase 1's kernel, "blocks", "mma" or "split" (default INTRA_FORM).
     o_through_index: the recurrence stores o to the token rows through the chunk index, in v's
-    dtype, instead of the scatter and cast after it (default O_THROUGH_INDEX)."""
+    dtype, instead of the scatter and cast after it (default O_THROUGH_INDEX). recurrence_form:
+    phase 2's kernels, "fused" (`recurrence`, one launch) or "split" (`recurrence_split`: the
+    state kernel, then the output product in a parallel launch; default RECURRENCE_FORM)."""
+    rec_form = recurrence_form or RECURRENCE_FORM
+    if rec_form not in ("fused", "split"):
+        raise ValueError(f"kda chunked: recurrence_form must be 'fused' or 'split'; got {rec_form!r}")
     kw = dict(scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
               checkpoint_offsets=checkpoint_offsets)
     if not uses_triton(q, k, v, g, beta, initial_state):
@@ -69,7 +82,8 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     return blocked.kda_chunked(q, k, v, g, beta, **kw,
                                intra=functools.partial(intra_chunk, form=form, precision=precision or (
                                    INTRA_PRECISION if form == "blocks" else None)),
-                               recurrence=functools.partial(recurrence, precision=precision or RECURRENCE_PRECISION,
+                               recurrence=functools.partial(recurrence if rec_form == "fused" else recurrence_split,
+                                                           precision=precision or RECURRENCE_PRECISION,
                                                            block_v=block_v),
                                o_rows=O_THROUGH_INDEX if o_through_index is None else o_through_index)
 
@@ -87,6 +101,32 @@ def kda_chunked_mma(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seql
     recurrence as served (3xTF32)."""
     return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="mma")
+
+
+def kda_chunked_state_split(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
+                            checkpoint_offsets=None):
+    """`kda_chunked` with phase 2 split (`kda_chunked_state.recurrence_split`: the state kernel
+    walks the chunks with two 3xTF32 dots a step, then the output product runs in a parallel
+    launch), phase 1 as served."""
+    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, recurrence_form="split")
+
+
+def kda_chunked_split(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
+                      checkpoint_offsets=None):
+    """`kda_chunked` with phase 1's "split" form (`kda_intra_split`: three kernels with wide grids,
+    its wide dots in 3xTF32), the recurrence as served (3xTF32)."""
+    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="split")
+
+
+def kda_chunked_splits(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
+                       checkpoint_offsets=None):
+    """`kda_chunked` with both phases split: phase 1's "split" form and phase 2's "split" form
+    (`kda_chunked_split` and `kda_chunked_state_split` together)."""
+    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="split",
+                       recurrence_form="split")
 
 
 def kda_chunked_triton_diagonal(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

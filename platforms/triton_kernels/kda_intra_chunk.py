@@ -41,6 +41,11 @@ below by block forward substitution, T_i,<i = -D_i^-1 (L_i,<i T_<i,<i), a [16, C
 [16, 16] x [16, C] dot each (T overwrites L in the scratch a block row at a time); then
 W = T (beta e^G k) and U = T (beta v) as [C, C] x [C, MMA_SLICE] dots. sm_90a (ptxas, K3's
 C = 64, K = V = 128, 4 warps): 224 registers and no spills at MMA_SLICE = 64, 178 at 32.
+
+The "split" form (`kda_intra_split.intra_chunk_split`, `intra_chunk(form="split")`; not yet timed
+on a GPU): the same outputs from three kernels with wide grids and short chains (a program per
+16-row block of A with its decays and diagonal inverse; T's block substitution per (chunk, head);
+W and U a column slice per program), 3xTF32 for the wide dots by default.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ NEUMANN = True                # the diagonal blocks' inverse as a product of pow
 NUM_WARPS = 4                 # 168 registers, 24 B spilled at K3's C = 64, K = V = 128 (bench/ptxas_report.py):
                               # 5.8 ms at 8K tokens on the H200; 8 warps (one program an SM) took 10.1 ms
 FORM = "blocks"               # the served kernel; "mma": `_intra_chunk_mma_kernel` (not yet timed on a GPU)
-PRECISION = {"blocks": "ieee", "mma": "tf32x3"}   # each form's dots by default
+PRECISION = {"blocks": "ieee", "mma": "tf32x3", "split": "tf32x3"}   # each form's dots by default
+                              # (split: its wide dots; its solve's are kda_intra_split.SOLVE_PRECISION)
 MMA_SLICE = 64                # the mma form's tile width over K and V ([C, 64] tiles)
 MMA_NUM_WARPS = 4
 
@@ -361,12 +367,13 @@ def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps
     [nseg, HV, 1, K], fp32.
 
     C must be a multiple of 16; other dtypes than fp32 (float64) go to the torch version.
-    form: "blocks" (FORM, served: `_intra_chunk_kernel`) or "mma" (`_intra_chunk_mma_kernel`,
-    whole-chunk tensor-core dots), the same outputs. Launch options: precision (the form's
-    default from PRECISION: "ieee" or "tf32x3"), num_warps (NUM_WARPS / MMA_NUM_WARPS), slice_
-    (the blocks form's dot depth, 16 or 32, SLICE; the mma form's tile width over K and V,
-    MMA_SLICE), diag_slice and neumann (the diagonal blocks' inverse as a product of powers,
-    else by rows).
+    form: "blocks" (FORM, served: `_intra_chunk_kernel`), "mma" (`_intra_chunk_mma_kernel`,
+    whole-chunk tensor-core dots) or "split" (`kda_intra_split.intra_chunk_split`, three kernels;
+    slice_ its launch 1's key slice, diag_slice unused), the same outputs. Launch options:
+    precision (the form's default from PRECISION: "ieee" or "tf32x3"), num_warps (NUM_WARPS /
+    MMA_NUM_WARPS), slice_ (the blocks form's dot depth, 16 or 32, SLICE; the mma form's tile
+    width over K and V, MMA_SLICE), diag_slice and neumann (the diagonal blocks' inverse as a
+    product of powers, else by rows).
     """
     form = form or FORM
     if form not in PRECISION:
@@ -379,6 +386,11 @@ def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps
     V = v.shape[-1]
     if C % BLOCK:
         raise ValueError(f"kda intra chunk: the chunk size must be a multiple of {BLOCK}; got {C}")
+    if form == "split":                 # imported here: kda_intra_split imports this module's helpers
+        from .kda_intra_split import intra_chunk_split
+
+        return intra_chunk_split(q, k, v, g, beta, index, precision=precision, num_warps=num_warps, slice_=slice_,
+                                 neumann=neumann)
     if any(x.dtype != torch.float32 for x in (q, k, v, g, beta)) or not (nseg * HV * K * V):
         return intra_chunk_torch(q, k, v, g, beta, index)
     q, k, v, g, beta, index = (x.contiguous() for x in (q, k, v, g, beta, index))

@@ -1,0 +1,172 @@
+"""Phase 2 of the chunked KDA prefill split in two launches (platforms/triton_kernels/
+kda_chunked_state.py: the state kernel, then the output product), under the interpreter: against
+the torch loop (`recurrence_torch`) in float64 with ragged sequences over several rounds (an empty
+one among them), initial states, checkpoints in no order, padded rows and dimensions that are not
+powers of two, every output NaN-poisoned so unwritten memory shows; o stored through the chunk
+index; and the whole wrapper (`kda_chunked_state_split`, `recurrence_form="split"`) against
+k3.reference.kda_chunked. The interpreter walks all R columns of the segment table (the steps past
+a sequence's chunks masked off), where the compiled kernel stops at the sequence's own count."""
+
+import pytest
+import torch
+
+from k3 import reference as ref
+from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
+
+state = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_state")
+wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
+
+
+def _ratio(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _close(got, want, ratio=1e-6, floor=1e-6):
+    """got within `ratio` of want's norm, or `floor` absolute (float64 truth)."""
+    err = (got.double() - want.double()).norm().item()
+    assert err <= ratio * want.double().norm().item() + floor, (err, _ratio(got, want))
+
+
+def _nan_poisoned_empty(monkeypatch, module):
+    """Make `module`'s torch.empty / empty_like return NaN-filled tensors (unwritten memory shows)."""
+    monkeypatch.setattr(module.torch, "empty", lambda *a, **kw: torch.full(
+        a if len(a) > 1 or not isinstance(a[0], tuple) else a[0], float("nan"), **kw))
+    monkeypatch.setattr(module.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
+
+
+def _phase1(counts, HV, C, K, V, seed):
+    """Random phase-1 outputs for sequences of `counts` chunks in `_segments`' round-major order
+    (W, qeG, kdec scaled so the states stay O(1); A_qk lower triangular; eGC in (0, 1])."""
+    gen = torch.Generator().manual_seed(seed)
+    order = sorted(range(len(counts)), key=lambda n: -counts[n])
+    sizes = [sum(c > r for c in counts) for r in range(max(counts))]
+    nseg = sum(sizes)
+    W, qeG, kdec = (torch.randn(nseg, HV, C, K, generator=gen) / K for _ in range(3))
+    U = torch.randn(nseg, HV, C, V, generator=gen)
+    A = (torch.randn(nseg, HV, C, C, generator=gen) / C).tril()
+    eGC = torch.rand(nseg, HV, 1, K, generator=gen)
+    h0 = torch.randn(len(counts), HV, K, V, generator=gen)
+    return (W, U, A, qeG, kdec, eGC, h0), order, sizes
+
+
+@pytest.mark.parametrize("C, K, V, launch, precision", [
+    (32, 40, 48, dict(block_v=32, out_block_v=16), "tf32x3"),            # K, V not powers of two; 2 + 3 V blocks
+    (48, 16, 16, {}, "ieee"),                                            # C padded to 64 rows; V below the default block
+    (16, 64, 32, dict(block_v=16, out_k_slice=16, num_stages=1, max_registers=168), "tf32x3")])
+def test_split_recurrence_matches_the_torch_loop(C, K, V, launch, precision, monkeypatch):
+    counts = [3, 1, 0, 4, 2]                                              # 4 rounds; an empty sequence too
+    tensors, order, sizes = _phase1(counts, 2, C, K, V, seed=C + K + V)
+    capture = [0, 7, 3, 9]                                                # some chunk ends, in no order
+    _nan_poisoned_empty(monkeypatch, state)
+    got = state.recurrence_split(*tensors, order, sizes, capture, precision=precision, **launch)
+    monkeypatch.undo()
+    want = blocked.recurrence_torch(*(t.double() for t in tensors), order, sizes, capture)
+    assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
+    for g, w in zip(got, want):                                           # o_chunks, final, captured
+        assert g.dtype == torch.float32 and torch.isfinite(g).all()
+        _close(g, w)
+    torch.testing.assert_close(got[1][2], tensors[-1][2], rtol=0, atol=0)   # no chunks: the initial state
+
+
+def test_split_recurrence_fallbacks_and_errors():
+    tensors, order, sizes = _phase1([2, 1], 1, 16, 16, 16, seed=1)
+    d = [t.double() for t in tensors]
+    got = state.recurrence_split(*d, order, sizes, [1])                  # float64: the torch loop
+    for g, w in zip(got, blocked.recurrence_torch(*d, order, sizes, [1])):
+        assert g.dtype == torch.float64
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    empty = [t[:, :0] for t in tensors[:-1]] + [tensors[-1][:, :0]]       # no heads: nothing to do
+    assert all(x.numel() == 0 for x in state.recurrence_split(*empty, order, sizes))
+    with pytest.raises(ValueError, match="block_v"):
+        state.recurrence_split(*tensors, order, sizes, block_v=24)
+    with pytest.raises(ValueError, match="out_k_slice"):
+        state.recurrence_split(*tensors, order, sizes, out_k_slice=8)
+    with pytest.raises(ValueError, match="precision"):
+        state.recurrence_split(*tensors, order, sizes, precision="tf32")
+    with pytest.raises(ValueError, match="sizes"):
+        state.recurrence_split(*tensors, order, [2, 2])
+    with pytest.raises(ValueError, match="together"):
+        state.recurrence_split(*tensors, order, sizes, out=torch.zeros(4, 1, 16))
+
+
+@pytest.mark.parametrize("precision, dtype", [("ieee", torch.float32), ("tf32x3", torch.bfloat16)])
+def test_split_recurrence_writes_o_through_the_index(precision, dtype, monkeypatch):
+    # o straight to the packed rows: the chunk positions go to the even rows of `out` in a shuffled
+    # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
+    C, K, V, HV = 32, 40, 48, 2
+    counts = [3, 1, 0, 4, 2]
+    tensors, order, sizes = _phase1(counts, HV, C, K, V, seed=17)
+    nseg = sum(sizes)
+    index = 2 * torch.randperm(nseg * C, generator=torch.Generator().manual_seed(0)).view(nseg, C)
+    n_out = 2 * nseg * C - 40                                             # 20 positions past the end
+    out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
+    capture = [0, 7, 3, 9]
+    _nan_poisoned_empty(monkeypatch, state)
+    got, final, captured = state.recurrence_split(*tensors, order, sizes, capture, precision=precision, out=out,
+                                                  out_index=index, block_v=32, out_block_v=32)
+    monkeypatch.undo()
+    want_o, want_final, want_captured = blocked.recurrence_torch(*(t.double() for t in tensors), order, sizes,
+                                                                 capture)
+    assert got is out and out.dtype == dtype
+    rows = index.reshape(-1)
+    keep = rows < n_out
+    want_rows = want_o.permute(0, 2, 1, 3).reshape(-1, HV, V)[keep]      # [positions kept, HV, V]
+    assert torch.isfinite(out[rows[keep]]).all()
+    assert _ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
+    written = torch.zeros(n_out, dtype=torch.bool)
+    written[rows[keep]] = True
+    assert out[~written].isnan().all() and (~written).sum() == n_out - keep.sum()
+    for g, w in ((final, want_final), (captured, want_captured)):
+        assert torch.isfinite(g).all()
+        _close(g, w)
+    # float64 takes the torch loop and scatters the same way
+    out64 = torch.full((n_out, HV, V), float("nan"), dtype=torch.float64)
+    state.recurrence_split(*(t.double() for t in tensors), order, sizes, capture, out=out64, out_index=index)
+    torch.testing.assert_close(out64[rows[keep]], want_rows, rtol=1e-12, atol=1e-12)
+
+
+def _inputs(lens, hv=2, kd=32, vd=48, decay=5.0, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    q = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
+    k = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
+    v = torch.randn(1, t, hv, vd, generator=gen).to(dtype)
+    gate = -decay * torch.rand(1, t, hv, kd, generator=gen)              # log decays <= 0: K3's bound
+    gate[:, ::11] = -50.0                                                  # strong decays now and then
+    beta = torch.rand(1, t, hv, generator=gen)
+    s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
+
+
+@pytest.mark.parametrize("entry, dtype, chunk, o_rows", [
+    ("kda_chunked_state_split", torch.bfloat16, 64, None),               # o stored through the index (served)
+    ("recurrence_form", torch.float32, 32, False)])                       # o_chunks, scattered after
+def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, monkeypatch):
+    # ragged sequences with chunk tails, an empty one, initial states, checkpoints, K3's gate bound
+    # with spikes of -50; the split recurrence called once; every torch.empty NaN-poisoned
+    args, kw = _inputs([45, 100, 0, 31], dtype=dtype)
+    offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
+    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
+                                                            for n, t in kw.items()},
+                           chunk_size=chunk, checkpoint_offsets=offsets)
+    calls = []
+    counted = lambda *a, **k: calls.append(k.get("out") is not None) or state.recurrence_split(*a, **k)   # noqa: E731
+    monkeypatch.setattr(wrapper, "recurrence_split", counted)
+    monkeypatch.setattr(wrapper, "recurrence", None)                      # the fused kernel is not taken
+    _nan_poisoned_empty(monkeypatch, blocked)
+    if entry == "kda_chunked_state_split":
+        got = wrapper.kda_chunked_state_split(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
+    else:
+        got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets, recurrence_form="split",
+                                  o_through_index=o_rows)
+    monkeypatch.undo()
+    assert calls == [wrapper.O_THROUGH_INDEX if o_rows is None else o_rows]
+    assert got.o.dtype == dtype and got.o.shape == want.o.shape and len(got.checkpoints) == 2
+    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
+        assert torch.isfinite(a).all()
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
+        assert _ratio(a, b) < floor, _ratio(a, b)
+    with pytest.raises(ValueError, match="recurrence_form"):
+        wrapper.kda_chunked(*args, **kw, chunk_size=chunk, recurrence_form="fast")
