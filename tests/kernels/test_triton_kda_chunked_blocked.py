@@ -13,6 +13,8 @@ import torch
 from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
 from kernel_tables import run_with, samples
+from kda_chunked_cases import (error_ratio, nan_poisoned_empty, packed_phase1_inputs, random_phase1_outputs,
+                               ragged_prefill_inputs)
 
 diag = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_diagonal")
 intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
@@ -75,62 +77,22 @@ def test_conformance_samples(item):
     assert outcome.passed, outcome.summary()
 
 
-def _inputs(lens, hv=2, kd=32, vd=32, decay=1.0, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    t = sum(lens)
-    q = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    k = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    v = torch.randn(1, t, hv, vd, generator=gen).to(dtype)
-    gate = -decay * torch.rand(1, t, hv, kd, generator=gen)              # log decays <= 0
-    gate[:, ::11] = -50.0                                                  # strong decays now and then
-    beta = torch.rand(1, t, hv, generator=gen)
-    s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
-
-
-def _ratio(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def _nan_poisoned_empty(monkeypatch, module):
-    """Make `module`'s torch.empty / empty_like return NaN-filled tensors (unwritten memory shows)."""
-    monkeypatch.setattr(module.torch, "empty", lambda *a, **kw: torch.full(
-        a if len(a) > 1 or not isinstance(a[0], tuple) else a[0], float("nan"), **kw))
-    monkeypatch.setattr(module.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
-
-
-def _packed(rows, HV, K, V, seed, decay=1.0):
-    """Packed phase-1 inputs [rows + 1, HV, *] (a zero row last) with strong decays now and then."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(rows + 1, HV, K, generator=gen) / K ** 0.5
-    k = ref.l2_norm(torch.randn(rows + 1, HV, K, generator=gen))
-    v = torch.randn(rows + 1, HV, V, generator=gen)
-    g = -decay * torch.rand(rows + 1, HV, K, generator=gen)
-    g[::9] = -50.0
-    beta = torch.rand(rows + 1, HV, generator=gen)
-    for x in (q, k, v, g, beta):
-        x[-1] = 0
-    return q, k, v, g, beta
-
-
 @pytest.mark.parametrize("C, K, V, precision", [(32, 40, 48, "ieee"), (64, 32, 16, "ieee"), (16, 128, 32, "ieee"),
                                                  (64, 16, 64, "tf32x3")])
 def test_intra_chunk_matches_the_torch_phase1(C, K, V, precision, monkeypatch):
     rows, HV = 3 * C + 5, 2
-    tensors = _packed(rows, HV, K, V, seed=C + K + V)
+    tensors = packed_phase1_inputs(rows, HV, K, V, seed=C + K + V, spike_every=9)
     index = torch.full((5, C), rows, dtype=torch.long)                    # pad: the zero row
     for s, (a, z) in enumerate([(0, C), (C, 2 * C), (2 * C, 3 * C), (3 * C, rows), (7, 12)]):
         index[s, : z - a] = torch.arange(a, z)                            # full, partial and short chunks
-    _nan_poisoned_empty(monkeypatch, intra)
+    nan_poisoned_empty(monkeypatch, intra)
     got = intra.intra_chunk(*tensors, index, precision=precision)
     monkeypatch.undo()
     want = blocked.intra_chunk_torch(*(x.double() for x in tensors), index)
     assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
     for name, g, w in zip(("W", "U", "A_qk", "qeG", "kdec", "eGC"), got, want):
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
-        assert _ratio(g, w) < 1e-5, (name, _ratio(g, w))
+        assert error_ratio(g, w) < 1e-5, (name, error_ratio(g, w))
     assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
 
 
@@ -141,7 +103,7 @@ def test_mma_intra_chunk_matches_the_torch_phase1_and_the_blocks_form(C, K, V, p
     # a 16-row block), half slow, spikes of -50; keys strongly correlated; full, partial and short chunks
     # (C = 48: the tiles padded to 64 rows); outputs NaN-poisoned
     rows, HV = 3 * C + 5, 2
-    q, k, v, g, beta = _packed(rows, HV, K, V, seed=C + K + V + 1)
+    q, k, v, g, beta = packed_phase1_inputs(rows, HV, K, V, seed=C + K + V + 1, spike_every=9)
     gen = torch.Generator().manual_seed(C)
     g[:-1] = -5.0 * torch.sigmoid(2.0 + torch.randn(rows, HV, K, generator=gen))
     g[:-1, :, 1::2] *= 0.01
@@ -150,15 +112,15 @@ def test_mma_intra_chunk_matches_the_torch_phase1_and_the_blocks_form(C, K, V, p
     index = torch.full((5, C), rows, dtype=torch.long)                    # pad: the zero row
     for s, (a, z) in enumerate([(0, C), (C, 2 * C), (2 * C, 3 * C), (3 * C, rows), (7, 12)]):
         index[s, : z - a] = torch.arange(a, z)
-    _nan_poisoned_empty(monkeypatch, intra)
+    nan_poisoned_empty(monkeypatch, intra)
     got = intra.intra_chunk(q, k, v, g, beta, index, form="mma", precision=precision)
     monkeypatch.undo()
     blocks = intra.intra_chunk(q, k, v, g, beta, index, form="blocks")
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
     for name, a, b, w in zip(("W", "U", "A_qk", "qeG", "kdec", "eGC"), got, blocks, want):
         assert a.shape == w.shape and a.dtype == torch.float32 and torch.isfinite(a).all(), name
-        assert _ratio(a, w) < 1e-5, (name, _ratio(a, w))
-        assert _ratio(a, b) < 1e-5, (name, _ratio(a, b))                 # the served form's outputs
+        assert error_ratio(a, w) < 1e-5, (name, error_ratio(a, w))
+        assert error_ratio(a, b) < 1e-5, (name, error_ratio(a, b))                 # the served form's outputs
     assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
 
 
@@ -168,7 +130,7 @@ def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann, form):
     # of L in the product-form inverse cancel; with its Newton step it matches float64 as the
     # row-by-row inverse does (without the step W's error was ~1e-4 here)
     rows, HV, K, V, C = 128, 2, 64, 32, 64
-    q, k, v, g, beta = _packed(rows, HV, K, V, seed=11, decay=0.05)
+    q, k, v, g, beta = packed_phase1_inputs(rows, HV, K, V, seed=11, decay=0.05, spike_every=9)
     k[:-1] = ref.l2_norm(k[:-1] + 3 * k[:1])
     g[:-1] = -0.05 * torch.rand(rows, HV, K, generator=torch.Generator().manual_seed(1))
     beta[:-1] = 1.0
@@ -176,11 +138,11 @@ def test_intra_chunk_solve_stays_accurate_with_correlated_keys(neumann, form):
     got = intra.intra_chunk(q, k, v, g, beta, index, neumann=neumann, form=form)
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
     for name, a, b in zip(("W", "U"), got, want):
-        assert _ratio(a, b) < 2e-6, (name, _ratio(a, b))
+        assert error_ratio(a, b) < 2e-6, (name, error_ratio(a, b))
 
 
 def test_intra_chunk_fallbacks_and_errors():
-    tensors = _packed(40, 2, 16, 16, seed=3)
+    tensors = packed_phase1_inputs(40, 2, 16, 16, seed=3, spike_every=9)
     index = torch.arange(32).view(2, 16)
     d = [x.double() for x in tensors]
     for g, w in zip(intra.intra_chunk(*d, index), blocked.intra_chunk_torch(*d, index)):   # float64: torch
@@ -214,9 +176,9 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
         counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
         monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
         run = wrapper.kda_chunked_triton_diagonal
-    args, kw = _inputs([45, 100, 31], dtype=dtype, decay=decay)
+    args, kw = ragged_prefill_inputs([45, 100, 31], dtype=dtype, decay=decay)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 31]])
-    _nan_poisoned_empty(monkeypatch, wrapper)                             # every torch.empty, for the call
+    nan_poisoned_empty(monkeypatch, wrapper)                             # every torch.empty, for the call
     got = run(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     monkeypatch.undo()
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
@@ -232,11 +194,11 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
         assert torch.isfinite(a).all()
         # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert _ratio(a, b) < floor, _ratio(a, b)
+        assert error_ratio(a, b) < floor, error_ratio(a, b)
 
 
 def test_float64_and_a_cpu_without_the_interpreter_take_the_torch_diagonal(monkeypatch):
-    args, kw = _inputs([20, 30], dtype=torch.float64)
+    args, kw = ragged_prefill_inputs([20, 30], dtype=torch.float64)
     assert not wrapper.uses_triton(*args, kw["initial_state"])
     f32 = [a.float() for a in args]
     assert wrapper.uses_triton(*f32, kw["initial_state"])
@@ -260,38 +222,23 @@ def test_groups_are_bounded_by_the_working_tensors():
 rec = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_recurrence")
 
 
-def _phase1(counts, HV, C, K, V, seed):
-    """Random phase-1 outputs for sequences of `counts` chunks in `_segments`' round-major order
-    (W, qeG, kdec scaled so the states stay O(1); A_qk lower triangular; eGC in (0, 1])."""
-    gen = torch.Generator().manual_seed(seed)
-    order = sorted(range(len(counts)), key=lambda n: -counts[n])
-    sizes = [sum(c > r for c in counts) for r in range(max(counts))]
-    nseg = sum(sizes)
-    W, qeG, kdec = (torch.randn(nseg, HV, C, K, generator=gen) / K for _ in range(3))
-    U = torch.randn(nseg, HV, C, V, generator=gen)
-    A = (torch.randn(nseg, HV, C, C, generator=gen) / C).tril()
-    eGC = torch.rand(nseg, HV, 1, K, generator=gen)
-    h0 = torch.randn(len(counts), HV, K, V, generator=gen)
-    return (W, U, A, qeG, kdec, eGC, h0), order, sizes
-
-
 @pytest.mark.parametrize("C, K, V, block_v, slice_, precision", [
     (32, 40, 48, 32, 16, "ieee"), (16, 16, 16, 32, 16, "ieee"), (48, 32, 64, 16, 32, "ieee"),
     (64, 128, 32, 32, 16, "ieee"),
     (32, 40, 48, 32, 16, "tf32x3"), (64, 128, 32, 32, 16, "tf32x3")])    # tf32x3: the state-in-registers kernel
 def test_triton_recurrence_matches_the_torch_loop(C, K, V, block_v, slice_, precision, monkeypatch):
     counts = [3, 1, 0, 4, 2]                                              # an empty sequence too
-    tensors, order, sizes = _phase1(counts, 2, C, K, V, seed=C + K + V)
+    tensors, order, sizes = random_phase1_outputs(counts, 2, C, K, V, seed=C + K + V)
     capture = [0, 7, 3, 9]                                                # some chunk ends, in no order
     # outputs NaN-poisoned: unwritten memory shows
-    _nan_poisoned_empty(monkeypatch, rec)
+    nan_poisoned_empty(monkeypatch, rec)
     got = rec.recurrence(*tensors, order, sizes, capture, block_v=block_v, slice_=slice_, precision=precision)
     monkeypatch.undo()
     want = blocked.recurrence_torch(*tensors, order, sizes, capture)
     assert [tuple(g.shape) for g in got] == [tuple(w.shape) for w in want]
     for g, w in zip(got, want):
         assert g.dtype == torch.float32 and torch.isfinite(g).all()
-        assert _ratio(g, w) < 1e-6, _ratio(g, w)
+        assert error_ratio(g, w) < 1e-6, error_ratio(g, w)
     torch.testing.assert_close(got[1][2], tensors[-1][2], rtol=0, atol=0)   # no chunks: the initial state
 
 
@@ -300,7 +247,7 @@ def test_triton_recurrence_tables_and_fallbacks():
     # round 0: segments 0, 1, 2 are the first chunks of 1, 0, 2; round 1: 3, 4 the second of 1, 0
     assert table[0].tolist() == [[1, 4], [0, 3], [2, -1]]
     assert table[1].tolist() == [[1, 0], [-1, -1], [-1, -1]]
-    tensors, order, sizes = _phase1([2, 1], 1, 16, 16, 16, seed=1)
+    tensors, order, sizes = random_phase1_outputs([2, 1], 1, 16, 16, 16, seed=1)
     d = [t.double() for t in tensors]
     got = rec.recurrence(*d, order, sizes, [1])                          # float64: the torch loop
     for g, w in zip(got, blocked.recurrence_torch(*d, order, sizes, [1])):
@@ -314,7 +261,7 @@ def test_triton_recurrence_tables_and_fallbacks():
     # its accuracy on tensor cores is the GPU benchmark's to show)
     got = rec.recurrence(*tensors, order, sizes, [1], precision="tf32x3")
     for g, w in zip(got, blocked.recurrence_torch(*tensors, order, sizes, [1])):
-        assert _ratio(g, w) < 1e-6, _ratio(g, w)
+        assert error_ratio(g, w) < 1e-6, error_ratio(g, w)
 
 
 @pytest.mark.parametrize("dtype, chunk", [(torch.float32, 32), (torch.float32, 64), (torch.bfloat16, 48)])
@@ -322,7 +269,7 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
     calls = []
     counted = lambda *a, **kw: calls.append(1) or rec.recurrence(*a, **kw)   # noqa: E731
     monkeypatch.setattr(wrapper, "recurrence", counted)
-    args, kw = _inputs([45, 100, 31, 0], dtype=dtype, vd=48)
+    args, kw = ragged_prefill_inputs([45, 100, 31, 0], dtype=dtype, vd=48)
     offsets = torch.tensor([[5, 45], [64, 96], [0, 31], [0, 0]])
     got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
@@ -332,7 +279,7 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert _ratio(a, b) < floor, _ratio(a, b)
+        assert error_ratio(a, b) < floor, error_ratio(a, b)
 
 
 @pytest.mark.parametrize("precision, dtype", [("ieee", torch.float32), ("tf32x3", torch.bfloat16)])
@@ -341,13 +288,13 @@ def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypa
     # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
     C, K, V, HV = 32, 40, 48, 2
     counts = [3, 1, 0, 4, 2]
-    tensors, order, sizes = _phase1(counts, HV, C, K, V, seed=17)
+    tensors, order, sizes = random_phase1_outputs(counts, HV, C, K, V, seed=17)
     nseg = sum(sizes)
     index = 2 * torch.randperm(nseg * C, generator=torch.Generator().manual_seed(0)).view(nseg, C)
     n_out = 2 * nseg * C - 40                                             # 20 positions past the end
     out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
     capture = [0, 7, 3, 9]
-    _nan_poisoned_empty(monkeypatch, rec)
+    nan_poisoned_empty(monkeypatch, rec)
     got, final, captured = rec.recurrence(*tensors, order, sizes, capture, precision=precision, out=out,
                                           out_index=index)
     monkeypatch.undo()
@@ -357,12 +304,12 @@ def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypa
     keep = rows < n_out
     want_rows = want_o.permute(0, 2, 1, 3).reshape(-1, HV, V)[keep]      # [positions kept, HV, V]
     assert torch.isfinite(out[rows[keep]]).all()
-    assert _ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert error_ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
     written = torch.zeros(n_out, dtype=torch.bool)
     written[rows[keep]] = True
     assert out[~written].isnan().all() and (~written).sum() == n_out - keep.sum()
     for g, w in ((final, want_final), (captured, want_captured)):
-        assert torch.isfinite(g).all() and _ratio(g, w) < 1e-6, _ratio(g, w)
+        assert torch.isfinite(g).all() and error_ratio(g, w) < 1e-6, error_ratio(g, w)
     # float64 takes the torch loop and scatters the same way
     d = [t.double() for t in tensors]
     out64 = torch.full((n_out, HV, V), float("nan"), dtype=torch.float64)
@@ -377,7 +324,7 @@ def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, mon
     # the wrapper with the recurrence writing o to the token rows itself (no scatter): ragged
     # sequences with chunk tails, an empty one, initial states, checkpoints, K3's gate bound with
     # spikes of -50; every torch.empty NaN-poisoned meanwhile (o's rows included)
-    args, kw = _inputs([45, 100, 0, 31], dtype=dtype, decay=5.0)
+    args, kw = ragged_prefill_inputs([45, 100, 0, 31], dtype=dtype, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
@@ -385,7 +332,7 @@ def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, mon
     calls = []
     counted = lambda *a, **k: calls.append(k.get("out") is not None) or rec.recurrence(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "recurrence", counted)
-    _nan_poisoned_empty(monkeypatch, blocked)
+    nan_poisoned_empty(monkeypatch, blocked)
     got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets, intra_form=intra_form,
                               o_through_index=True)
     monkeypatch.undo()
@@ -393,4 +340,4 @@ def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, mon
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert _ratio(a, b) < floor, _ratio(a, b)
+        assert error_ratio(a, b) < floor, error_ratio(a, b)

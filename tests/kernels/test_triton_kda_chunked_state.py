@@ -12,42 +12,16 @@ import torch
 
 from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
+from kda_chunked_cases import error_ratio, nan_poisoned_empty, random_phase1_outputs, ragged_prefill_inputs
 
 state = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_state")
 wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
 
 
-def _ratio(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
 def _close(got, want, ratio=1e-6, floor=1e-6):
     """got within `ratio` of want's norm, or `floor` absolute (float64 truth)."""
     err = (got.double() - want.double()).norm().item()
-    assert err <= ratio * want.double().norm().item() + floor, (err, _ratio(got, want))
-
-
-def _nan_poisoned_empty(monkeypatch, module):
-    """Make `module`'s torch.empty / empty_like return NaN-filled tensors (unwritten memory shows)."""
-    monkeypatch.setattr(module.torch, "empty", lambda *a, **kw: torch.full(
-        a if len(a) > 1 or not isinstance(a[0], tuple) else a[0], float("nan"), **kw))
-    monkeypatch.setattr(module.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
-
-
-def _phase1(counts, HV, C, K, V, seed):
-    """Random phase-1 outputs for sequences of `counts` chunks in `_segments`' round-major order
-    (W, qeG, kdec scaled so the states stay O(1); A_qk lower triangular; eGC in (0, 1])."""
-    gen = torch.Generator().manual_seed(seed)
-    order = sorted(range(len(counts)), key=lambda n: -counts[n])
-    sizes = [sum(c > r for c in counts) for r in range(max(counts))]
-    nseg = sum(sizes)
-    W, qeG, kdec = (torch.randn(nseg, HV, C, K, generator=gen) / K for _ in range(3))
-    U = torch.randn(nseg, HV, C, V, generator=gen)
-    A = (torch.randn(nseg, HV, C, C, generator=gen) / C).tril()
-    eGC = torch.rand(nseg, HV, 1, K, generator=gen)
-    h0 = torch.randn(len(counts), HV, K, V, generator=gen)
-    return (W, U, A, qeG, kdec, eGC, h0), order, sizes
+    assert err <= ratio * want.double().norm().item() + floor, (err, error_ratio(got, want))
 
 
 @pytest.mark.parametrize("C, K, V, launch, precision", [
@@ -56,9 +30,9 @@ def _phase1(counts, HV, C, K, V, seed):
     (16, 64, 32, dict(block_v=16, out_k_slice=16, num_stages=1, max_registers=168), "tf32x3")])
 def test_split_recurrence_matches_the_torch_loop(C, K, V, launch, precision, monkeypatch):
     counts = [3, 1, 0, 4, 2]                                              # 4 rounds; an empty sequence too
-    tensors, order, sizes = _phase1(counts, 2, C, K, V, seed=C + K + V)
+    tensors, order, sizes = random_phase1_outputs(counts, 2, C, K, V, seed=C + K + V)
     capture = [0, 7, 3, 9]                                                # some chunk ends, in no order
-    _nan_poisoned_empty(monkeypatch, state)
+    nan_poisoned_empty(monkeypatch, state)
     got = state.recurrence_split(*tensors, order, sizes, capture, precision=precision, **launch)
     monkeypatch.undo()
     want = blocked.recurrence_torch(*(t.double() for t in tensors), order, sizes, capture)
@@ -70,7 +44,7 @@ def test_split_recurrence_matches_the_torch_loop(C, K, V, launch, precision, mon
 
 
 def test_split_recurrence_fallbacks_and_errors():
-    tensors, order, sizes = _phase1([2, 1], 1, 16, 16, 16, seed=1)
+    tensors, order, sizes = random_phase1_outputs([2, 1], 1, 16, 16, 16, seed=1)
     d = [t.double() for t in tensors]
     got = state.recurrence_split(*d, order, sizes, [1])                  # float64: the torch loop
     for g, w in zip(got, blocked.recurrence_torch(*d, order, sizes, [1])):
@@ -96,13 +70,13 @@ def test_split_recurrence_writes_o_through_the_index(precision, dtype, monkeypat
     # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
     C, K, V, HV = 32, 40, 48, 2
     counts = [3, 1, 0, 4, 2]
-    tensors, order, sizes = _phase1(counts, HV, C, K, V, seed=17)
+    tensors, order, sizes = random_phase1_outputs(counts, HV, C, K, V, seed=17)
     nseg = sum(sizes)
     index = 2 * torch.randperm(nseg * C, generator=torch.Generator().manual_seed(0)).view(nseg, C)
     n_out = 2 * nseg * C - 40                                             # 20 positions past the end
     out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
     capture = [0, 7, 3, 9]
-    _nan_poisoned_empty(monkeypatch, state)
+    nan_poisoned_empty(monkeypatch, state)
     got, final, captured = state.recurrence_split(*tensors, order, sizes, capture, precision=precision, out=out,
                                                   out_index=index, block_v=32, out_block_v=32)
     monkeypatch.undo()
@@ -113,7 +87,7 @@ def test_split_recurrence_writes_o_through_the_index(precision, dtype, monkeypat
     keep = rows < n_out
     want_rows = want_o.permute(0, 2, 1, 3).reshape(-1, HV, V)[keep]      # [positions kept, HV, V]
     assert torch.isfinite(out[rows[keep]]).all()
-    assert _ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert error_ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
     written = torch.zeros(n_out, dtype=torch.bool)
     written[rows[keep]] = True
     assert out[~written].isnan().all() and (~written).sum() == n_out - keep.sum()
@@ -126,27 +100,13 @@ def test_split_recurrence_writes_o_through_the_index(precision, dtype, monkeypat
     torch.testing.assert_close(out64[rows[keep]], want_rows, rtol=1e-12, atol=1e-12)
 
 
-def _inputs(lens, hv=2, kd=32, vd=48, decay=5.0, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    t = sum(lens)
-    q = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    k = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    v = torch.randn(1, t, hv, vd, generator=gen).to(dtype)
-    gate = -decay * torch.rand(1, t, hv, kd, generator=gen)              # log decays <= 0: K3's bound
-    gate[:, ::11] = -50.0                                                  # strong decays now and then
-    beta = torch.rand(1, t, hv, generator=gen)
-    s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
-
-
 @pytest.mark.parametrize("entry, dtype, chunk, o_rows", [
     ("kda_chunked_state_split", torch.bfloat16, 64, None),               # o stored through the index (served)
     ("recurrence_form", torch.float32, 32, False)])                       # o_chunks, scattered after
 def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, monkeypatch):
     # ragged sequences with chunk tails, an empty one, initial states, checkpoints, K3's gate bound
     # with spikes of -50; the split recurrence called once; every torch.empty NaN-poisoned
-    args, kw = _inputs([45, 100, 0, 31], dtype=dtype)
+    args, kw = ragged_prefill_inputs([45, 100, 0, 31], dtype=dtype, vd=48, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
@@ -155,7 +115,7 @@ def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, mo
     counted = lambda *a, **k: calls.append(k.get("out") is not None) or state.recurrence_split(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "recurrence_split", counted)
     monkeypatch.setattr(wrapper, "recurrence", None)                      # the fused kernel is not taken
-    _nan_poisoned_empty(monkeypatch, blocked)
+    nan_poisoned_empty(monkeypatch, blocked)
     if entry == "kda_chunked_state_split":
         got = wrapper.kda_chunked_state_split(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     else:
@@ -167,6 +127,6 @@ def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, mo
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert _ratio(a, b) < floor, _ratio(a, b)
+        assert error_ratio(a, b) < floor, error_ratio(a, b)
     with pytest.raises(ValueError, match="recurrence_form"):
         wrapper.kda_chunked(*args, **kw, chunk_size=chunk, recurrence_form="fast")

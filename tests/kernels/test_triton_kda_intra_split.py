@@ -11,6 +11,7 @@ import torch
 
 from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
+from kda_chunked_cases import error_ratio, nan_poisoned_empty, packed_phase1_inputs, ragged_prefill_inputs
 
 split = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_split")
 intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
@@ -18,32 +19,6 @@ wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
 rec = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_recurrence")
 
 NAMES = ("W", "U", "A_qk", "qeG", "kdec", "eGC")
-
-
-def _ratio(got, want):
-    got, want = got.double(), want.double()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def _nan_poisoned_empty(monkeypatch, module):
-    """Make `module`'s torch.empty / empty_like return NaN-filled tensors (unwritten memory shows)."""
-    monkeypatch.setattr(module.torch, "empty", lambda *a, **kw: torch.full(
-        a if len(a) > 1 or not isinstance(a[0], tuple) else a[0], float("nan"), **kw))
-    monkeypatch.setattr(module.torch, "empty_like", lambda x: torch.full_like(x, float("nan")))
-
-
-def _packed(rows, HV, K, V, seed, decay=1.0):
-    """Packed phase-1 inputs [rows + 1, HV, *] (a zero row last) with strong decays now and then."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(rows + 1, HV, K, generator=gen) / K ** 0.5
-    k = ref.l2_norm(torch.randn(rows + 1, HV, K, generator=gen))
-    v = torch.randn(rows + 1, HV, V, generator=gen)
-    g = -decay * torch.rand(rows + 1, HV, K, generator=gen)
-    g[::7] = -50.0                                                        # e^-50 a step: the masking matters
-    beta = torch.rand(rows + 1, HV, generator=gen)
-    for x in (q, k, v, g, beta):
-        x[-1] = 0
-    return q, k, v, g, beta
 
 
 def _index(C, rows, spans):
@@ -58,7 +33,7 @@ def _check(got, want, C, bound=1e-5):
     assert [tuple(a.shape) for a in got] == [tuple(w.shape) for w in want]
     for name, a, w in zip(NAMES, got, want):
         assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
-        assert _ratio(a, w) < bound, (name, _ratio(a, w))
+        assert error_ratio(a, w) < bound, (name, error_ratio(a, w))
     assert (got[2][..., ~torch.ones(C, C, dtype=torch.bool).tril()] == 0).all()   # A_qk: 0 above the diagonal
 
 
@@ -71,13 +46,13 @@ def test_split_matches_the_torch_phase1(C, K, V, launch, monkeypatch):
     # K3's gates: half the key channels near the -5 lower bound (e^-80 across a 16-row block), half
     # slow, spikes of -50; full, partial and short chunks (padded with the zero row); NaN-poisoned outputs
     rows, HV = 3 * C + 5, 2
-    q, k, v, g, beta = _packed(rows, HV, K, V, seed=C + K + V)
+    q, k, v, g, beta = packed_phase1_inputs(rows, HV, K, V, seed=C + K + V)
     gen = torch.Generator().manual_seed(C)
     g[:-1] = -5.0 * torch.sigmoid(2.0 + torch.randn(rows, HV, K, generator=gen))
     g[:-1, :, 1::2] *= 0.01
     g[5:-1:13] = -50.0
     index = _index(C, rows, [(0, C), (C, 2 * C), (2 * C, 3 * C), (3 * C, rows), (7, 12)])
-    _nan_poisoned_empty(monkeypatch, split)
+    nan_poisoned_empty(monkeypatch, split)
     got = split.intra_chunk_split(q, k, v, g, beta, index, **launch)
     monkeypatch.undo()
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
@@ -88,7 +63,7 @@ def test_split_strong_decays_every_seventh_step_and_chunks_out_of_order():
     # uniform gates in [-1, 0] with every 7th row -50; chunks that start anywhere, overlap and
     # come in no order (phase 1 treats each chunk on its own)
     C, K, V, HV, rows = 32, 20, 24, 3, 70
-    tensors = _packed(rows, HV, K, V, seed=4)
+    tensors = packed_phase1_inputs(rows, HV, K, V, seed=4)
     index = _index(C, rows, [(38, 70), (3, 35), (0, 9), (50, 70)])
     got = split.intra_chunk_split(*tensors, index)
     want = blocked.intra_chunk_torch(*(x.double() for x in tensors), index)
@@ -100,7 +75,7 @@ def test_split_solve_stays_accurate_with_correlated_keys(neumann):
     # keys all near one direction, beta 1 and slow decays: (I + L) is far from I (the explicit T
     # and the product-form inverse of its diagonal blocks must not lose W's digits)
     rows, HV, K, V, C = 128, 2, 64, 32, 64
-    q, k, v, g, beta = _packed(rows, HV, K, V, seed=11, decay=0.05)
+    q, k, v, g, beta = packed_phase1_inputs(rows, HV, K, V, seed=11, decay=0.05)
     k[:-1] = ref.l2_norm(k[:-1] + 3 * k[:1])
     g[:-1] = -0.05 * torch.rand(rows, HV, K, generator=torch.Generator().manual_seed(1))
     beta[:-1] = 1.0
@@ -108,11 +83,11 @@ def test_split_solve_stays_accurate_with_correlated_keys(neumann):
     got = split.intra_chunk_split(q, k, v, g, beta, index, neumann=neumann, precision="ieee")
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
     for name, a, b in zip(("W", "U"), got, want):
-        assert _ratio(a, b) < 2e-6, (name, _ratio(a, b))
+        assert error_ratio(a, b) < 2e-6, (name, error_ratio(a, b))
 
 
 def test_intra_chunk_form_split_dispatches_and_the_fallbacks():
-    tensors = _packed(40, 2, 16, 16, seed=3)
+    tensors = packed_phase1_inputs(40, 2, 16, 16, seed=3)
     index = torch.arange(32).view(2, 16)
     for a, b in zip(intra.intra_chunk(*tensors, index, form="split", precision="ieee"),
                     split.intra_chunk_split(*tensors, index, precision="ieee")):
@@ -130,26 +105,12 @@ def test_intra_chunk_form_split_dispatches_and_the_fallbacks():
         split.intra_chunk_split(*tensors, torch.arange(24).view(1, 24))
 
 
-def _inputs(lens, hv=2, kd=32, vd=32, decay=1.0, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    t = sum(lens)
-    q = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    k = ref.l2_norm(torch.randn(1, t, 1, kd, generator=gen)).to(dtype)
-    v = torch.randn(1, t, hv, vd, generator=gen).to(dtype)
-    gate = -decay * torch.rand(1, t, hv, kd, generator=gen)              # log decays <= 0
-    gate[:, ::11] = -50.0                                                  # strong decays now and then
-    beta = torch.rand(1, t, hv, generator=gen)
-    s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
-    return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
-
-
 @pytest.mark.parametrize("dtype, chunk, o_through_index", [(torch.float32, 32, True), (torch.bfloat16, 48, False)])
 def test_kda_chunked_split_matches_the_reference(dtype, chunk, o_through_index, monkeypatch):
     # the whole prefill with phase 1 split: ragged sequences with chunk tails, an empty one,
     # initial states, checkpoints (chunks cut at them), K3's gate bound with spikes of -50; every
     # torch.empty NaN-poisoned meanwhile; o stored by the recurrence or scattered after it
-    args, kw = _inputs([45, 70, 0, 31], dtype=dtype, decay=5.0)
+    args, kw = ragged_prefill_inputs([45, 70, 0, 31], dtype=dtype, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 40], [0, 0], [0, 31]])
     want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
                                                             for n, t in kw.items()},
@@ -158,11 +119,11 @@ def test_kda_chunked_split_matches_the_reference(dtype, chunk, o_through_index, 
     counted = lambda *a, **k: calls.append(k["form"]) or intra.intra_chunk(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "intra_chunk", counted)
     monkeypatch.setattr(wrapper, "O_THROUGH_INDEX", o_through_index)
-    _nan_poisoned_empty(monkeypatch, blocked)
+    nan_poisoned_empty(monkeypatch, blocked)
     got = wrapper.kda_chunked_split(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     monkeypatch.undo()
     assert calls == ["split"] and got.o.dtype == dtype and got.o.shape == want.o.shape and len(got.checkpoints) == 2
     for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
         assert torch.isfinite(a).all()
         floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert _ratio(a, b) < floor, _ratio(a, b)
+        assert error_ratio(a, b) < floor, error_ratio(a, b)
