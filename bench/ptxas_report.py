@@ -163,6 +163,10 @@ def variants():
                                                                                  f"_{precision}"),
                fn, types, dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
                                DIAG_SLICE=diag_slice, PRECISION=precision, NEUMANN=True), warps)
+    # the diagonal blocks a column at a time (DIAG_COLUMNS: no [16, 16, slice] decays)
+    yield ("kda_intra_chunk", "C64_K128_w4_s16_d16_columns", fn, types,
+           dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=16, DIAG_SLICE=16,
+                PRECISION="ieee", NEUMANN=True, DIAG_COLUMNS=True), 4)
     fn = kda_intra_chunk._intra_chunk_mma_kernel                  # phase 1's whole-chunk tensor-core form
     for warps, slice_ in ((4, 64), (4, 32)):
         yield ("kda_intra_chunk", f"mma_C64_K128_w{warps}_s{slice_}_tf32x3", fn, types,
@@ -178,6 +182,9 @@ def variants():
         yield ("kda_intra_chunk", f"split_blocks_C64_K128_w{warps}_s{slice_}_{precision}", fn, types,
                dict(C=64, K=128, BLOCK_C=64, BLOCK_K=128, BLOCK=kda_intra_split.BLOCK, SLICE=slice_,
                     PRECISION=precision, SOLVE_PRECISION=kda_intra_split.SOLVE_PRECISION, NEUMANN=True), warps)
+    yield ("kda_intra_chunk", "split_blocks_C64_K128_w4_s16_tf32x3_columns", fn, types,
+           dict(C=64, K=128, BLOCK_C=64, BLOCK_K=128, BLOCK=kda_intra_split.BLOCK, SLICE=16, PRECISION="tf32x3",
+                SOLVE_PRECISION=kda_intra_split.SOLVE_PRECISION, NEUMANN=True, DIAG_COLUMNS=True), 4)
     fn = kda_intra_split._split_solve_kernel
     for warps in (4, 8):
         yield ("kda_intra_chunk", f"split_solve_C64_w{warps}_{kda_intra_split.SOLVE_PRECISION}", fn,

@@ -10,7 +10,8 @@ products (RECURRENCE_PRECISION; bench/kda_tf32_sensitivity.py: as accurate as fp
 chain, where plain TF32 is not; its kernel keeps the state in registers: 4.2 ms at 8K tokens and
 96 heads on the H200 against 15.4 for the fp32-FMA form; the whole prefill 12.05 ms a layer).
 Phase 1's form (INTRA_FORM, `intra_form=`): "blocks" (served, 16-row FMA dots), "split" (three
-kernels with wide grids, `kda_chunked_split`, experimental; not yet timed on a GPU) or "mma" (the
+kernels with wide grids, `kda_chunked_split`, experimental: 9.0 ms on an H100 at 8K tokens and 96
+heads against 5.9 for blocks, bench/results/kda_prefill-split-h100-2026-12-06-s22.json) or "mma" (the
 64 x 64 products, the block inverse and W, U as whole-chunk 3xTF32 tensor-core dots,
 `kda_chunked_mma`, experimental): on an H100 at 8K tokens and 96 heads phase 1 takes 8.85 ms in
 the mma form against 5.89 ms in blocks (bench/kda_prefill.py, BENCHMARKS.md 2026-12-06), so
@@ -18,8 +19,10 @@ blocks stays served. The recurrence stores o to the token rows itself (O_THROUGH
 prefill 10.22 ms there against 11.14 ms with the scatter and cast after it). Phase 2's form
 (RECURRENCE_FORM, `recurrence_form=`): "fused" (served, one launch, four dots a chunk in the
 chain) or "split" (`kda_chunked_state.recurrence_split`: a state kernel with two dots a chunk,
-then the output product fully parallel; `kda_chunked_state_split`, experimental, not yet timed
-on a GPU).
+then the output product fully parallel; `kda_chunked_state_split`, experimental: on an H100
+at 8K tokens, o stored to the rows, 3.9 ms against 3.05 for the fused kernel, its output launch
+alone 1.56 ms, bench/kda_prefill_ncu.py). Both splits together pass the kda.chunked and model
+conformance cases there (49 of 49).
 
 `kda_chunked_triton_diagonal` is the previous served form (measured in bench/kda_prefill.py):
 phase 1 in torch with only its diagonal blocks in Triton (`kda_intra_diagonal`).

@@ -31,7 +31,7 @@ served); "tf32x3" three TF32 tensor-core products, as accurate as fp32 for this 
 bench/kda_tf32_sensitivity.py, a launch option (6.9 ms: these dots are too small for tensor
 cores to pay).
 
-The "mma" form (`_intra_chunk_mma_kernel`, `intra_chunk(form="mma")`; not yet timed on a GPU),
+The "mma" form (`_intra_chunk_mma_kernel`, `intra_chunk(form="mma")`; 8.8 ms on an H100),
 the same outputs from whole-chunk tensor-core dots (3xTF32 by default), one program per (chunk,
 head) as well: step 1 as above; A_qk and L below the diagonal blocks a 16-column block j at a
 time, every row at once: [C, MMA_SLICE] x [MMA_SLICE, 16] dots over K (wgmma's 64 rows), both
@@ -42,8 +42,8 @@ below by block forward substitution, T_i,<i = -D_i^-1 (L_i,<i T_<i,<i), a [16, C
 W = T (beta e^G k) and U = T (beta v) as [C, C] x [C, MMA_SLICE] dots. sm_90a (ptxas, K3's
 C = 64, K = V = 128, 4 warps): 224 registers and no spills at MMA_SLICE = 64, 178 at 32.
 
-The "split" form (`kda_intra_split.intra_chunk_split`, `intra_chunk(form="split")`; not yet timed
-on a GPU): the same outputs from three kernels with wide grids and short chains (a program per
+The "split" form (`kda_intra_split.intra_chunk_split`, `intra_chunk(form="split")`; 9.0 ms on
+an H100 against 5.9 for blocks): the same outputs from three kernels with wide grids and short chains (a program per
 16-row block of A with its decays and diagonal inverse; T's block substitution per (chunk, head);
 W and U a column slice per program), 3xTF32 for the wide dots by default.
 """
@@ -62,7 +62,8 @@ DIAG_SLICE = 16               # key channels per slice of the diagonal blocks' [
 NEUMANN = True                # the diagonal blocks' inverse as a product of powers (six dots)
 NUM_WARPS = 4                 # 168 registers, 24 B spilled at K3's C = 64, K = V = 128 (bench/ptxas_report.py):
                               # 5.8 ms at 8K tokens on the H200; 8 warps (one program an SM) took 10.1 ms
-FORM = "blocks"               # the served kernel; "mma": `_intra_chunk_mma_kernel` (not yet timed on a GPU)
+DIAG_COLUMNS = False          # the diagonal blocks a column at a time (`_diagonal_block_by_columns`)
+FORM = "blocks"               # the served kernel ("mma" and "split" are slower: the module docstring)
 PRECISION = {"blocks": "ieee", "mma": "tf32x3", "split": "tf32x3"}   # each form's dots by default
                               # (split: its wide dots; its solve's are kda_intra_split.SOLVE_PRECISION)
 MMA_SLICE = 64                # the mma form's tile width over K and V ([C, 64] tiles)
@@ -114,6 +115,34 @@ def _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K: tl.conste
         right = decay * ki[None, :, :]                                  # [a, b, slice]: e^(G_a - G_b) k_b
         akk += tl.sum(ki[:, None, :] * right, axis=2)
         aqk += tl.sum(qi[:, None, :] * right, axis=2)
+    return akk, aqk
+
+
+@triton.jit
+def _diagonal_block_by_columns(G_ptr, q_ptr, k_ptr, index_ptr, s, chunk_k, rows_i, i, h, HV, C: tl.constexpr,
+                               K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+                               DIAG_SLICE: tl.constexpr):
+    """`_diagonal_block`'s (A_kk, A_qk), a column b at a time: [BLOCK, DIAG_SLICE] tiles of the
+    decays e^(G_a - G_b) against row b's G and k (loaded as vectors), summed over the slice into
+    column b; no [BLOCK, BLOCK, slice] tensor (whose broadcasts go through shared memory)."""
+    ii = tl.arange(0, BLOCK)
+    ds = tl.arange(0, DIAG_SLICE)
+    akk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    aqk = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for c0 in range(0, BLOCK_K, DIAG_SLICE):
+        cs = c0 + ds
+        c_in = cs < K
+        Gi = tl.load(G_ptr + chunk_k + (i + ii)[:, None] * K + cs[None, :], mask=c_in[None, :], other=0.0)
+        ki = tl.load(k_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in[None, :], other=0.0)
+        qi = tl.load(q_ptr + (rows_i * HV + h)[:, None] * K + cs[None, :], mask=c_in[None, :], other=0.0)
+        for b in range(BLOCK):
+            row_b = tl.load(index_ptr + s * C + i + b).to(tl.int64)
+            Gb = tl.load(G_ptr + chunk_k + (i + b) * K + cs, mask=c_in, other=0.0)            # [DIAG_SLICE]
+            kb = tl.load(k_ptr + (row_b * HV + h) * K + cs, mask=c_in, other=0.0)
+            right = tl.exp(tl.where(ii[:, None] >= b, Gi - Gb[None, :], float("-inf"))) * kb[None, :]
+            column = ii[None, :] == b
+            akk += tl.where(column, tl.sum(ki * right, 1)[:, None], 0.0)
+            aqk += tl.where(column, tl.sum(qi * right, 1)[:, None], 0.0)
     return akk, aqk
 
 
@@ -210,7 +239,7 @@ def _intra_chunk_kernel(
     G_ptr, L_ptr, w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK: tl.constexpr, SLICE: tl.constexpr, DIAG_SLICE: tl.constexpr, PRECISION: tl.constexpr,
-    NEUMANN: tl.constexpr,
+    NEUMANN: tl.constexpr, DIAG_COLUMNS: tl.constexpr = False,
 ):
     # One program per (chunk s, head h), all of phase 1. Packed rows, contiguous: q, k, g
     # [rows, HV, K]; v [rows, HV, V]; beta [rows, HV]; index [nseg, C] (the packed row of each
@@ -234,7 +263,11 @@ def _intra_chunk_kernel(
                                           BLOCK_K, SLICE, PRECISION)
             tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :], aqk)
             tl.store(L_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :], beta[:, None] * akk)
-        akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
+        if DIAG_COLUMNS:
+            akk, aqk = _diagonal_block_by_columns(G_ptr, q_ptr, k_ptr, index_ptr, s, chunk_k, rows_i, i, h, HV, C, K,
+                                                  BLOCK, BLOCK_K, DIAG_SLICE)
+        else:
+            akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
         tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (i + ii)[None, :], aqk)
         for j in range(i + BLOCK, C, BLOCK):                            # zeros right of the diagonal
             tl.store(a_ptr + sh * C * C + (i + ii)[:, None] * C + (j + ii)[None, :],
@@ -291,7 +324,7 @@ def _intra_chunk_mma_kernel(
     G_ptr, L_ptr, w_ptr, u_ptr, a_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
     C: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr, DIAG_SLICE: tl.constexpr,
-    PRECISION: tl.constexpr, NEUMANN: tl.constexpr,
+    PRECISION: tl.constexpr, NEUMANN: tl.constexpr, DIAG_COLUMNS: tl.constexpr = False,
 ):
     # `_intra_chunk_kernel`'s contract and layouts, the products as whole-chunk dots. L_ptr's
     # [C, C] scratch holds L below the diagonal blocks, then T = (I + L)^-1 (its diagonal blocks
@@ -318,7 +351,11 @@ def _intra_chunk_mma_kernel(
     for i in range(0, C, BLOCK):
         rows_i = tl.load(index_ptr + s * C + i + ii).to(tl.int64)
         beta = tl.load(b_ptr + rows_i * HV + h)
-        akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
+        if DIAG_COLUMNS:
+            akk, aqk = _diagonal_block_by_columns(G_ptr, q_ptr, k_ptr, index_ptr, s, chunk_k, rows_i, i, h, HV, C, K,
+                                                  BLOCK, BLOCK_K, DIAG_SLICE)
+        else:
+            akk, aqk = _diagonal_block(G_ptr, q_ptr, k_ptr, chunk_k, rows_i, i, h, HV, K, BLOCK, BLOCK_K, DIAG_SLICE)
         diag = chunk_c + (i + ii)[:, None] * C + (i + ii)[None, :]
         tl.store(a_ptr + diag, aqk)
         tl.store(L_ptr + diag, _unit_lower_inverse(tl.where(strictly_lower, beta[:, None] * akk, 0.0), BLOCK,
@@ -359,7 +396,7 @@ def _intra_chunk_mma_kernel(
 
 
 def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps=None, slice_=None,
-                diag_slice=DIAG_SLICE, neumann=NEUMANN):
+                diag_slice=DIAG_SLICE, neumann=NEUMANN, diag_columns=None):
     """Phase 1 for all chunks at once: `torch_kernels.kda_chunked_blocked.intra_chunk_torch`'s
     contract. q (scaled), k, g [rows, HV, K], v [rows, HV, V], beta [rows, HV]: the packed
     tokens in fp32 with a zero row (what padding reads); index [nseg, C]: each chunk position's
@@ -372,8 +409,9 @@ def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps
     slice_ its launch 1's key slice, diag_slice unused), the same outputs. Launch options:
     precision (the form's default from PRECISION: "ieee" or "tf32x3"), num_warps (NUM_WARPS /
     MMA_NUM_WARPS), slice_ (the blocks form's dot depth, 16 or 32, SLICE; the mma form's tile
-    width over K and V, MMA_SLICE), diag_slice and neumann (the diagonal blocks' inverse as a
-    product of powers, else by rows).
+    width over K and V, MMA_SLICE), diag_slice, neumann (the diagonal blocks' inverse as a
+    product of powers, else by rows) and diag_columns (the diagonal blocks' exact decays a column
+    at a time, `_diagonal_block_by_columns`, instead of as [16, 16, slice] tensors; DIAG_COLUMNS).
     """
     form = form or FORM
     if form not in PRECISION:
@@ -390,7 +428,7 @@ def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps
         from .kda_intra_split import intra_chunk_split
 
         return intra_chunk_split(q, k, v, g, beta, index, precision=precision, num_warps=num_warps, slice_=slice_,
-                                 neumann=neumann)
+                                 neumann=neumann, diag_columns=diag_columns)
     if any(x.dtype != torch.float32 for x in (q, k, v, g, beta)) or not (nseg * HV * K * V):
         return intra_chunk_torch(q, k, v, g, beta, index)
     q, k, v, g, beta, index = (x.contiguous() for x in (q, k, v, g, beta, index))
@@ -403,7 +441,8 @@ def intra_chunk(q, k, v, g, beta, index, *, form=None, precision=None, num_warps
     eGC = torch.empty(nseg, HV, 1, K, dtype=f32, device=dev)
     block_k, block_v = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     common = dict(C=C, K=K, V=V, BLOCK_K=block_k, BLOCK_V=block_v, BLOCK=BLOCK, DIAG_SLICE=min(diag_slice, block_k),
-                  PRECISION=precision, NEUMANN=neumann and BLOCK == 16)
+                  PRECISION=precision, NEUMANN=neumann and BLOCK == 16,
+                  DIAG_COLUMNS=DIAG_COLUMNS if diag_columns is None else diag_columns)
     args = (q, k, v, g, beta, index, G, L, W, U, A_qk, qeG, kdec, eGC, HV)
     if form == "mma":
         _intra_chunk_mma_kernel[(nseg * HV,)](

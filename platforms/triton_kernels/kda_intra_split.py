@@ -38,7 +38,12 @@ bench/kda_tf32_sensitivity.py), "ieee" (fp32 FMAs) a launch option; SOLVE_PRECIS
 
 sm_90a (bench/ptxas_report.py; C = 64, K = V = 128, 4 warps, tf32x3): kernel 1 168 registers
 (4 B spilled; 128 and none at 8 warps), kernel 2 113, kernel 3 158 (W) and 170 (U), none spilled.
-Not yet timed on a GPU.
+On an H100 at 8K tokens and 96 heads (bench/kda_prefill.py) the split form takes 9.0 ms against
+5.9 ms for the one-launch blocks form: kernel 1 alone 8.7 ms. Nsight Compute (bench/kda_prefill_ncu.py)
+shows both bound by L1 / shared-memory traffic, not by latency: kernel 1 at 81% of L1 throughput with
+42% of its cycles stalled on shared-memory (MIO) operations, the blocks kernel at 88% with 1.3 M
+local-memory spill requests; the [16, 16, SLICE] broadcasts of the diagonal decays go through shared
+memory. DIAG_COLUMNS computes the diagonal block a column at a time instead (no 3-D tensors).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ W_SLICE = 64                  # kernel 3: columns of W or U per program ([C, 16]
 PRECISION = "tf32x3"          # A's blocks left of the diagonal and W, U
 SOLVE_PRECISION = "ieee"      # the 16-row inverses and T's block forward substitution
 NUM_WARPS = 4                 # every launch
+DIAG_COLUMNS = False          # kernel 1's diagonal block a column at a time (no [16, 16, SLICE] tensors)
 
 
 @triton.jit
@@ -63,6 +69,7 @@ def _split_blocks_kernel(
     q_ptr, k_ptr, g_ptr, b_ptr, index_ptr, a_ptr, t_ptr, qeg_ptr, kdec_ptr, egc_ptr, HV,
     C: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
     SLICE: tl.constexpr, PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr, NEUMANN: tl.constexpr,
+    DIAG_COLUMNS: tl.constexpr = False,
 ):
     # One program per (chunk s, head h, row block i), i fastest (a chunk's programs share its g
     # and keys in L2). Packed rows, contiguous: q, k, g [rows, HV, K]; beta [rows, HV]; index
@@ -114,10 +121,21 @@ def _split_blocks_kernel(
         akk = tl.dot(ki * left, tl.trans(right), acc=akk, input_precision=PRECISION)
         aqk = tl.dot(qi * left, tl.trans(right), acc=aqk, input_precision=PRECISION)
         # the diagonal block: exact pairwise decays e^(lc_a - lc_b), a >= b
-        decay = tl.exp(tl.where(lower[:, :, None], lc[:, None, :] - lc[None, :, :], float("-inf")))
-        kd = decay * ki[None, :, :]                                     # [a, b, slice]: e^(G_a - G_b) k_b
-        dkk += tl.sum(ki[:, None, :] * kd, axis=2)
-        dqk += tl.sum(qi[:, None, :] * kd, axis=2)
+        if DIAG_COLUMNS:                # a column b at a time: row b's g summed as it goes, its k a vector
+            lc_b = tl.zeros((SLICE,), dtype=tl.float32)
+            for b in range(BLOCK):
+                src_b = (tl.load(index_ptr + s * C + i0 + b).to(tl.int64) * HV + h) * K + cs
+                lc_b += tl.load(g_ptr + src_b, mask=cs < K, other=0.0)
+                k_b = tl.load(k_ptr + src_b, mask=cs < K, other=0.0)
+                decayed = tl.exp(tl.where(ii[:, None] >= b, lc - lc_b[None, :], float("-inf"))) * k_b[None, :]
+                column = ii[None, :] == b
+                dkk += tl.where(column, tl.sum(ki * decayed, 1)[:, None], 0.0)
+                dqk += tl.where(column, tl.sum(qi * decayed, 1)[:, None], 0.0)
+        else:
+            decay = tl.exp(tl.where(lower[:, :, None], lc[:, None, :] - lc[None, :, :], float("-inf")))
+            kd = decay * ki[None, :, :]                                 # [a, b, slice]: e^(G_a - G_b) k_b
+            dkk += tl.sum(ki[:, None, :] * kd, axis=2)
+            dqk += tl.sum(qi[:, None, :] * kd, axis=2)
     beta = tl.load(b_ptr + rows_i * HV + h)                             # [BLOCK]
     row = sh * C * C + (i0 + ii)[:, None] * C
     # A_qk's block row: the columns left of the block and the zeros right of it (right of the
@@ -202,7 +220,7 @@ def _check_precision(name, value):
 
 
 def intra_chunk_split(q, k, v, g, beta, index, *, precision=None, solve_precision=None, num_warps=None,
-                      slice_=None, w_slice=None, neumann=NEUMANN):
+                      slice_=None, w_slice=None, neumann=NEUMANN, diag_columns=None):
     """Phase 1 for all chunks at once in three kernels (four launches): `intra_chunk`'s contract
     (q (scaled), k, g [rows, HV, K], v [rows, HV, V], beta [rows, HV] fp32 with a zero row;
     index [nseg, C]; returns (W, U, A_qk, q e^G, k e^(G_C - G), e^(G_C)) [nseg, HV, C, K | V | C],
@@ -211,7 +229,8 @@ def intra_chunk_split(q, k, v, g, beta, index, *, precision=None, solve_precisio
     solve_precision (the 16-row inverses and T's substitution; SOLVE_PRECISION), each "ieee" or
     "tf32x3"; num_warps (every launch, NUM_WARPS); slice_ (kernel 1's key channels a step, 16 or
     32, SLICE); w_slice (kernel 3's columns a program, W_SLICE); neumann (the diagonal blocks'
-    inverse as a product of powers, else by rows).
+    inverse as a product of powers, else by rows); diag_columns (kernel 1's diagonal block a column
+    at a time instead of as [16, 16, SLICE] tensors; DIAG_COLUMNS).
     """
     precision = precision or PRECISION
     solve_precision = solve_precision or SOLVE_PRECISION
@@ -237,7 +256,8 @@ def intra_chunk_split(q, k, v, g, beta, index, *, precision=None, solve_precisio
     _split_blocks_kernel[(nseg * HV * (C // BLOCK),)](
         q, k, g, beta, index, A_qk, T, qeG, kdec, eGC, HV, C=C, K=K, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK=BLOCK,
         SLICE=min(slice_ or SLICE, block_k), PRECISION=precision, SOLVE_PRECISION=solve_precision,
-        NEUMANN=neumann and BLOCK == 16, num_warps=warps)
+        NEUMANN=neumann and BLOCK == 16, DIAG_COLUMNS=DIAG_COLUMNS if diag_columns is None else diag_columns,
+        num_warps=warps)
     if C > BLOCK:
         _split_solve_kernel[(nseg * HV,)](T, C=C, BLOCK_C=block_c, BLOCK=BLOCK, SOLVE_PRECISION=solve_precision,
                                           num_warps=warps)

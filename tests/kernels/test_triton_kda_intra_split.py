@@ -41,7 +41,8 @@ def _check(got, want, C, bound=1e-5):
     (32, 40, 48, dict(precision="ieee")),                                 # C = 32: launch 2's one row
     (64, 32, 16, dict()),                                                 # the defaults (tf32x3 wide dots)
     (48, 24, 40, dict(precision="ieee", solve_precision="tf32x3", slice_=32, w_slice=16)),   # tiles padded
-    (16, 16, 32, dict(neumann=False))])                                   # one block: no launch 2
+    (16, 16, 32, dict(neumann=False)),                                    # one block: no launch 2
+    (32, 40, 24, dict(diag_columns=True))])                               # the diagonal block a column at a time
 def test_split_matches_the_torch_phase1(C, K, V, launch, monkeypatch):
     # K3's gates: half the key channels near the -5 lower bound (e^-80 across a 16-row block), half
     # slow, spikes of -50; full, partial and short chunks (padded with the zero row); NaN-poisoned outputs
@@ -57,6 +58,19 @@ def test_split_matches_the_torch_phase1(C, K, V, launch, monkeypatch):
     monkeypatch.undo()
     want = blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index)
     _check(got, want, C)
+
+
+@pytest.mark.parametrize("form", ["blocks", "mma"])
+def test_one_launch_forms_with_the_diagonal_by_columns_match_the_torch_phase1(form, monkeypatch):
+    # `_diagonal_block_by_columns` in the one-launch forms: K3's gates with spikes, padded chunks
+    C, K, V, HV = 32, 40, 24, 2
+    rows = 2 * C + 7
+    q, k, v, g, beta = packed_phase1_inputs(rows, HV, K, V, seed=29)
+    index = _index(C, rows, [(0, C), (C, 2 * C), (2 * C, rows)])
+    nan_poisoned_empty(monkeypatch, intra)
+    got = intra.intra_chunk(q, k, v, g, beta, index, form=form, diag_columns=True)
+    monkeypatch.undo()
+    _check(got, blocked.intra_chunk_torch(*(x.double() for x in (q, k, v, g, beta)), index), C)
 
 
 def test_split_strong_decays_every_seventh_step_and_chunks_out_of_order():

@@ -1,0 +1,72 @@
+"""The chunked KDA prefill's phase kernels at 8K tokens and 96 heads, launched for Nsight Compute
+(issue 27 item 2: why phase 1 and the recurrence take milliseconds).
+
+    ncu --set full --profile-from-start off -f -o kda_ncu python3 bench/kda_prefill_ncu.py   # on the GPU
+
+Builds phase 1's packed fp32 inputs (bench/kda_prefill.py's `make`: K3-like gates, l2-normed
+keys) and its chunk index, runs each named form twice to compile and warm up, then once more
+between cudaProfilerStart and Stop (the launches ncu profiles with `--profile-from-start off`):
+phase 1 in the served "blocks" form and the "split" form, each also with its diagonal blocks a
+column at a time (`diag_columns`; their outputs checked against the served form's), then the fused recurrence and the
+split one (state and output kernels) on the blocks form's outputs. Each form's median time over
+five runs is printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from kda_prefill import make
+from measure import bench_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--forms", nargs="+", default=["blocks", "blocks_columns", "split", "split_columns", "fused",
+                                                       "state_split"])
+    args = parser.parse_args()
+    from k3.platforms.triton_kernels import kda_chunked_recurrence as fused
+    from k3.platforms.triton_kernels import kda_chunked_state as split_state
+    from k3.platforms.triton_kernels.kda_intra_chunk import intra_chunk
+
+    (q, k, v, gate, beta), kw = make([args.tokens])
+    C, T, HV = 64, args.tokens, q.shape[2]
+    rows = lambda x: torch.cat([x[0].float(), x.new_zeros(1, *x.shape[2:]).float()])  # noqa: E731  [T + 1, HV, *]
+    qf, kf, vf, gf, bf = (rows(x) for x in (q * q.shape[-1] ** -0.5, k, v, gate, beta))
+    index = torch.arange(T, device="cuda").view(-1, C)
+    nseg = index.shape[0]
+    phase1 = intra_chunk(qf, kf, vf, gf, bf, index)
+    order, sizes, h0 = [0], [1] * nseg, kw["initial_state"].float()
+    o = torch.empty(T, HV, v.shape[-1], dtype=torch.bfloat16, device="cuda")     # the served o rows
+    served = dict(precision="tf32x3", out=o, out_index=index)
+    runs = {
+        "blocks": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="blocks"),
+        "split": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split"),
+        # the diagonal blocks a column at a time (no [16, 16, slice] tensors)
+        "blocks_columns": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="blocks", diag_columns=True),
+        "split_columns": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split", diag_columns=True),
+        "fused": lambda: fused.recurrence(*phase1, h0, order, sizes, **served),
+        "state_split": lambda: split_state.recurrence_split(*phase1, h0, order, sizes, block_v=32, **served),
+    }
+    served = intra_chunk(qf, kf, vf, gf, bf, index)
+    for form in args.forms:
+        check = ""
+        if form in ("blocks_columns", "split", "split_columns"):       # phase 1's outputs against the served form's
+            got = runs[form]()
+            check = "  error ratios " + " ".join(
+                f"{((a.double() - b.double()).norm() / b.double().norm()).item():.1e}" for a, b in zip(got, served))
+        print(f"{form}: {bench_ms(runs[form]):.3f} ms{check}", flush=True)
+    for form in args.forms:
+        runs[form]()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        runs[form]()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
