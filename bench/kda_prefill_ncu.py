@@ -8,7 +8,8 @@ keys) and its chunk index, runs each named form twice to compile and warm up, th
 between cudaProfilerStart and Stop (the launches ncu profiles with `--profile-from-start off`):
 phase 1 in the served "blocks" form and the "split" form, each also with its diagonal blocks a
 column at a time (`diag_columns`; their outputs checked against the served form's), then the fused recurrence and the
-split one (state and output kernels) on the blocks form's outputs. Each form's median time over
+split one (state and output kernels, and its output launch over 128 columns or with 8 warps) on
+the blocks form's outputs, each checked against the fused kernel's o and final state. Each form's median time over
 five runs is printed first.
 """
 
@@ -50,14 +51,26 @@ def main() -> None:
         "split_columns": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split", diag_columns=True),
         "fused": lambda: fused.recurrence(*phase1, h0, order, sizes, **served),
         "state_split": lambda: split_state.recurrence_split(*phase1, h0, order, sizes, block_v=32, **served),
+        # the output launch over all 128 columns (qeG and A_qk read once a chunk and head) or 8 warps
+        "state_split_o128": lambda: split_state.recurrence_split(*phase1, h0, order, sizes, block_v=32,
+                                                                 out_block_v=128, out_num_warps=8, out_k_slice=32,
+                                                                 **served),
+        "state_split_o64w8": lambda: split_state.recurrence_split(*phase1, h0, order, sizes, block_v=32,
+                                                                  out_num_warps=8, out_k_slice=128, **served),
     }
-    served = intra_chunk(qf, kf, vf, gf, bf, index)
+    ratio = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()  # noqa: E731
+    served_phase1 = intra_chunk(qf, kf, vf, gf, bf, index)
+    _, served_state, _ = runs["fused"]()
+    served_o = o.clone()
     for form in args.forms:
         check = ""
         if form in ("blocks_columns", "split", "split_columns"):       # phase 1's outputs against the served form's
             got = runs[form]()
-            check = "  error ratios " + " ".join(
-                f"{((a.double() - b.double()).norm() / b.double().norm()).item():.1e}" for a, b in zip(got, served))
+            check = "  error ratios " + " ".join(f"{ratio(a, b):.1e}" for a, b in zip(got, served_phase1))
+        elif form.startswith("state_split"):                             # o and the final state against the fused kernel's
+            o.fill_(float("nan"))
+            _, state, _ = runs[form]()
+            check = f"  error ratios o {ratio(o, served_o):.1e} state {ratio(state, served_state):.1e}"
         print(f"{form}: {bench_ms(runs[form]):.3f} ms{check}", flush=True)
     for form in args.forms:
         runs[form]()
