@@ -58,7 +58,7 @@ def main() -> None:
         "state_split_o64w8": lambda: split_state.recurrence_split(*phase1, h0, order, sizes, block_v=32,
                                                                   out_num_warps=8, out_k_slice=128, **served),
     }
-    ratio = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()  # noqa: E731
+    ratio = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()  # noqa: E731
     served_phase1 = intra_chunk(qf, kf, vf, gf, bf, index)
     _, served_state, _ = runs["fused"]()
     served_o = o.clone()

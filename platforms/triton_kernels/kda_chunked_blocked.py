@@ -20,8 +20,9 @@ prefill 10.22 ms there against 11.14 ms with the scatter and cast after it). Pha
 (RECURRENCE_FORM, `recurrence_form=`): "fused" (served, one launch, four dots a chunk in the
 chain) or "split" (`kda_chunked_state.recurrence_split`: a state kernel with two dots a chunk,
 then the output product fully parallel; `kda_chunked_state_split`, experimental: on an H100
-at 8K tokens, o stored to the rows, 3.9 ms against 3.05 for the fused kernel, its output launch
-alone 1.56 ms, bench/kda_prefill_ncu.py). Both splits together pass the kda.chunked and model
+at 8K tokens, o stored to the rows, 2.76 against 2.94 ms for the fused kernel in one run and 3.90
+against 3.05 in another, its output launch alone 1.56 ms at 43% of the copy bandwidth,
+bench/kda_prefill_ncu.py). Both splits together pass the kda.chunked and model
 conformance cases there (49 of 49).
 
 `kda_chunked_triton_diagonal` is the previous served form (measured in bench/kda_prefill.py):
