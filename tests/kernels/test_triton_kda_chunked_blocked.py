@@ -1,11 +1,14 @@
 """The chunked KDA prefill in Triton (platforms/triton_kernels/kda_chunked_blocked.py over
-kda_intra_chunk.py, kda_intra_diagonal.py and kda_chunked_recurrence.py), under the interpreter:
+kda_intra_chunk.py, kda_intra_diagonal.py, kda_chunked_recurrence.py and, where o goes through
+the chunk index, kda_chunked_state.py's split recurrence), under the interpreter:
 each kernel against the torch code it replaces (strong decays, padded chunks, dimensions that are
 not powers of two, NaN-poisoned outputs so unwritten memory shows), every `kda.chunked`
 conformance sample with the served wrapper in place of the reference op, and ragged sequences
 with initial states and checkpoints against k3.reference.kda_chunked, for the served form (both
 phases in Triton) and the previous one (torch phase 1 with the Triton diagonal, in one group and
 in many)."""
+
+import functools
 
 import pytest
 import torch
@@ -220,6 +223,7 @@ def test_groups_are_bounded_by_the_working_tensors():
 
 
 rec = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_recurrence")
+state = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_state")
 
 
 @pytest.mark.parametrize("C, K, V, block_v, slice_, precision", [
@@ -282,10 +286,14 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
         assert error_ratio(a, b) < floor, error_ratio(a, b)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
 @pytest.mark.parametrize("precision, dtype", [("ieee", torch.float32), ("tf32x3", torch.bfloat16)])
-def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypatch):
-    # o straight to the packed rows: the chunk positions go to the even rows of `out` in a shuffled
+def test_triton_recurrence_writes_o_through_the_index(precision, dtype, split, monkeypatch):
+    # o straight to the packed rows, by the fused recurrence and by the split one (state kernel,
+    # then the output launch): the chunk positions go to the even rows of `out` in a shuffled
     # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
+    module = state if split else rec
+    run = functools.partial(state.recurrence_split, block_v=32, out_block_v=32) if split else rec.recurrence
     C, K, V, HV = 32, 40, 48, 2
     counts = [3, 1, 0, 4, 2]
     tensors, order, sizes = random_phase1_outputs(counts, HV, C, K, V, seed=17)
@@ -294,11 +302,11 @@ def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypa
     n_out = 2 * nseg * C - 40                                             # 20 positions past the end
     out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
     capture = [0, 7, 3, 9]
-    nan_poisoned_empty(monkeypatch, rec)
-    got, final, captured = rec.recurrence(*tensors, order, sizes, capture, precision=precision, out=out,
-                                          out_index=index)
+    nan_poisoned_empty(monkeypatch, module)
+    got, final, captured = run(*tensors, order, sizes, capture, precision=precision, out=out, out_index=index)
     monkeypatch.undo()
-    want_o, want_final, want_captured = blocked.recurrence_torch(*tensors, order, sizes, capture)
+    want_o, want_final, want_captured = blocked.recurrence_torch(*(t.double() for t in tensors), order, sizes,
+                                                                 capture)
     assert got is out and out.dtype == dtype
     rows = index.reshape(-1)
     keep = rows < n_out
@@ -311,12 +319,9 @@ def test_triton_recurrence_writes_o_through_the_index(precision, dtype, monkeypa
     for g, w in ((final, want_final), (captured, want_captured)):
         assert torch.isfinite(g).all() and error_ratio(g, w) < 1e-6, error_ratio(g, w)
     # float64 takes the torch loop and scatters the same way
-    d = [t.double() for t in tensors]
     out64 = torch.full((n_out, HV, V), float("nan"), dtype=torch.float64)
-    rec.recurrence(*d, order, sizes, capture, out=out64, out_index=index)
-    torch.testing.assert_close(out64[rows[keep]], want_rows.double(), rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError, match="together"):
-        rec.recurrence(*tensors, order, sizes, out=out)
+    run(*(t.double() for t in tensors), order, sizes, capture, out=out64, out_index=index)
+    torch.testing.assert_close(out64[rows[keep]], want_rows, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("intra_form, dtype, chunk", [("blocks", torch.bfloat16, 64), ("mma", torch.float32, 32)])

@@ -2,10 +2,11 @@
 kda_chunked_state.py: the state kernel, then the output product), under the interpreter: against
 the torch loop (`recurrence_torch`) in float64 with ragged sequences over several rounds (an empty
 one among them), initial states, checkpoints in no order, padded rows and dimensions that are not
-powers of two, every output NaN-poisoned so unwritten memory shows; o stored through the chunk
-index; and the whole wrapper (`kda_chunked_state_split`, `recurrence_form="split"`) against
+powers of two, every output NaN-poisoned so unwritten memory shows; and the whole wrapper (`kda_chunked_state_split`, `recurrence_form="split"`) against
 k3.reference.kda_chunked. The interpreter walks all R columns of the segment table (the steps past
-a sequence's chunks masked off), where the compiled kernel stops at the sequence's own count."""
+a sequence's chunks masked off), where the compiled kernel stops at the sequence's own count.
+o stored through the chunk index is checked beside the fused recurrence's, in
+test_triton_kda_chunked_blocked.py."""
 
 import pytest
 import torch
@@ -62,42 +63,6 @@ def test_split_recurrence_fallbacks_and_errors():
         state.recurrence_split(*tensors, order, [2, 2])
     with pytest.raises(ValueError, match="together"):
         state.recurrence_split(*tensors, order, sizes, out=torch.zeros(4, 1, 16))
-
-
-@pytest.mark.parametrize("precision, dtype", [("ieee", torch.float32), ("tf32x3", torch.bfloat16)])
-def test_split_recurrence_writes_o_through_the_index(precision, dtype, monkeypatch):
-    # o straight to the packed rows: the chunk positions go to the even rows of `out` in a shuffled
-    # order, the last ones past its end (padding, dropped); the odd rows must stay as they were
-    C, K, V, HV = 32, 40, 48, 2
-    counts = [3, 1, 0, 4, 2]
-    tensors, order, sizes = random_phase1_outputs(counts, HV, C, K, V, seed=17)
-    nseg = sum(sizes)
-    index = 2 * torch.randperm(nseg * C, generator=torch.Generator().manual_seed(0)).view(nseg, C)
-    n_out = 2 * nseg * C - 40                                             # 20 positions past the end
-    out = torch.full((n_out, HV, V), float("nan"), dtype=dtype)
-    capture = [0, 7, 3, 9]
-    nan_poisoned_empty(monkeypatch, state)
-    got, final, captured = state.recurrence_split(*tensors, order, sizes, capture, precision=precision, out=out,
-                                                  out_index=index, block_v=32, out_block_v=32)
-    monkeypatch.undo()
-    want_o, want_final, want_captured = blocked.recurrence_torch(*(t.double() for t in tensors), order, sizes,
-                                                                 capture)
-    assert got is out and out.dtype == dtype
-    rows = index.reshape(-1)
-    keep = rows < n_out
-    want_rows = want_o.permute(0, 2, 1, 3).reshape(-1, HV, V)[keep]      # [positions kept, HV, V]
-    assert torch.isfinite(out[rows[keep]]).all()
-    assert error_ratio(out[rows[keep]], want_rows) < (1e-6 if dtype == torch.float32 else 1e-2)
-    written = torch.zeros(n_out, dtype=torch.bool)
-    written[rows[keep]] = True
-    assert out[~written].isnan().all() and (~written).sum() == n_out - keep.sum()
-    for g, w in ((final, want_final), (captured, want_captured)):
-        assert torch.isfinite(g).all()
-        _close(g, w)
-    # float64 takes the torch loop and scatters the same way
-    out64 = torch.full((n_out, HV, V), float("nan"), dtype=torch.float64)
-    state.recurrence_split(*(t.double() for t in tensors), order, sizes, capture, out=out64, out_index=index)
-    torch.testing.assert_close(out64[rows[keep]], want_rows, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("entry, dtype, chunk, o_rows", [
