@@ -282,6 +282,26 @@ def tables(order, sizes, capture, device):
     return table.to(device)
 
 
+def torch_fallback(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture, precision, out, out_index):
+    """The checks every Triton recurrence makes of its arguments (ValueError on a bad precision,
+    out without out_index, or sizes / order that do not match the segments and states), then
+    the torch loop's result for what the kernels do not take (float64, or nothing to do), with o
+    scattered to `out` when given; None when the Triton kernels should run."""
+    if precision not in ("ieee", "tf32x3"):
+        raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
+    nseg, HV, C, V = U.shape
+    K, N = W.shape[-1], initial.shape[0]
+    if (out is None) != (out_index is None) or (out is not None and not out.is_contiguous()):
+        raise ValueError("kda chunked recurrence: out (contiguous) and out_index go together")
+    if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
+        res = recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
+        return res if out is None else (_scatter(out, out_index, res[0]), *res[1:])
+    if sum(sizes) != nseg or len(order) != N:
+        raise ValueError(f"kda chunked recurrence: {nseg} segments and {N} states, but sizes {sizes} sum to "
+                         f"{sum(sizes)} over {len(order)} sequences")
+    return None
+
+
 def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), block_v=None, num_warps=None,
                slice_=SLICE, precision="ieee", out=None, out_index=None):
     """Phase 2 in one launch: `torch_kernels.kda_chunked_blocked.recurrence_torch`'s signature and
@@ -302,23 +322,16 @@ def recurrence(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=(), bl
     row of each chunk position (`kda_chunked`'s index; rows >= out.shape[0], the padding, are
     dropped). Returns (out, final states, captured states) then.
     """
-    if precision not in ("ieee", "tf32x3"):
-        raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
+    fallback = torch_fallback(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture, precision, out, out_index)
+    if fallback is not None:
+        return fallback
     nseg, HV, C, V = U.shape
     K, N = W.shape[-1], initial.shape[0]
-    if (out is None) != (out_index is None) or (out is not None and not out.is_contiguous()):
-        raise ValueError("kda chunked recurrence: out (contiguous) and out_index go together")
-    if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
-        res = recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
-        return res if out is None else (_scatter(out, out_index, res[0]), *res[1:])
     mma = precision != "ieee"
     block_v = block_v or (MMA_BLOCK_V if mma else BLOCK_V)
     num_warps = num_warps or (MMA_NUM_WARPS if mma else NUM_WARPS)
     if block_v < 16 or block_v & (block_v - 1):
         raise ValueError(f"kda chunked recurrence: block_v must be a power of two >= 16; got {block_v}")
-    if sum(sizes) != nseg or len(order) != N:
-        raise ValueError(f"kda chunked recurrence: {nseg} segments and {N} states, but sizes {sizes} sum to "
-                         f"{sum(sizes)} over {len(order)} sequences")
     dev = initial.device
     W, U, A_qk, qeG, kdec, eGC, initial = (x.contiguous() for x in (W, U, A_qk, qeG, kdec, eGC, initial))
     rows_out = out is not None

@@ -58,10 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from k3.platforms.torch_kernels.kda_chunked_blocked import recurrence_torch
-
 from . import interpreted
-from .kda_chunked_recurrence import SLICE, _scatter, _store_o, tables
+from .kda_chunked_recurrence import SLICE, _store_o, tables, torch_fallback
 
 # The state kernel's launch (ptxas, sm_90a, K3's shapes, tf32x3): 64 columns, 4 warps, the next
 # chunk's tiles fetched one step ahead: 255 registers, 16 B spilled, 112.5 KiB of shared memory,
@@ -220,22 +218,15 @@ def recurrence_split(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture=
     two >= 16, capped at K's padded size; default OUT_K_SLICE). slice_: taken for `recurrence`'s
     signature (its scratch form's dot depth), unused here.
     """
-    if precision not in ("ieee", "tf32x3"):
-        raise ValueError(f"kda chunked recurrence: precision must be 'ieee' or 'tf32x3'; got {precision!r}")
+    fallback = torch_fallback(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture, precision, out, out_index)
+    if fallback is not None:
+        return fallback
     nseg, HV, C, V = U.shape
     K, N = W.shape[-1], initial.shape[0]
-    if (out is None) != (out_index is None) or (out is not None and not out.is_contiguous()):
-        raise ValueError("kda chunked recurrence: out (contiguous) and out_index go together")
-    if any(x.dtype != torch.float32 for x in (W, U, A_qk, qeG, kdec, eGC, initial)) or not (nseg * HV * K * V):
-        res = recurrence_torch(W, U, A_qk, qeG, kdec, eGC, initial, order, sizes, capture)   # float64, or nothing to do
-        return res if out is None else (_scatter(out, out_index, res[0]), *res[1:])
     block_v, out_block_v, k_slice = block_v or STATE_BLOCK_V, out_block_v or OUT_BLOCK_V, out_k_slice or OUT_K_SLICE
     for name, b in (("block_v", block_v), ("out_block_v", out_block_v), ("out_k_slice", k_slice)):
         if b < 16 or b & (b - 1):
             raise ValueError(f"kda chunked recurrence: {name} must be a power of two >= 16; got {b}")
-    if sum(sizes) != nseg or len(order) != N:
-        raise ValueError(f"kda chunked recurrence: {nseg} segments and {N} states, but sizes {sizes} sum to "
-                         f"{sum(sizes)} over {len(order)} sequences")
     dev = initial.device
     W, U, A_qk, qeG, kdec, eGC, initial = (x.contiguous() for x in (W, U, A_qk, qeG, kdec, eGC, initial))
     rows_out = out is not None
