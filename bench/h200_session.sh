@@ -80,7 +80,7 @@
 #     issue 27 item 2: bench/kda_prefill.py (phase 1's "mma" form and the recurrence writing o to its
 #     rows against the served form, fla-core and the reference), then the kda.chunked and model
 #     conformance cases with the experimental kda_chunked_mma;
-#   bash bench/h200_session.sh kda-split                    (about 9 minutes)
+#   bash bench/h200_session.sh kda-split                    (about 6 minutes)
 #     issue 27: bench/kda_prefill.py with the split phases (kda_intra_split, kda_chunked_state) beside
 #     the served and mma forms, then the kda.chunked and model cases with both phases split;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
