@@ -67,3 +67,21 @@ def ragged_prefill_inputs(lens, hv=2, kd=32, vd=32, decay=1.0, seed=0, dtype=tor
     s0 = torch.randn(len(lens), hv, kd, vd, generator=gen)
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
     return (q, k, v, gate, beta), {"initial_state": s0, "cu_seqlens": cu}
+
+
+def float64_reference(args, kw, chunk, offsets):
+    """k3.reference.kda_chunked on `ragged_prefill_inputs`' (args, kw) in float64, with chunk_size
+    `chunk` and `offsets` as checkpoint_offsets: the truth the Triton wrappers are held to."""
+    return ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
+                                                            for n, t in kw.items()},
+                           chunk_size=chunk, checkpoint_offsets=offsets)
+
+
+def assert_matches_reference(got, want, dtype):
+    """o, the final states and every checkpoint finite and within 1e-5 of the float64 reference
+    (error ratio), o within 1e-2 for bf16 inputs (fp32 compute on the inputs as given: the o of
+    bf16 inputs is rounded to bf16 once)."""
+    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
+        assert torch.isfinite(a).all()
+        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
+        assert error_ratio(a, b) < floor, error_ratio(a, b)

@@ -16,8 +16,8 @@ import torch
 from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
 from kernel_tables import run_with, samples
-from kda_chunked_cases import (error_ratio, nan_poisoned_empty, packed_phase1_inputs, random_phase1_outputs,
-                               ragged_prefill_inputs)
+from kda_chunked_cases import (assert_matches_reference, error_ratio, float64_reference, nan_poisoned_empty,
+                               packed_phase1_inputs, random_phase1_outputs, ragged_prefill_inputs)
 
 diag = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_diagonal")
 intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
@@ -184,20 +184,14 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
     nan_poisoned_empty(monkeypatch, wrapper)                             # every torch.empty, for the call
     got = run(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     monkeypatch.undo()
-    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
-                                                            for n, t in kw.items()},
-                           chunk_size=chunk, checkpoint_offsets=offsets)
+    want = float64_reference(args, kw, chunk, offsets)
     assert got.o.dtype == dtype and got.state.dtype == torch.float32 and len(got.checkpoints) == 2
     # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
     if form in ("served", "mma"):
         assert calls == [wrapper.INTRA_FORM if form == "served" else "mma"]
     else:
         assert calls and (group_elements is None or len(calls) > 3)
-    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
-        assert torch.isfinite(a).all()
-        # fp32 compute on the inputs as given: the o of bf16 inputs is rounded to bf16 once
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert error_ratio(a, b) < floor, error_ratio(a, b)
+    assert_matches_reference(got, want, dtype)
 
 
 def test_float64_and_a_cpu_without_the_interpreter_take_the_torch_diagonal(monkeypatch):
@@ -276,14 +270,9 @@ def test_the_wrapper_takes_the_triton_recurrence(dtype, chunk, monkeypatch):
     args, kw = ragged_prefill_inputs([45, 100, 31, 0], dtype=dtype, vd=48)
     offsets = torch.tensor([[5, 45], [64, 96], [0, 31], [0, 0]])
     got = wrapper.kda_chunked(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
-    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
-                                                            for n, t in kw.items()},
-                           chunk_size=chunk, checkpoint_offsets=offsets)
+    want = float64_reference(args, kw, chunk, offsets)
     assert calls == [1]
-    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
-        assert torch.isfinite(a).all()
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert error_ratio(a, b) < floor, error_ratio(a, b)
+    assert_matches_reference(got, want, dtype)
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
@@ -331,9 +320,7 @@ def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, mon
     # spikes of -50; every torch.empty NaN-poisoned meanwhile (o's rows included)
     args, kw = ragged_prefill_inputs([45, 100, 0, 31], dtype=dtype, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
-    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
-                                                            for n, t in kw.items()},
-                           chunk_size=chunk, checkpoint_offsets=offsets)
+    want = float64_reference(args, kw, chunk, offsets)
     calls = []
     counted = lambda *a, **k: calls.append(k.get("out") is not None) or rec.recurrence(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "recurrence", counted)
@@ -342,7 +329,4 @@ def test_o_through_the_index_matches_the_reference(intra_form, dtype, chunk, mon
                               o_through_index=True)
     monkeypatch.undo()
     assert calls == [True] and got.o.dtype == dtype and got.o.shape == want.o.shape
-    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
-        assert torch.isfinite(a).all()
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert error_ratio(a, b) < floor, error_ratio(a, b)
+    assert_matches_reference(got, want, dtype)

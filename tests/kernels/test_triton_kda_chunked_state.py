@@ -11,9 +11,9 @@ test_triton_kda_chunked_blocked.py."""
 import pytest
 import torch
 
-from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
-from kda_chunked_cases import error_ratio, nan_poisoned_empty, random_phase1_outputs, ragged_prefill_inputs
+from kda_chunked_cases import (assert_matches_reference, error_ratio, float64_reference, nan_poisoned_empty,
+                               ragged_prefill_inputs, random_phase1_outputs)
 
 state = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_state")
 wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
@@ -73,9 +73,7 @@ def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, mo
     # with spikes of -50; the split recurrence called once; every torch.empty NaN-poisoned
     args, kw = ragged_prefill_inputs([45, 100, 0, 31], dtype=dtype, vd=48, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 70], [0, 0], [0, 31]])
-    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
-                                                            for n, t in kw.items()},
-                           chunk_size=chunk, checkpoint_offsets=offsets)
+    want = float64_reference(args, kw, chunk, offsets)
     calls = []
     counted = lambda *a, **k: calls.append(k.get("out") is not None) or state.recurrence_split(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "recurrence_split", counted)
@@ -89,9 +87,6 @@ def test_the_split_wrapper_matches_the_reference(entry, dtype, chunk, o_rows, mo
     monkeypatch.undo()
     assert calls == [wrapper.O_THROUGH_INDEX if o_rows is None else o_rows]
     assert got.o.dtype == dtype and got.o.shape == want.o.shape and len(got.checkpoints) == 2
-    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
-        assert torch.isfinite(a).all()
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert error_ratio(a, b) < floor, error_ratio(a, b)
+    assert_matches_reference(got, want, dtype)
     with pytest.raises(ValueError, match="recurrence_form"):
         wrapper.kda_chunked(*args, **kw, chunk_size=chunk, recurrence_form="fast")

@@ -11,7 +11,8 @@ import torch
 
 from k3 import reference as ref
 from k3.platforms.torch_kernels import kda_chunked_blocked as blocked
-from kda_chunked_cases import error_ratio, nan_poisoned_empty, packed_phase1_inputs, ragged_prefill_inputs
+from kda_chunked_cases import (assert_matches_reference, error_ratio, float64_reference, nan_poisoned_empty,
+                               packed_phase1_inputs, ragged_prefill_inputs)
 
 split = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_split")
 intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
@@ -126,9 +127,7 @@ def test_kda_chunked_split_matches_the_reference(dtype, chunk, o_through_index, 
     # torch.empty NaN-poisoned meanwhile; o stored by the recurrence or scattered after it
     args, kw = ragged_prefill_inputs([45, 70, 0, 31], dtype=dtype, decay=5.0)
     offsets = torch.tensor([[5, 45], [64, 40], [0, 0], [0, 31]])
-    want = ref.kda_chunked(*(a.double() for a in args), **{n: t.double() if t.is_floating_point() else t
-                                                            for n, t in kw.items()},
-                           chunk_size=chunk, checkpoint_offsets=offsets)
+    want = float64_reference(args, kw, chunk, offsets)
     calls = []
     counted = lambda *a, **k: calls.append(k["form"]) or intra.intra_chunk(*a, **k)   # noqa: E731
     monkeypatch.setattr(wrapper, "intra_chunk", counted)
@@ -137,7 +136,4 @@ def test_kda_chunked_split_matches_the_reference(dtype, chunk, o_through_index, 
     got = wrapper.kda_chunked_split(*args, **kw, chunk_size=chunk, checkpoint_offsets=offsets)
     monkeypatch.undo()
     assert calls == ["split"] and got.o.dtype == dtype and got.o.shape == want.o.shape and len(got.checkpoints) == 2
-    for a, b in zip((got.o, got.state, *got.checkpoints), (want.o, want.state, *want.checkpoints)):
-        assert torch.isfinite(a).all()
-        floor = 1e-2 if (dtype == torch.bfloat16 and a is got.o) else 1e-5
-        assert error_ratio(a, b) < floor, error_ratio(a, b)
+    assert_matches_reference(got, want, dtype)
