@@ -8,6 +8,15 @@ sequences are fresh one-token sequences on a scratch row the engine reserves for
 KDA state starts from zero, their one latent is written into and read from the scratch row's
 first page slot, and their logits are dropped, so they never touch a real request's rows.
 
+A captured step reads a block table as wide as the bucket's: the model's longest sequence
+(`max_pages`) by default, which costs nothing where the attention kernels stop at each
+sequence's length (nvidia's). A runner whose decode attention costs the table's width instead
+(torch kernels over gathered, masked pages: ppu) sets `table_width_buckets`; then each batch
+bucket also has graphs at narrower widths (`width_buckets`: 256 tokens' pages, x4 each, up to
+max_pages), and a step replays the narrowest that holds its longest sequence. The full-width
+graphs are captured at start-up; a narrower one the first time a step needs it (a one-off
+capture of a few steps' time, logged), so start-up does not pay for widths no batch reaches.
+
 Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
 tapped layers for drafts, batches over the largest bucket) runs eagerly, unchanged.
 """
@@ -20,13 +29,30 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
+from k3.log import get_logger
 from k3.model.metadata import ForwardMetadata, ForwardMode
+
+logger = get_logger(__name__)
+
+WIDTH_FIRST_TOKENS = 256      # the narrowest width bucket holds this many tokens' pages
+WIDTH_FACTOR = 4              # each width bucket this many times the one before
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:
     """vLLM's capture sizes: 1, 2, 4, then multiples of 8, up to max_num_seqs (always included)."""
     sizes = [b for b in (1, 2, 4) if b < max_num_seqs] + list(range(8, max_num_seqs, 8))
     return sorted(set(sizes + [max_num_seqs]))
+
+
+def width_buckets(max_pages: int, block_size: int, *, first_tokens: int = WIDTH_FIRST_TOKENS,
+                  factor: int = WIDTH_FACTOR) -> list[int]:
+    """Block-table widths (pages) to capture at for a runner with `table_width_buckets`: the
+    pages of `first_tokens` tokens, times `factor` each, below max_pages, then max_pages."""
+    widths, width = [], max(1, -(-first_tokens // block_size))
+    while width < max_pages:
+        widths.append(width)
+        width *= factor
+    return widths + [max_pages]
 
 
 def is_plain_decode(meta: ForwardMetadata) -> bool:
@@ -42,7 +68,8 @@ class DecodeGraphs:
     views: the CacheViews every step reads and writes.
     runner: the platform's capturer (`capture(fn) -> (replay, outputs)`).
     scratch_row: a cache row no request owns (padding sequences write and read only it).
-    max_pages: block-table width of every bucket (the longest sequence's pages).
+    max_pages: the widest block table (the longest sequence's pages), every bucket's width
+        unless the runner sets `table_width_buckets` (then also `width_buckets`' narrower ones).
     """
 
     def __init__(self, model, views, runner, *, buckets: Sequence[int], scratch_row: int, block_size: int,
@@ -52,14 +79,19 @@ class DecodeGraphs:
         self.model, self.views, self.runner = model, views, runner
         self.buckets = sorted(set(int(b) for b in buckets))
         self.scratch_row, self.block_size, self.max_pages = scratch_row, block_size, max_pages
+        self.widths = (width_buckets(max_pages, block_size) if getattr(runner, "table_width_buckets", False)
+                       else [max_pages])
         self.device = torch.device(device)
-        self._static: dict[int, ForwardMetadata] = {}     # the tensors each bucket's graph reads
-        self._padding: dict[int, ForwardMetadata] = {}    # their values when no sequence is real
-        self._replay: dict[int, tuple] = {}
+        # per (batch bucket, width): the tensors its graph reads, their values when no sequence
+        # is real, and its replay
+        self._static: dict[tuple[int, int], ForwardMetadata] = {}
+        self._padding: dict[tuple[int, int], ForwardMetadata] = {}
+        self._replay: dict[tuple[int, int], tuple] = {}
         self.replays = 0                                  # decode steps run from a captured graph
+        self.late_captures = 0                            # narrower graphs captured when first needed
         for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
                       file=sys.stderr, disable=not progress):
-            self._capture(b)
+            self._capture(b, max_pages)
 
     @property
     def max_batch(self) -> int:
@@ -69,8 +101,9 @@ class DecodeGraphs:
         return (is_plain_decode(meta) and meta.num_seqs <= self.max_batch
                 and meta.block_table.shape[1] <= self.max_pages)
 
-    def _padding_metadata(self, b: int) -> ForwardMetadata:
-        """Metadata of b padding sequences: every tensor a bucket's replay reads."""
+    def _padding_metadata(self, b: int, width: int | None = None) -> ForwardMetadata:
+        """Metadata of b padding sequences, block table `width` pages wide (max_pages when None):
+        every tensor a bucket's replay reads."""
         dev = self.device
         return ForwardMetadata(
             input_ids=torch.zeros(b, dtype=torch.long, device=dev),
@@ -78,22 +111,23 @@ class DecodeGraphs:
             cu_seqlens=torch.arange(b + 1, dtype=torch.int32, device=dev),
             context_lens=torch.zeros(b, dtype=torch.long, device=dev),
             slot_mapping=torch.full((b,), self.scratch_row * self.block_size, dtype=torch.long, device=dev),
-            block_table=torch.full((b, self.max_pages), self.scratch_row, dtype=torch.int32, device=dev),
+            block_table=torch.full((b, width or self.max_pages), self.scratch_row, dtype=torch.int32, device=dev),
             state_indices=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
             logits_indices=torch.arange(b, dtype=torch.long, device=dev),
             max_q_len=1, num_decodes=b,
         )
 
-    def _capture(self, b: int) -> None:
-        self._padding[b] = self._padding_metadata(b)
-        meta = self._static[b] = self._padding_metadata(b)
+    def _capture(self, b: int, width: int) -> None:
+        key = (b, width)
+        self._padding[key] = self._padding_metadata(b, width)
+        meta = self._static[key] = self._padding_metadata(b, width)
         views = self.views
 
         def step():
             return self.model(meta, views, tap_layers=()).logits
 
         with torch.no_grad():
-            self._replay[b] = self.runner.capture(step)
+            self._replay[key] = self.runner.capture(step)
 
     _ROWS = ("input_ids", "positions", "context_lens", "slot_mapping", "state_indices")
 
@@ -110,14 +144,34 @@ class DecodeGraphs:
         table[:n, : meta.block_table.shape[1]] = meta.block_table.cpu()
         static.block_table.copy_(table.to(static.block_table.device))
 
+    def _capture_late(self, b: int, width: int) -> int:
+        """Capture bucket b at a narrower width when a step first needs it; the width replayed.
+        A capture that fails falls back to the full width (captured at start-up) for good."""
+        logger.info(f"capturing the decode graph of batch bucket {b} at {width} pages "
+                    f"({width * self.block_size} tokens) on first use")
+        try:
+            self._capture(b, width)
+        except Exception as e:
+            for table in (self._static, self._padding, self._replay):
+                table.pop((b, width), None)
+            logger.warning(f"decode graph capture at {width} pages failed ({type(e).__name__}: {e}); "
+                           f"replaying full-width ({self.max_pages} pages) graphs from now on")
+            self.widths = [self.max_pages]
+            return self.max_pages
+        self.late_captures += 1
+        return width
+
     def run(self, meta: ForwardMetadata) -> torch.Tensor:
         """Logits [N, V] of a covered decode step (a fresh tensor: the next replay reuses the
         captured output)."""
-        n = meta.num_seqs
+        n, pages = meta.num_seqs, meta.block_table.shape[1]
         b = next(size for size in self.buckets if size >= n)
-        static = self._static[b]
-        pad = self._padding[b]                          # the rows past n return to padding
-        if n == b and meta.block_table.shape[1] == self.max_pages:
+        width = next(w for w in self.widths if w >= pages)
+        if (b, width) not in self._replay:              # a narrower width's first step: capture it now
+            width = self._capture_late(b, width)
+        static = self._static[b, width]
+        pad = self._padding[b, width]                   # the rows past n return to padding
+        if n == b and pages == width:
             for name in (*self._ROWS, "block_table"):   # padded by the engine already (`k3.engine.padding`)
                 getattr(static, name).copy_(getattr(meta, name))
         elif getattr(self.runner, "pads_on_host", False):
@@ -129,7 +183,7 @@ class DecodeGraphs:
                 dst[:n].copy_(getattr(meta, name))
             static.block_table.copy_(pad.block_table)
             static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
-        replay, logits = self._replay[b]
+        replay, logits = self._replay[b, width]
         replay()
         self.replays += 1
         return logits[:n].clone()

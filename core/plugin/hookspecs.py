@@ -85,6 +85,9 @@ def k3_graph_runner(platform):
     an `fn` that runs the model on static metadata tensors it refills before each replay; `fn`
     never synchronises with the host. Captures may share one memory pool (they never run at
     once). The model cases of the conformance suite check replayed decode against eager decode.
+    Optional attributes: `pads_on_host` (a tracing runner: metadata padded on the host) and
+    `table_width_buckets` (decode attention costs the block table's width: also capture
+    narrower tables, `k3.engine.graphs.width_buckets`).
     """
 
 

@@ -27,6 +27,11 @@ WARMUP_CALLS = 3              # the first compiles; the next ones settle automat
 class CompiledGraphCapturer:
     """`capture(fn) -> (replay, outputs)` (see the k3_graph_runner hookspec)."""
 
+    # the torch MLA decode and indexer gather and mask every page of the block table, so a graph
+    # at the model's full width costs max_model_len positions a sequence whatever its length:
+    # `k3.engine.graphs.DecodeGraphs` also replays narrower tables
+    table_width_buckets = True
+
     def __init__(self, device: str):
         self.compile = compile_supported(device) and os.environ.get(STEP_ENV) == "1"
         self.pool = None

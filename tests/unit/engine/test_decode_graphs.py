@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from k3.engine.engine import EngineConfig, LLMEngine
-from k3.engine.graphs import DecodeGraphs, default_buckets
+from k3.engine.graphs import DecodeGraphs, default_buckets, width_buckets
 from k3.engine.params import SamplingParams
 from k3.platform.facade import Platform
 
@@ -104,13 +104,97 @@ def test_rows_past_the_batch_return_to_padding():
                                      block_table=torch.tensor([[r, r] for r in rows], dtype=torch.int32), page_size=16)
         assert graphs.covers(meta)
         assert graphs.run(meta)[:, 0].tolist() == rows
-    static = graphs._static[4]
+    static = graphs._static[4, 3]
     assert static.state_indices.tolist() == [1, 2, 3, 9] and static.context_lens.tolist() == [4, 4, 4, 0]
     assert static.block_table[3].tolist() == [9, 9, 9] and static.block_table[0].tolist() == [1, 1, 9]
     assert static.slot_mapping[3] == 9 * 16
     prefill = ForwardMetadata.build([[1, 2]], context_lens=[0], state_indices=[0],
                                     block_table=torch.tensor([[0]], dtype=torch.int32), page_size=16)
     assert not graphs.covers(prefill)
+
+
+class WidthBucketCapturer(ReplayingCapturer):
+    """A runner whose decode attention costs the block table's width (ppu's torch kernels)."""
+
+    table_width_buckets = True
+
+
+def test_width_buckets():
+    assert width_buckets(3, 16) == [3]                                 # 256 tokens' pages (16) >= the widest
+    assert width_buckets(256, 16) == [16, 64, 256]
+    assert width_buckets(132, 64) == [4, 16, 64, 132]
+    assert width_buckets(10, 64, first_tokens=64, factor=2) == [1, 2, 4, 8, 10]
+
+
+def test_narrow_tables_replay_narrower_graphs_captured_when_first_needed():
+    """With `table_width_buckets` a step replays the narrowest width bucket that holds its
+    longest sequence; the full width is captured at start-up, the others on first use, and a
+    bucket's graph sees exactly its width (a replay never reads a stale wider table)."""
+    from types import SimpleNamespace
+
+    from k3.model.metadata import ForwardMetadata
+
+    widths_seen = []
+
+    def model(meta, views, tap_layers):
+        widths_seen.append(meta.block_table.shape[1])
+        return SimpleNamespace(logits=meta.block_table.double().sum(1, keepdim=True) + meta.state_indices[:, None])
+
+    capturer = WidthBucketCapturer()
+    graphs = DecodeGraphs(model, None, capturer, buckets=[2, 4], scratch_row=9, block_size=16, max_pages=100,
+                          device="cpu", progress=False)
+    assert graphs.widths == [16, 64, 100] and sorted(graphs._replay) == [(2, 100), (4, 100)]
+    for table, key in (([[1, 2], [3, 4], [5, 6]], (4, 16)), ([[7] * 20], (2, 64)), ([[8] * 100], (2, 100)),
+                       ([[2, 3]], (2, 16))):
+        n, pages = len(table), len(table[0])
+        meta = ForwardMetadata.build([[1]] * n, context_lens=[16 * pages - 1] * n, state_indices=list(range(n)),
+                                     block_table=torch.tensor(table, dtype=torch.int32), page_size=16)
+        assert graphs.covers(meta)
+        got = graphs.run(meta)[:, 0]
+        width = key[1]
+        want = [sum(row) + 9 * (width - pages) + i for i, row in enumerate(table)]   # padded with the scratch row
+        assert got.tolist() == want, (table, key)
+        assert graphs._static[key].block_table.shape == key
+    assert sorted(graphs._replay) == [(2, 16), (2, 64), (2, 100), (4, 16), (4, 100)]
+    assert graphs.late_captures == 3 and graphs.replays == 4
+    too_wide = ForwardMetadata.build([[1]], context_lens=[16 * 101 - 1], state_indices=[0],
+                                     block_table=torch.ones(1, 101, dtype=torch.int32), page_size=16)
+    assert not graphs.covers(too_wide)
+
+
+def test_a_failing_narrow_capture_falls_back_to_the_full_width():
+    from types import SimpleNamespace
+
+    from k3.model.metadata import ForwardMetadata
+
+    class FailingNarrow(WidthBucketCapturer):
+        def capture(self, fn):
+            out = fn()
+            if out.shape[1] != 100:
+                raise RuntimeError("capture failed")
+            return super().capture(fn)
+
+    def model(meta, views, tap_layers):
+        return SimpleNamespace(logits=meta.block_table.double().sum(1, keepdim=True).repeat(1, meta.block_table.shape[1]))
+
+    graphs = DecodeGraphs(model, None, FailingNarrow(), buckets=[1], scratch_row=9, block_size=16, max_pages=100,
+                          device="cpu", progress=False)
+    meta = ForwardMetadata.build([[1]], context_lens=[20], state_indices=[0],
+                                 block_table=torch.tensor([[3, 4]], dtype=torch.int32), page_size=16)
+    assert graphs.run(meta)[0, 0].item() == 3 + 4 + 9 * 98                  # replayed at the full width
+    assert graphs.widths == [100] and sorted(graphs._replay) == [(1, 100)] and graphs.late_captures == 0
+
+
+def test_width_buckets_give_the_eager_tokens(ckpt, monkeypatch):
+    """The engine end to end with a width-bucket runner: the short sequences decode at the
+    narrowest width, token for token as eager decode."""
+    _, eager = _generate(ckpt, monkeypatch, None, max_model_len=2048)
+    capturer = WidthBucketCapturer()
+    engine, replayed = _generate(ckpt, monkeypatch, capturer, max_model_len=2048)
+    graphs = engine.runner.graphs
+    assert replayed == eager
+    assert len(graphs.widths) > 1 and graphs.late_captures > 0 and capturer.replays > 0
+    assert {width for _, width in graphs._replay} == {graphs.widths[0], graphs.max_pages}   # 16-53 tokens: the narrowest
 
 
 def test_default_buckets():
