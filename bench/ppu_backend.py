@@ -191,7 +191,12 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
         if time.perf_counter() - STARTED > args.budget_s:
             out["skipped"] = "time budget"
             break
+        if not naive and engine.runner.graphs is not None:
+            decode(engine, c, args.prompt_len, 3, vocab)             # captures this width's graph (first use)
         row = decode(engine, c, args.prompt_len, tokens, vocab)
+        if engine.runner.graphs is not None:
+            row["graph_widths"] = engine.runner.graphs.widths        # block-table widths replayed (pages)
+            row["late_captures"] = engine.runner.graphs.late_captures
         if naive:
             row["note"] = f"naive k3.reference ops: {tokens} tokens a request (the others run {args.decode_tokens})"
         out["decode"].append(row)
