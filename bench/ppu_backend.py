@@ -265,9 +265,16 @@ def main() -> None:
     parser.add_argument("--compile-step", action="store_true",
                         help="K3_PPU_COMPILE_STEP=1: also compile each decode graph's whole step (minutes)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no phase after this many seconds")
+    parser.add_argument("--full-width-graphs", action="store_true",
+                        help="the ppu decode graphs at the model's full block-table width only (before 2026-12-07: "
+                             "no table_width_buckets), for the A/B of the narrower tables")
     args = parser.parse_args()
     if args.compile_step:
         os.environ["K3_PPU_COMPILE_STEP"] = "1"
+    if args.full_width_graphs:
+        from k3.platforms.ppu.graphs import CompiledGraphCapturer
+
+        CompiledGraphCapturer.table_width_buckets = False
     preset = "k3-slice"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.quick:

@@ -14,6 +14,11 @@
 #   bash bench/ppu_h200.sh variants        (optional: ppu_eager (nothing compiled, what a PPU
 #                                           runs), ppu_mxfp4 (expert cache off), reference_table)
 #     -> $OUT/ppu_variants-h200.json, variants.log
+#   bash bench/ppu_h200.sh widths          (the decode graphs' block-table widths, A/B: the ppu engine
+#                                           with the expert cache off (fits an H100) at 1 / 16 / 64 requests
+#                                           with narrower tables, then at the full width only, then nvidia;
+#                                           three processes, about 5 minutes)
+#     -> $OUT/ppu_widths-*.json, widths.log
 # PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
 # The bench starts no phase after --budget-s (480 s) and rewrites its JSON after every phase.
 set -uo pipefail
@@ -44,8 +49,16 @@ variants)
         --concurrency 1 16 64 --out "$OUT/ppu_variants-h200.json" ${PPU_BENCH_ARGS:-} \
         2>&1 | tee "$OUT/variants.log" | grep -E '^\[|Error|error'
     ;;
+widths)
+    for run in "narrow --variants ppu_mxfp4" "full --variants ppu_mxfp4 --full-width-graphs" "nvidia --variants nvidia"; do
+        read -r name rest <<< "$run"
+        # shellcheck disable=SC2086
+        timeout 180 python3 bench/ppu_backend.py --no-moe $rest --concurrency 1 16 64 --ppu-memory-utilization 0.8 \
+            --out "$OUT/ppu_widths-$name.json" ${PPU_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/widths.log" | grep -E '^\[|Error|error'
+    done
+    ;;
 *)
-    echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants" >&2
+    echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants|widths" >&2
     exit 2
     ;;
 esac
