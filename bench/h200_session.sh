@@ -84,6 +84,10 @@
 #     issue 27: bench/kda_prefill.py with the split phases (kda_intra_split, kda_chunked_state) beside
 #     the served and mma forms, then the kda.chunked and model cases with both phases split;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
+#   bash bench/h200_session.sh columns                      (about 8 minutes)
+#     issue 27: the kda.chunked and model cases with phase 1's diagonal blocks a column at a time
+#     (kda_chunked_columns, before promoting it), phase 1 with and without diag_columns, the served
+#     MoE at T = 1 / 16 / 64 against its floor, k3-slice decode at 1 and 64 requests.
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
 # limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
@@ -93,8 +97,8 @@ phase=${1:-kernels}
 if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
       && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
       && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled
-      && $phase != kda-mma && $phase != kda-split ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma|kda-split" >&2
+      && $phase != kda-mma && $phase != kda-split && $phase != columns ]]; then
+    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma|kda-split|columns" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
@@ -205,6 +209,15 @@ kda-split)
     step conformance-kda-splits 240 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_splits \
         python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_splits" -k "kda.chunked or model"
     rm -f "$OUT/conf_kda_splits/report.md"
+    ;;
+columns)
+    step conformance-kda-columns 180 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_columns \
+        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_columns" -k "kda.chunked or model"
+    rm -f "$OUT/conf_kda_columns/report.md"
+    step kda-prefill-columns 80 python3 bench/kda_prefill_ncu.py --forms blocks blocks_columns split split_columns
+    step moe-served 120 python3 bench/moe_mxfp4.py --out "$OUT/moe_served.json" --batch 1 16 64 --variants served-only
+    step k3-slice-decode 190 python3 bench/k3_slice.py --out "$OUT/k3_slice.json" --peer= --decode-only \
+        --concurrency 1 64
     ;;
 vision)
     step vision-serve 180 python3 bench/vision_serve_check.py --platform nvidia --dtype bfloat16 \

@@ -65,7 +65,7 @@ def uses_triton(q, k, v, g, beta, initial_state=None) -> bool:
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
                 checkpoint_offsets=None, precision=None, block_v=None, intra_form=None, o_through_index=None,
-                recurrence_form=None):
+                recurrence_form=None, diag_columns=None):
     """`k3.reference.kda_chunked` (same signature and contract): both phases in Triton where
     `uses_triton`, else the torch prefill as it is. precision: both phases' dots (default
     INTRA_PRECISION, or the "mma" form's own, and RECURRENCE_PRECISION). block_v: the
@@ -74,7 +74,8 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     o_through_index: the recurrence stores o to the token rows through the chunk index, in v's
     dtype, instead of the scatter and cast after it (default O_THROUGH_INDEX). recurrence_form:
     phase 2's kernels, "fused" (`recurrence`, one launch) or "split" (`recurrence_split`: the
-    state kernel, then the output product in a parallel launch; default RECURRENCE_FORM)."""
+    state kernel, then the output product in a parallel launch; default RECURRENCE_FORM).
+    diag_columns: phase 1's diagonal blocks a column at a time (`kda_intra_chunk.DIAG_COLUMNS`)."""
     rec_form = recurrence_form or RECURRENCE_FORM
     if rec_form not in ("fused", "split"):
         raise ValueError(f"kda chunked: recurrence_form must be 'fused' or 'split'; got {rec_form!r}")
@@ -85,7 +86,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     form = intra_form or INTRA_FORM
     return blocked.kda_chunked(q, k, v, g, beta, **kw,
                                intra=functools.partial(intra_chunk, form=form, precision=precision or (
-                                   INTRA_PRECISION if form == "blocks" else None)),
+                                   INTRA_PRECISION if form == "blocks" else None), diag_columns=diag_columns),
                                recurrence=functools.partial(recurrence if rec_form == "fused" else recurrence_split,
                                                            precision=precision or RECURRENCE_PRECISION,
                                                            block_v=block_v),
@@ -105,6 +106,14 @@ def kda_chunked_mma(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seql
     recurrence as served (3xTF32)."""
     return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="mma")
+
+
+def kda_chunked_columns(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
+                        checkpoint_offsets=None):
+    """`kda_chunked` with phase 1's diagonal blocks a column at a time (`diag_columns`: no
+    [16, 16, slice] decay tensors), everything else as served."""
+    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, diag_columns=True)
 
 
 def kda_chunked_state_split(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -163,18 +163,18 @@ def test_intra_chunk_fallbacks_and_errors():
 
 @pytest.mark.parametrize("form, dtype, chunk, group_elements", [   # group_elements 1: a group per chunk
     ("served", torch.float32, 32, None), ("served", torch.bfloat16, 64, None),
-    ("mma", torch.float32, 64, None), ("mma", torch.bfloat16, 48, None),
+    ("mma", torch.float32, 64, None), ("mma", torch.bfloat16, 48, None), ("columns", torch.float32, 64, None),
     ("triton_diagonal", torch.float32, 64, 1), ("triton_diagonal", torch.bfloat16, 32, 1),
     ("triton_diagonal", torch.float32, 32, None)])
 def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elements, monkeypatch):
     if group_elements is not None:
         monkeypatch.setattr(wrapper, "GROUP_ELEMENTS", group_elements)
     calls, decay = [], 1.0
-    if form in ("served", "mma"):
-        counted = lambda *a, **kw: calls.append(kw["form"]) or intra.intra_chunk(*a, **kw)   # noqa: E731
+    if form in ("served", "mma", "columns"):
+        counted = lambda *a, **kw: calls.append((kw["form"], kw["diag_columns"])) or intra.intra_chunk(*a, **kw)  # noqa: E731
         monkeypatch.setattr(wrapper, "intra_chunk", counted)
-        run = wrapper.kda_chunked if form == "served" else wrapper.kda_chunked_mma
-        decay = 1.0 if form == "served" else 5.0                          # K3's gate bound, spikes of -50 too
+        run = {"served": wrapper.kda_chunked, "mma": wrapper.kda_chunked_mma, "columns": wrapper.kda_chunked_columns}[form]
+        decay = 5.0 if form == "mma" else 1.0                             # K3's gate bound, spikes of -50 too
     else:
         counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
         monkeypatch.setattr(wrapper, "diagonal_blocks", counted)
@@ -187,8 +187,8 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
     want = float64_reference(args, kw, chunk, offsets)
     assert got.o.dtype == dtype and got.state.dtype == torch.float32 and len(got.checkpoints) == 2
     # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
-    if form in ("served", "mma"):
-        assert calls == [wrapper.INTRA_FORM if form == "served" else "mma"]
+    if form in ("served", "mma", "columns"):
+        assert calls == [{"served": (wrapper.INTRA_FORM, None), "mma": ("mma", None), "columns": ("blocks", True)}[form]]
     else:
         assert calls and (group_elements is None or len(calls) > 3)
     assert_matches_reference(got, want, dtype)
