@@ -85,9 +85,10 @@
 #     the served and mma forms, then the kda.chunked and model cases with both phases split;
 # MOE_ARGS adds arguments to the MoE benchmark (e.g. "--batch 1 16 1024 8192": prefill sizes too).
 #   bash bench/h200_session.sh columns                      (about 8 minutes)
-#     issue 27: the kda.chunked and model cases with phase 1's diagonal blocks a column at a time
-#     (kda_chunked_columns, before promoting it), phase 1 with and without diag_columns, the served
-#     MoE at T = 1 / 16 / 64 against its floor, k3-slice decode at 1 and 64 requests.
+#     issue 27, a quick check of the served prefill and MoE: the kda.chunked and model cases, phase 1
+#     with its diagonal blocks a column at a time (diag_columns, served since 2026-12-07) and as
+#     [16, 16, slice] tensors, the served MoE at T = 1 / 16 / 64 against its floor, k3-slice decode
+#     at 1 and 64 requests.
 # ONLY="step-name ..." runs just those steps of the phase (e.g. ONLY="bench-mla" ... kernels).
 # Each step has its own time limit so one slow step cannot take the rest down with it; the step
 # limits of a phase add up to under the device's 10 minutes a call. Triton's cache lives in the
@@ -211,8 +212,8 @@ kda-split)
     rm -f "$OUT/conf_kda_splits/report.md"
     ;;
 columns)
-    step conformance-kda-columns 180 env K3_NVIDIA_EXPERIMENTAL=kda_chunked_columns \
-        python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_columns" -k "kda.chunked or model"
+    step conformance-kda-columns 180 python3 -m k3 conformance --platform nvidia --report "$OUT/conf_kda_columns" \
+        -k "kda.chunked or model"
     rm -f "$OUT/conf_kda_columns/report.md"
     step kda-prefill-columns 80 python3 bench/kda_prefill_ncu.py --forms blocks blocks_columns split split_columns
     step moe-served 120 python3 bench/moe_mxfp4.py --out "$OUT/moe_served.json" --batch 1 16 64 --variants served-only

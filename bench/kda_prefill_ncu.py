@@ -6,8 +6,9 @@
 Builds phase 1's packed fp32 inputs (bench/kda_prefill.py's `make`: K3-like gates, l2-normed
 keys) and its chunk index, runs each named form twice to compile and warm up, then once more
 between cudaProfilerStart and Stop (the launches ncu profiles with `--profile-from-start off`):
-phase 1 in the served "blocks" form and the "split" form, each also with its diagonal blocks a
-column at a time (`diag_columns`; their outputs checked against the served form's), then the fused recurrence and the
+phase 1 in the "blocks" form and the "split" form with the diagonal blocks' decays as [16, 16, slice]
+tensors, each also with its diagonal blocks a column at a time (`diag_columns`, served in blocks since
+2026-12-07; outputs checked against blocks'), then the fused recurrence and the
 split one (state and output kernels, and its output launch over 128 columns or with 8 warps) on
 the blocks form's outputs, each checked against the fused kernel's o and final state. Each form's median time over
 five runs is printed first.
@@ -44,8 +45,9 @@ def main() -> None:
     o = torch.empty(T, HV, v.shape[-1], dtype=torch.bfloat16, device="cuda")     # the served o rows
     served = dict(precision="tf32x3", out=o, out_index=index)
     runs = {
-        "blocks": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="blocks"),
-        "split": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split"),
+        # the diagonal blocks' decays as [16, 16, slice] tensors (blocks was served so until 2026-12-07)
+        "blocks": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="blocks", diag_columns=False),
+        "split": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split", diag_columns=False),
         # the diagonal blocks a column at a time (no [16, 16, slice] tensors)
         "blocks_columns": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="blocks", diag_columns=True),
         "split_columns": lambda: intra_chunk(qf, kf, vf, gf, bf, index, form="split", diag_columns=True),
@@ -59,12 +61,12 @@ def main() -> None:
                                                                   out_num_warps=8, out_k_slice=128, **served),
     }
     ratio = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()  # noqa: E731
-    served_phase1 = intra_chunk(qf, kf, vf, gf, bf, index)
+    served_phase1 = runs["blocks"]()                                  # the reference of the phase-1 forms' checks
     _, served_state, _ = runs["fused"]()
     served_o = o.clone()
     for form in args.forms:
         check = ""
-        if form in ("blocks_columns", "split", "split_columns"):       # phase 1's outputs against the served form's
+        if form in ("blocks_columns", "split", "split_columns"):       # phase 1's outputs against blocks' (decay tensors)
             got = runs[form]()
             check = "  error ratios " + " ".join(f"{ratio(a, b):.1e}" for a, b in zip(got, served_phase1))
         elif form.startswith("state_split"):                             # o and the final state against the fused kernel's

@@ -163,7 +163,7 @@ def variants():
                                                                                  f"_{precision}"),
                fn, types, dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=slice_,
                                DIAG_SLICE=diag_slice, PRECISION=precision, NEUMANN=True), warps)
-    # the diagonal blocks a column at a time (DIAG_COLUMNS: no [16, 16, slice] decays)
+    # the diagonal blocks a column at a time (DIAG_COLUMNS, served since 2026-12-07: no [16, 16, slice] decays)
     yield ("kda_intra_chunk", "C64_K128_w4_s16_d16_columns", fn, types,
            dict(C=64, K=128, V=128, BLOCK_K=128, BLOCK_V=128, BLOCK=kda_intra_chunk.BLOCK, SLICE=16, DIAG_SLICE=16,
                 PRECISION="ieee", NEUMANN=True, DIAG_COLUMNS=True), 4)

@@ -105,10 +105,6 @@ KERNELS = {
     "kda_chunked_mma": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_mma",
                               "kda_chunked_blocked with the intra-chunk phase's 64 x 64 products, block inverse "
                               "and W, U as whole-chunk 3xTF32 tensor-core dots"),
-    # issue 27 item 2: phase 1's diagonal blocks a column at a time (kda_intra_chunk.DIAG_COLUMNS)
-    "kda_chunked_columns": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_columns",
-                                  "kda_chunked_blocked with phase 1's diagonal blocks a column at a time (no "
-                                  "[16, 16, slice] decay tensors)"),
     # issue 27 item 2: the prefill's phases split into launches with wide grids (kda_intra_split,
     # kda_chunked_state), each phase alone and both together
     "kda_chunked_split": Kernel("kda.chunked", "triton_kernels.kda_chunked_blocked:kda_chunked_split",

@@ -75,7 +75,8 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
     dtype, instead of the scatter and cast after it (default O_THROUGH_INDEX). recurrence_form:
     phase 2's kernels, "fused" (`recurrence`, one launch) or "split" (`recurrence_split`: the
     state kernel, then the output product in a parallel launch; default RECURRENCE_FORM).
-    diag_columns: phase 1's diagonal blocks a column at a time (`kda_intra_chunk.DIAG_COLUMNS`)."""
+    diag_columns: phase 1's diagonal blocks a column at a time (default `kda_intra_chunk.DIAG_COLUMNS`,
+    on; False: as [16, 16, slice] decay tensors, the form served until 2026-12-07)."""
     rec_form = recurrence_form or RECURRENCE_FORM
     if rec_form not in ("fused", "split"):
         raise ValueError(f"kda chunked: recurrence_form must be 'fused' or 'split'; got {rec_form!r}")
@@ -106,14 +107,6 @@ def kda_chunked_mma(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seql
     recurrence as served (3xTF32)."""
     return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, intra_form="mma")
-
-
-def kda_chunked_columns(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-                        checkpoint_offsets=None):
-    """`kda_chunked` with phase 1's diagonal blocks a column at a time (`diag_columns`: no
-    [16, 16, slice] decay tensors), everything else as served."""
-    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                       chunk_size=chunk_size, checkpoint_offsets=checkpoint_offsets, diag_columns=True)
 
 
 def kda_chunked_state_split(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

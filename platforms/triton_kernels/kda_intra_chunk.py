@@ -62,9 +62,10 @@ DIAG_SLICE = 16               # key channels per slice of the diagonal blocks' [
 NEUMANN = True                # the diagonal blocks' inverse as a product of powers (six dots)
 NUM_WARPS = 4                 # 168 registers, 24 B spilled at K3's C = 64, K = V = 128 (bench/ptxas_report.py):
                               # 5.8 ms at 8K tokens on the H200; 8 warps (one program an SM) took 10.1 ms
-DIAG_COLUMNS = False          # the diagonal blocks a column at a time (`_diagonal_block_by_columns`): 5.23 against
-                              # 5.75 ms for blocks on an H100 at 8K x 96 heads (bench/kda_prefill_ncu.py); not served
-                              # until the GPU conformance cases have run with it
+DIAG_COLUMNS = True           # the diagonal blocks a column at a time (`_diagonal_block_by_columns`): 5.24 against
+                              # 5.75 ms with [16, 16, slice] decay tensors (`_diagonal_block`, served until 2026-12-07)
+                              # on an H100 at 8K x 96 heads (bench/kda_prefill_ncu.py); kda.chunked + model cases
+                              # 49 of 49 on the GPU with it
 FORM = "blocks"               # the served kernel ("mma" and "split" are slower: the module docstring)
 PRECISION = {"blocks": "ieee", "mma": "tf32x3", "split": "tf32x3"}   # each form's dots by default
                               # (split: its wide dots; its solve's are kda_intra_split.SOLVE_PRECISION)

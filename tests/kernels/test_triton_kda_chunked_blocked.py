@@ -163,17 +163,18 @@ def test_intra_chunk_fallbacks_and_errors():
 
 @pytest.mark.parametrize("form, dtype, chunk, group_elements", [   # group_elements 1: a group per chunk
     ("served", torch.float32, 32, None), ("served", torch.bfloat16, 64, None),
-    ("mma", torch.float32, 64, None), ("mma", torch.bfloat16, 48, None), ("columns", torch.float32, 64, None),
+    ("mma", torch.float32, 64, None), ("mma", torch.bfloat16, 48, None), ("rows", torch.float32, 64, None),
     ("triton_diagonal", torch.float32, 64, 1), ("triton_diagonal", torch.bfloat16, 32, 1),
     ("triton_diagonal", torch.float32, 32, None)])
 def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elements, monkeypatch):
     if group_elements is not None:
         monkeypatch.setattr(wrapper, "GROUP_ELEMENTS", group_elements)
     calls, decay = [], 1.0
-    if form in ("served", "mma", "columns"):
+    if form in ("served", "mma", "rows"):
         counted = lambda *a, **kw: calls.append((kw["form"], kw["diag_columns"])) or intra.intra_chunk(*a, **kw)  # noqa: E731
         monkeypatch.setattr(wrapper, "intra_chunk", counted)
-        run = {"served": wrapper.kda_chunked, "mma": wrapper.kda_chunked_mma, "columns": wrapper.kda_chunked_columns}[form]
+        run = {"served": wrapper.kda_chunked, "mma": wrapper.kda_chunked_mma,       # rows: the diagonal decays as
+               "rows": functools.partial(wrapper.kda_chunked, diag_columns=False)}[form]   # [16, 16, slice] tensors
         decay = 5.0 if form == "mma" else 1.0                             # K3's gate bound, spikes of -50 too
     else:
         counted = lambda *a, **kw: calls.append(1) or diag.diagonal_blocks(*a, **kw)   # noqa: E731
@@ -187,8 +188,8 @@ def test_ragged_checkpoints_match_the_reference(form, dtype, chunk, group_elemen
     want = float64_reference(args, kw, chunk, offsets)
     assert got.o.dtype == dtype and got.state.dtype == torch.float32 and len(got.checkpoints) == 2
     # the Triton phase 1 in one launch, or the Triton diagonal grouped as asked
-    if form in ("served", "mma", "columns"):
-        assert calls == [{"served": (wrapper.INTRA_FORM, None), "mma": ("mma", None), "columns": ("blocks", True)}[form]]
+    if form in ("served", "mma", "rows"):
+        assert calls == [{"served": (wrapper.INTRA_FORM, None), "mma": ("mma", None), "rows": ("blocks", False)}[form]]
     else:
         assert calls and (group_elements is None or len(calls) > 3)
     assert_matches_reference(got, want, dtype)
