@@ -182,7 +182,7 @@ class DecodeGraphs:
                 dst.copy_(getattr(pad, name))
                 dst[:n].copy_(getattr(meta, name))
             static.block_table.copy_(pad.block_table)
-            static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table)
+            static.block_table[:n, :pages].copy_(meta.block_table)
         replay, logits = self._replay[b, width]
         replay()
         self.replays += 1

@@ -134,10 +134,7 @@ def test_narrow_tables_replay_narrower_graphs_captured_when_first_needed():
 
     from k3.model.metadata import ForwardMetadata
 
-    widths_seen = []
-
     def model(meta, views, tap_layers):
-        widths_seen.append(meta.block_table.shape[1])
         return SimpleNamespace(logits=meta.block_table.double().sum(1, keepdim=True) + meta.state_indices[:, None])
 
     capturer = WidthBucketCapturer()
