@@ -192,10 +192,10 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
             out["skipped"] = "time budget"
             break
         if not naive and engine.runner.graphs is not None:
-            decode(engine, c, args.prompt_len, 3, vocab)             # captures this width's graph (first use)
+            decode(engine, c, args.prompt_len, 3, vocab)             # captures this bound's graph (first use)
         row = decode(engine, c, args.prompt_len, tokens, vocab)
         if engine.runner.graphs is not None:
-            row["graph_widths"] = engine.runner.graphs.widths        # block-table widths replayed (pages)
+            row["graph_bounds"] = engine.runner.graphs.bounds        # context bounds replayed (tokens)
             row["late_captures"] = engine.runner.graphs.late_captures
         if naive:
             row["note"] = f"naive k3.reference ops: {tokens} tokens a request (the others run {args.decode_tokens})"
@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no phase after this many seconds")
     parser.add_argument("--full-width-graphs", action="store_true",
                         help="the ppu decode graphs at the model's full block-table width only (before 2026-12-07: "
-                             "no table_width_buckets), for the A/B of the narrower tables")
+                             "no table_width_buckets), for the A/B of the context bounds")
     args = parser.parse_args()
     if args.compile_step:
         os.environ["K3_PPU_COMPILE_STEP"] = "1"

@@ -141,7 +141,7 @@ def build_metadata(out: SchedulerOutput, *, block_size: int, device, pinned: boo
     lora = LoRAMetadata(uploaded.pop("lora.token_slots"), seq_slots) if "lora.token_slots" in uploaded else None
     num_decodes = 0 if max_spec else leading_one_token_steps([1 if d else 2 for d in decodes])
     meta = ForwardMetadata(max_q_len=max(lens), num_decodes=num_decodes, spec=spec, checkpoints=checkpoints, lora=lora,
-                           **uploaded)
+                           max_seq_len=max(c + n for c, n in zip(context, lens)), **uploaded)
     token_starts = cu[: len(out.scheduled)]            # from the host values: no device read
     return StepBatch(meta=meta, sample_rows=sample_rows, sample_logits=sample_logits, sample_index=sample_index,
                      spec_rows=spec_rows, token_starts=token_starts, token_sources=sources,

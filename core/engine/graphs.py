@@ -12,10 +12,14 @@ A captured step reads a block table as wide as the bucket's: the model's longest
 (`max_pages`) by default, which costs nothing where the attention kernels stop at each
 sequence's length (nvidia's). A runner whose decode attention costs the table's width instead
 (torch kernels over gathered, masked pages: ppu) sets `table_width_buckets`; then each batch
-bucket also has graphs at narrower widths (`width_buckets`: 256 tokens' pages, x4 each, up to
-max_pages), and a step replays the narrowest that holds its longest sequence. The full-width
-graphs are captured at start-up; a narrower one the first time a step needs it (a one-off
-capture of a few steps' time, logged), so start-up does not pay for widths no batch reaches.
+bucket also has graphs at narrower context bounds (`context_buckets`: 256 tokens, x4 each, up to
+max_pages' tokens), and a step replays the narrowest that holds its longest sequence. A bound
+is in tokens, not pages, because a K3 page is large (it holds one KDA state row: 32,768 tokens
+for k3-slice): its graph's metadata carries it (`ForwardMetadata.context_bound`), its table is
+the pages that hold it, and under one page the model reads each page's first `bound` slots
+(`k3.model.paging.bounded_pages`). The full-width graphs are captured at start-up; a narrower
+one the first time a step needs it (a one-off capture of a few steps' time, logged), so
+start-up does not pay for bounds no batch reaches.
 
 Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
 tapped layers for drafts, batches over the largest bucket) runs eagerly, unchanged.
@@ -34,8 +38,8 @@ from k3.model.metadata import ForwardMetadata, ForwardMode
 
 logger = get_logger(__name__)
 
-WIDTH_FIRST_TOKENS = 256      # the narrowest width bucket holds this many tokens' pages
-WIDTH_FACTOR = 4              # each width bucket this many times the one before
+BOUND_FIRST_TOKENS = 256      # the narrowest context bound
+BOUND_FACTOR = 4              # each context bound this many times the one before
 
 
 def default_buckets(max_num_seqs: int) -> list[int]:
@@ -44,15 +48,15 @@ def default_buckets(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes + [max_num_seqs]))
 
 
-def width_buckets(max_pages: int, block_size: int, *, first_tokens: int = WIDTH_FIRST_TOKENS,
-                  factor: int = WIDTH_FACTOR) -> list[int]:
-    """Block-table widths (pages) to capture at for a runner with `table_width_buckets`: the
-    pages of `first_tokens` tokens, times `factor` each, below max_pages, then max_pages."""
-    widths, width = [], max(1, -(-first_tokens // block_size))
-    while width < max_pages:
-        widths.append(width)
-        width *= factor
-    return widths + [max_pages]
+def context_buckets(max_tokens: int, *, first_tokens: int = BOUND_FIRST_TOKENS,
+                    factor: int = BOUND_FACTOR) -> list[int]:
+    """Context bounds (tokens) to capture at for a runner with `table_width_buckets`:
+    `first_tokens`, times `factor` each, below max_tokens (the widest table's), then max_tokens."""
+    bounds, bound = [], max(1, first_tokens)
+    while bound < max_tokens:
+        bounds.append(bound)
+        bound *= factor
+    return bounds + [max_tokens]
 
 
 def is_plain_decode(meta: ForwardMetadata) -> bool:
@@ -69,7 +73,8 @@ class DecodeGraphs:
     runner: the platform's capturer (`capture(fn) -> (replay, outputs)`).
     scratch_row: a cache row no request owns (padding sequences write and read only it).
     max_pages: the widest block table (the longest sequence's pages), every bucket's width
-        unless the runner sets `table_width_buckets` (then also `width_buckets`' narrower ones).
+        unless the runner sets `table_width_buckets` (then also `context_buckets`' narrower
+        context bounds, each with the table of the pages that hold it).
     """
 
     def __init__(self, model, views, runner, *, buckets: Sequence[int], scratch_row: int, block_size: int,
@@ -79,11 +84,12 @@ class DecodeGraphs:
         self.model, self.views, self.runner = model, views, runner
         self.buckets = sorted(set(int(b) for b in buckets))
         self.scratch_row, self.block_size, self.max_pages = scratch_row, block_size, max_pages
-        self.widths = (width_buckets(max_pages, block_size) if getattr(runner, "table_width_buckets", False)
-                       else [max_pages])
+        self.max_tokens = max_pages * block_size
+        self.bounded = bool(getattr(runner, "table_width_buckets", False))
+        self.bounds = context_buckets(self.max_tokens) if self.bounded else [self.max_tokens]
         self.device = torch.device(device)
-        # per (batch bucket, width): the tensors its graph reads, their values when no sequence
-        # is real, and its replay
+        # per (batch bucket, context bound in tokens): the tensors its graph reads, their values
+        # when no sequence is real, and its replay
         self._static: dict[tuple[int, int], ForwardMetadata] = {}
         self._padding: dict[tuple[int, int], ForwardMetadata] = {}
         self._replay: dict[tuple[int, int], tuple] = {}
@@ -91,36 +97,41 @@ class DecodeGraphs:
         self.late_captures = 0                            # narrower graphs captured when first needed
         for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
                       file=sys.stderr, disable=not progress):
-            self._capture(b, max_pages)
+            self._capture(b, self.max_tokens)
 
     @property
     def max_batch(self) -> int:
         return self.buckets[-1]
 
+    def table_pages(self, bound: int) -> int:
+        """The block-table width (pages) of a graph at context bound `bound` tokens."""
+        return min(self.max_pages, -(-bound // self.block_size))
+
     def covers(self, meta: ForwardMetadata) -> bool:
         return (is_plain_decode(meta) and meta.num_seqs <= self.max_batch
                 and meta.block_table.shape[1] <= self.max_pages)
 
-    def _padding_metadata(self, b: int, width: int | None = None) -> ForwardMetadata:
-        """Metadata of b padding sequences, block table `width` pages wide (max_pages when None):
-        every tensor a bucket's replay reads."""
+    def _padding_metadata(self, b: int, bound: int | None = None) -> ForwardMetadata:
+        """Metadata of b padding sequences at context bound `bound` tokens (the full width when
+        None): every tensor a bucket's replay reads."""
         dev = self.device
+        bound = bound or self.max_tokens
         return ForwardMetadata(
             input_ids=torch.zeros(b, dtype=torch.long, device=dev),
             positions=torch.zeros(b, dtype=torch.long, device=dev),
             cu_seqlens=torch.arange(b + 1, dtype=torch.int32, device=dev),
             context_lens=torch.zeros(b, dtype=torch.long, device=dev),
             slot_mapping=torch.full((b,), self.scratch_row * self.block_size, dtype=torch.long, device=dev),
-            block_table=torch.full((b, width or self.max_pages), self.scratch_row, dtype=torch.int32, device=dev),
+            block_table=torch.full((b, self.table_pages(bound)), self.scratch_row, dtype=torch.int32, device=dev),
             state_indices=torch.full((b,), self.scratch_row, dtype=torch.long, device=dev),
             logits_indices=torch.arange(b, dtype=torch.long, device=dev),
-            max_q_len=1, num_decodes=b,
+            max_q_len=1, num_decodes=b, context_bound=bound if self.bounded else None,
         )
 
-    def _capture(self, b: int, width: int) -> None:
-        key = (b, width)
-        self._padding[key] = self._padding_metadata(b, width)
-        meta = self._static[key] = self._padding_metadata(b, width)
+    def _capture(self, b: int, bound: int) -> None:
+        key = (b, bound)
+        self._padding[key] = self._padding_metadata(b, bound)
+        meta = self._static[key] = self._padding_metadata(b, bound)
         views = self.views
 
         def step():
@@ -132,58 +143,66 @@ class DecodeGraphs:
     _ROWS = ("input_ids", "positions", "context_lens", "slot_mapping", "state_indices")
 
     @classmethod
-    def _fill_on_host(cls, static: ForwardMetadata, pad: ForwardMetadata, meta: ForwardMetadata, n: int) -> None:
+    def _fill_on_host(cls, static: ForwardMetadata, pad: ForwardMetadata, meta: ForwardMetadata, n: int,
+                      table: torch.Tensor | None = None) -> None:
         """Pad the step's metadata to the bucket on the host, then one whole-bucket upload per
         tensor: for a runner that traces (XLA), where copying n rows on the device would compile
-        one graph per batch size. Reads the step's metadata back to the host first (small)."""
+        one graph per batch size. Reads the step's metadata back to the host first (small).
+        table: the step's block table cut to the graph's pages (meta's when None)."""
+        table = meta.block_table if table is None else table
         for name in cls._ROWS:
             full = getattr(pad, name).cpu()         # device data, no graph: a plain transfer
             full[:n] = getattr(meta, name).cpu()
             getattr(static, name).copy_(full.to(static.input_ids.device))
-        table = pad.block_table.cpu()
-        table[:n, : meta.block_table.shape[1]] = meta.block_table.cpu()
-        static.block_table.copy_(table.to(static.block_table.device))
+        padded = pad.block_table.cpu()
+        padded[:n, : table.shape[1]] = table.cpu()
+        static.block_table.copy_(padded.to(static.block_table.device))
 
-    def _capture_late(self, b: int, width: int) -> int:
-        """Capture bucket b at a narrower width when a step first needs it; the width replayed.
-        A capture that fails falls back to the full width (captured at start-up) for good."""
-        logger.info(f"capturing the decode graph of batch bucket {b} at {width} pages "
-                    f"({width * self.block_size} tokens) on first use")
+    def _capture_late(self, b: int, bound: int) -> int:
+        """Capture bucket b at a narrower context bound when a step first needs it; the bound
+        replayed. A capture that fails falls back to the full width (captured at start-up) for good."""
+        logger.info(f"capturing the decode graph of batch bucket {b} at {bound} tokens "
+                    f"({self.table_pages(bound)} pages) on first use")
         try:
-            self._capture(b, width)
+            self._capture(b, bound)
         except Exception as e:
             for table in (self._static, self._padding, self._replay):
-                table.pop((b, width), None)
-            logger.warning(f"decode graph capture at {width} pages failed ({type(e).__name__}: {e}); "
+                table.pop((b, bound), None)
+            logger.warning(f"decode graph capture at {bound} tokens failed ({type(e).__name__}: {e}); "
                            f"replaying full-width ({self.max_pages} pages) graphs from now on")
-            self.widths = [self.max_pages]
-            return self.max_pages
+            self.bounds = [self.max_tokens]
+            return self.max_tokens
         self.late_captures += 1
-        return width
+        return bound
 
     def run(self, meta: ForwardMetadata) -> torch.Tensor:
         """Logits [N, V] of a covered decode step (a fresh tensor: the next replay reuses the
         captured output)."""
         n, pages = meta.num_seqs, meta.block_table.shape[1]
         b = next(size for size in self.buckets if size >= n)
-        width = next(w for w in self.widths if w >= pages)
-        if (b, width) not in self._replay:              # a narrower width's first step: capture it now
-            width = self._capture_late(b, width)
-        static = self._static[b, width]
-        pad = self._padding[b, width]                   # the rows past n return to padding
-        if n == b and pages == width:
-            for name in (*self._ROWS, "block_table"):   # padded by the engine already (`k3.engine.padding`)
+        # the longest sequence: the builder's host count, else all the table's positions
+        longest = meta.max_seq_len if meta.max_seq_len is not None else pages * self.block_size
+        bound = next(t for t in self.bounds if t >= longest)
+        if (b, bound) not in self._replay:              # a narrower bound's first step: capture it now
+            bound = self._capture_late(b, bound)
+        static = self._static[b, bound]
+        pad = self._padding[b, bound]                   # the rows past n return to padding
+        cols = static.block_table.shape[1]
+        table = meta.block_table[:, :cols]              # pages past the bound's hold no position it reads
+        if n == b and table.shape[1] == cols:
+            for name in self._ROWS:                     # padded by the engine already (`k3.engine.padding`)
                 getattr(static, name).copy_(getattr(meta, name))
+            static.block_table.copy_(table)
         elif getattr(self.runner, "pads_on_host", False):
-            self._fill_on_host(static, pad, meta, n)
+            self._fill_on_host(static, pad, meta, n, table)
         else:
             for name in self._ROWS:
                 dst = getattr(static, name)
                 dst.copy_(getattr(pad, name))
                 dst[:n].copy_(getattr(meta, name))
             static.block_table.copy_(pad.block_table)
-            static.block_table[:n, :pages].copy_(meta.block_table)
-        replay, logits = self._replay[b, width]
+            static.block_table[:n, : table.shape[1]].copy_(table)
+        replay, logits = self._replay[b, bound]
         replay()
         self.replays += 1
         return logits[:n].clone()

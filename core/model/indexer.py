@@ -21,7 +21,7 @@ from k3.plugin.tables import KernelSet
 from .dcp_attention import local_rows, local_selection, local_visible, token_sequences
 from .dcp_topk_packed import packed_topk
 from .module import K3Module
-from .paging import gather_sequences
+from .paging import bounded_pages, gather_sequences
 from .parallel import DecodeContextParallel, RowExchange
 
 INDEX_KEY_NORM_EPS = 1e-6
@@ -84,8 +84,9 @@ class DSAIndexer(K3Module):
         # decode: every sequence's pages, padded and masked (no host sync); the batch-invariant mode
         # scores decodes as prefills (the same entries for both)
         if meta.mode is ForwardMode.DECODE and not self.kernels.batch_invariant:
-            scores = k.paged_decode_scores(q, head_weights, view.values, view.scales, meta.block_table,
-                                           meta.seq_lens, fmt=view.fmt)
+            values, table = bounded_pages(view.values, meta.block_table, meta.context_bound)
+            scales, _ = bounded_pages(view.scales, meta.block_table, meta.context_bound)
+            scores = k.paged_decode_scores(q, head_weights, values, scales, table, meta.seq_lens, fmt=view.fmt)
             return k.topk(scores, topk=cfg.index_topk)
         key_values, cu_kv = gather_sequences(view.values, meta.block_table, meta.seq_lens)
         key_scales, _ = gather_sequences(view.scales, meta.block_table, meta.seq_lens)

@@ -133,6 +133,13 @@ class ForwardMetadata:
     spec:           SpecMetadata, or None when no sequence verifies drafts.
     checkpoints:    CheckpointMetadata, or None when no KDA state is saved mid-call.
     lora:           LoRAMetadata, or None when no row of the call uses a LoRA adapter.
+    max_seq_len:    host int or None: the longest sequence after the call (cached + new), where
+                    the builder knows it without reading the device (`k3.engine.batch`).
+    context_bound:  host int or None: no sequence is longer than this after the call, and a
+                    DECODE call's attention and indexer read only this many positions a
+                    sequence (`k3.model.paging.bounded_pages`). Set by decode graphs whose
+                    runner's kernels cost the table's width (`k3.engine.graphs`), fixed per
+                    captured graph; None: the whole block table is read.
     A layer dispatches on `mode`, once.
     """
 
@@ -149,6 +156,8 @@ class ForwardMetadata:
     spec: SpecMetadata | None = None
     checkpoints: CheckpointMetadata | None = None
     lora: LoRAMetadata | None = None
+    max_seq_len: int | None = None
+    context_bound: int | None = None
 
     @property
     def mode(self) -> ForwardMode:

@@ -29,7 +29,7 @@ from .indexer import DSAIndexer
 from .latent_store import decode_latent_rows, readable_latents, store_latents
 from .lora import apply_lora, has_lora, merged_weight
 from .module import K3Module
-from .paging import gather_sequences, token_page_slots
+from .paging import bounded_pages, gather_sequences, token_page_slots
 from .parallel import ParallelContext, RowExchange
 
 
@@ -232,7 +232,11 @@ class MLAMixer(K3Module):
             # prefill token attends exactly as its decode did
             w_uk, w_uv = self.absorbed_weights() if kv_b is None else ref.mla_absorb_weights(
                 kv_b, num_heads=self.num_heads, qk_nope_head_dim=dn, v_head_dim=cfg.v_head_dim)
-            kv_pages, kv_scale, table = readable_latents(k, view, meta.block_table, x.dtype)
+            table = meta.block_table
+            if decode and meta.context_bound is not None:     # a graph's bound: read only that many positions
+                bounded, table = bounded_pages(view.pages, table, meta.context_bound)
+                view = dataclasses.replace(view, pages=bounded)
+            kv_pages, kv_scale, table = readable_latents(k, view, table, x.dtype)
             return k.mla.decode(q[..., :dn], q[..., dn:], kv_pages, table, meta.seq_lens,
                                 w_uk, w_uv, scale=scale, cu_seqlens_q=None if decode else meta.cu_seqlens,
                                 kv_cache_scale=kv_scale, topk_indices=topk)

@@ -29,3 +29,22 @@ def gather_sequences(cache: torch.Tensor, block_table: torch.Tensor,
     if cache.device.type == "cpu" and cache.element_size() == 1 and cache.is_floating_point():     # fp8 rows gathered as bytes: torch 2.9's
         return cache.view(torch.uint8)[pages, pos % page_size].view(cache.dtype), cu   # CPU cannot index float8
     return cache[pages, pos % page_size], cu
+
+
+def bounded_pages(pages: torch.Tensor, block_table: torch.Tensor,
+                  bound: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pages, block_table) a decode reads when no sequence is longer than `bound` tokens
+    (`ForwardMetadata.context_bound`): the table cut to the pages that hold `bound` positions
+    and, when those fit in one page, every page cut to its first `bound` slots (a strided view,
+    no copy: position p < bound stays at page 0, slot p). A kernel that gathers and masks the
+    whole table then reads `bound` positions a sequence instead of max_pages * page_size.
+
+    pages [P, page_size, *row]; block_table [N, max_pages]. bound None: both unchanged.
+    """
+    if bound is None:
+        return pages, block_table
+    page_size = pages.shape[1]
+    used = max(1, -(-bound // page_size))
+    if used == 1 and bound < page_size:
+        pages = pages[:, :bound]
+    return pages, block_table[:, :used]

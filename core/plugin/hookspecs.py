@@ -86,8 +86,8 @@ def k3_graph_runner(platform):
     never synchronises with the host. Captures may share one memory pool (they never run at
     once). The model cases of the conformance suite check replayed decode against eager decode.
     Optional attributes: `pads_on_host` (a tracing runner: metadata padded on the host) and
-    `table_width_buckets` (decode attention costs the block table's width: also capture
-    narrower tables, `k3.engine.graphs.width_buckets`).
+    `table_width_buckets` (decode attention costs the block table's width: also capture at
+    narrower context bounds, `k3.engine.graphs.context_buckets`).
     """
 
 

@@ -29,7 +29,7 @@ class CompiledGraphCapturer:
 
     # the torch MLA decode and indexer gather and mask every page of the block table, so a graph
     # at the model's full width costs max_model_len positions a sequence whatever its length:
-    # `k3.engine.graphs.DecodeGraphs` also replays narrower tables
+    # `k3.engine.graphs.DecodeGraphs` also replays narrower context bounds
     table_width_buckets = True
 
     def __init__(self, device: str):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from k3.engine.engine import EngineConfig, LLMEngine
-from k3.engine.graphs import DecodeGraphs, default_buckets, width_buckets
+from k3.engine.graphs import DecodeGraphs, context_buckets, default_buckets
 from k3.engine.params import SamplingParams
 from k3.platform.facade import Platform
 
@@ -104,7 +104,7 @@ def test_rows_past_the_batch_return_to_padding():
                                      block_table=torch.tensor([[r, r] for r in rows], dtype=torch.int32), page_size=16)
         assert graphs.covers(meta)
         assert graphs.run(meta)[:, 0].tolist() == rows
-    static = graphs._static[4, 3]
+    static = graphs._static[4, 48]                           # 3 pages of 16 tokens
     assert static.state_indices.tolist() == [1, 2, 3, 9] and static.context_lens.tolist() == [4, 4, 4, 0]
     assert static.block_table[3].tolist() == [9, 9, 9] and static.block_table[0].tolist() == [1, 1, 9]
     assert static.slot_mapping[3] == 9 * 16
@@ -119,44 +119,68 @@ class WidthBucketCapturer(ReplayingCapturer):
     table_width_buckets = True
 
 
-def test_width_buckets():
-    assert width_buckets(3, 16) == [3]                                 # 256 tokens' pages (16) >= the widest
-    assert width_buckets(256, 16) == [16, 64, 256]
-    assert width_buckets(132, 64) == [4, 16, 64, 132]
-    assert width_buckets(10, 64, first_tokens=64, factor=2) == [1, 2, 4, 8, 10]
+def test_context_buckets():
+    assert context_buckets(48) == [48]                                 # 256 tokens >= the widest table's
+    assert context_buckets(4096) == [256, 1024, 4096]
+    assert context_buckets(132 * 64) == [256, 1024, 4096, 132 * 64]
+    assert context_buckets(640, first_tokens=64, factor=2) == [64, 128, 256, 512, 640]
 
 
-def test_narrow_tables_replay_narrower_graphs_captured_when_first_needed():
-    """With `table_width_buckets` a step replays the narrowest width bucket that holds its
-    longest sequence; the full width is captured at start-up, the others on first use, and a
-    bucket's graph sees exactly its width (a replay never reads a stale wider table)."""
+def _bucket_model(meta, views, tap_layers):
+    """Logits [N, 2]: the row's block-table sum plus its state row, and the graph's context bound."""
     from types import SimpleNamespace
 
+    first = meta.block_table.double().sum(1, keepdim=True) + meta.state_indices[:, None]
+    return SimpleNamespace(logits=torch.cat([first, torch.full_like(first, float(meta.context_bound or -1))], 1))
+
+
+def test_short_contexts_replay_narrower_graphs_captured_when_first_needed():
+    """With `table_width_buckets` a step replays the narrowest context bound that holds its
+    longest sequence, with the table of the pages that hold the bound; the full width is
+    captured at start-up, the others on first use, and a graph sees exactly its table (a replay
+    never reads a stale wider one)."""
     from k3.model.metadata import ForwardMetadata
 
-    def model(meta, views, tap_layers):
-        return SimpleNamespace(logits=meta.block_table.double().sum(1, keepdim=True) + meta.state_indices[:, None])
-
     capturer = WidthBucketCapturer()
-    graphs = DecodeGraphs(model, None, capturer, buckets=[2, 4], scratch_row=9, block_size=16, max_pages=100,
-                          device="cpu", progress=False)
-    assert graphs.widths == [16, 64, 100] and sorted(graphs._replay) == [(2, 100), (4, 100)]
-    for table, key in (([[1, 2], [3, 4], [5, 6]], (4, 16)), ([[7] * 20], (2, 64)), ([[8] * 100], (2, 100)),
-                       ([[2, 3]], (2, 16))):
+    graphs = DecodeGraphs(_bucket_model, None, capturer, buckets=[2, 4], scratch_row=9, block_size=16,
+                          max_pages=100, device="cpu", progress=False)
+    assert graphs.bounds == [256, 1024, 1600] and sorted(graphs._replay) == [(2, 1600), (4, 1600)]
+    for table, key in (([[1, 2], [3, 4], [5, 6]], (4, 256)), ([[7] * 20], (2, 1024)), ([[8] * 100], (2, 1600)),
+                       ([[2, 3]], (2, 256))):
         n, pages = len(table), len(table[0])
         meta = ForwardMetadata.build([[1]] * n, context_lens=[16 * pages - 1] * n, state_indices=list(range(n)),
                                      block_table=torch.tensor(table, dtype=torch.int32), page_size=16)
-        assert graphs.covers(meta)
-        got = graphs.run(meta)[:, 0]
-        width = key[1]
+        assert graphs.covers(meta) and meta.max_seq_len is None             # bound from the table's pages
+        got = graphs.run(meta)
+        width = graphs.table_pages(key[1])
         want = [sum(row) + 9 * (width - pages) + i for i, row in enumerate(table)]   # padded with the scratch row
-        assert got.tolist() == want, (table, key)
-        assert graphs._static[key].block_table.shape == key
-    assert sorted(graphs._replay) == [(2, 16), (2, 64), (2, 100), (4, 16), (4, 100)]
+        assert got[:, 0].tolist() == want, (table, key)
+        assert (got[:, 1] == key[1]).all() and graphs._static[key].block_table.shape == (key[0], width)
+    assert sorted(graphs._replay) == [(2, 256), (2, 1024), (2, 1600), (4, 256), (4, 1600)]
     assert graphs.late_captures == 3 and graphs.replays == 4
     too_wide = ForwardMetadata.build([[1]], context_lens=[16 * 101 - 1], state_indices=[0],
                                      block_table=torch.ones(1, 101, dtype=torch.int32), page_size=16)
     assert not graphs.covers(too_wide)
+
+
+def test_the_builders_longest_sequence_picks_the_bound_and_cuts_the_table():
+    """A step whose builder knows its longest sequence (`max_seq_len`, the engine's batches) takes
+    the bound that holds it even when its table has more pages (rows allocated ahead): the pages
+    past the bound's hold no position the step reads and are not copied."""
+    from k3.model.metadata import ForwardMetadata
+
+    graphs = DecodeGraphs(_bucket_model, None, WidthBucketCapturer(), buckets=[2], scratch_row=9, block_size=16,
+                          max_pages=100, device="cpu", progress=False)
+    table = [list(range(1, 41)), list(range(41, 81))]                     # 40 pages each
+    meta = ForwardMetadata.build([[1], [1]], context_lens=[99, 57], state_indices=[0, 1],
+                                 block_table=torch.tensor(table, dtype=torch.int32), page_size=16)
+    meta.max_seq_len = 100
+    got = graphs.run(meta)
+    assert got[:, 1].tolist() == [256, 256]
+    assert got[:, 0].tolist() == [sum(table[0][:16]), sum(table[1][:16]) + 1]
+    plain = DecodeGraphs(_bucket_model, None, ReplayingCapturer(), buckets=[2], scratch_row=9, block_size=16,
+                         max_pages=100, device="cpu", progress=False)
+    assert plain.bounds == [1600] and plain.run(meta)[:, 1].tolist() == [-1, -1]   # no bound: the whole table
 
 
 def test_a_failing_narrow_capture_falls_back_to_the_full_width():
@@ -179,19 +203,35 @@ def test_a_failing_narrow_capture_falls_back_to_the_full_width():
     meta = ForwardMetadata.build([[1]], context_lens=[20], state_indices=[0],
                                  block_table=torch.tensor([[3, 4]], dtype=torch.int32), page_size=16)
     assert graphs.run(meta)[0, 0].item() == 3 + 4 + 9 * 98                  # replayed at the full width
-    assert graphs.widths == [100] and sorted(graphs._replay) == [(1, 100)] and graphs.late_captures == 0
+    assert graphs.bounds == [1600] and sorted(graphs._replay) == [(1, 1600)] and graphs.late_captures == 0
 
 
-def test_width_buckets_give_the_eager_tokens(ckpt, monkeypatch):
-    """The engine end to end with a width-bucket runner: the short sequences decode at the
-    narrowest width, token for token as eager decode."""
+def test_context_bounds_give_the_eager_tokens(ckpt, monkeypatch):
+    """The engine end to end with a bounding runner on k3.1-pro-tiny (DSA indexer on, 64-token
+    pages): bounds under one page make the MLA decode and the indexer read each page's first
+    `bound` slots (`bounded_pages`), and the tokens equal eager decode's."""
+    import k3.engine.graphs as graphs_module
+    import k3.model.paging as paging
+
     _, eager = _generate(ckpt, monkeypatch, None, max_model_len=2048)
+    monkeypatch.setattr(graphs_module, "context_buckets", lambda max_tokens: [24, 40, 56, 256, max_tokens])
+    cuts = []
+    bounded = paging.bounded_pages
+
+    def recording(pages, table, bound):
+        out = bounded(pages, table, bound)
+        cuts.append((bound, out[0].shape[1], out[1].shape[1]))
+        return out
+    for module in ("k3.model.mla", "k3.model.indexer"):
+        monkeypatch.setattr(f"{module}.bounded_pages", recording)
     capturer = WidthBucketCapturer()
     engine, replayed = _generate(ckpt, monkeypatch, capturer, max_model_len=2048)
     graphs = engine.runner.graphs
     assert replayed == eager
-    assert len(graphs.widths) > 1 and graphs.late_captures > 0 and capturer.replays > 0
-    assert {width for _, width in graphs._replay} == {graphs.widths[0], graphs.max_pages}   # 16-53 tokens: the narrowest
+    assert graphs.late_captures > 0 and capturer.replays > 0
+    assert {bound for _, bound in graphs._replay} >= {40, 56, 2048}        # prompts of 4-37 tokens plus 4-16 new
+    in_page = [cut for cut in cuts if cut[0] is not None and cut[0] < 64]
+    assert in_page and all(slots == bound and pages == 1 for bound, slots, pages in in_page)   # first `bound` slots
 
 
 def test_default_buckets():
@@ -268,6 +308,7 @@ def test_host_padding_fills_the_bucket_as_the_device_copy_does():
     padded on the host: the same static tensors as the device-side row copies."""
     graphs = DecodeGraphs.__new__(DecodeGraphs)
     graphs.scratch_row, graphs.block_size, graphs.max_pages, graphs.device = 9, 4, 3, torch.device("cpu")
+    graphs.max_tokens, graphs.bounded = 12, False
     n, b = 3, 8
     meta = graphs._padding_metadata(n)
     for name in DecodeGraphs._ROWS:
