@@ -14,9 +14,9 @@
 #   bash bench/ppu_h200.sh variants        (optional: ppu_eager (nothing compiled, what a PPU
 #                                           runs), ppu_mxfp4 (expert cache off), reference_table)
 #     -> $OUT/ppu_variants-h200.json, variants.log
-#   bash bench/ppu_h200.sh widths          (the decode graphs' block-table widths, A/B: the ppu engine
+#   bash bench/ppu_h200.sh widths          (the decode graphs' context bounds, A/B: the ppu engine
 #                                           with the expert cache off (fits an H100) at 1 / 16 / 64 requests
-#                                           with narrower tables, then at the full width only, then nvidia;
+#                                           with token bounds, then at the full width only, then nvidia;
 #                                           three processes, about 5 minutes)
 #     -> $OUT/ppu_widths-*.json, widths.log
 # PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
