@@ -23,7 +23,9 @@ diag = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_diagonal")
 intra = pytest.importorskip("k3.platforms.triton_kernels.kda_intra_chunk")
 wrapper = pytest.importorskip("k3.platforms.triton_kernels.kda_chunked_blocked")
 
-CASES = samples("kda.chunked", float64=True)
+# the 300-token multi-chunk sample in bf16 only: the fp32 one took 49 s of CI's 2 cores interpreted
+# and takes the kernel path the smaller fp32 samples take (the GPU's conformance runs both dtypes)
+CASES = [i for i in samples("kda.chunked", float64=True) if not ("T300" in i.sample.shape and i.dtype == "float32")]
 
 
 def _qkG(S, HV, C, K, seed, decay=3.0, dtype=torch.float32):
