@@ -265,6 +265,7 @@ class ForwardMetadata:
             state_indices=torch.tensor(list(state_indices), dtype=torch.long, device=device),
             logits_indices=torch.arange(ids.shape[0], device=device) if all_logits else cu[1:].long() - 1,
             max_q_len=max(lens), num_decodes=leading_one_token_steps(lens),
+            max_seq_len=max(c + n for c, n in zip(context_lens, lens)),
         )
 
 

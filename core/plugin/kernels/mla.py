@@ -47,6 +47,9 @@ class MLADecode(Protocol):
     topk_indices or None. Score = [q_nope w_uk | q_pe] . row * scale; the softmax-weighted sum of
     row[:R], times w_uv. Returns o `[T, H, Dv]`. No host synchronisation (pad to
     max_pages * page_size and mask; pages past seq_lens may hold anything, NaN included).
+    kv_cache is a strided view of the packed cache (any strides): under a decode graph's context
+    bound (`k3.model.paging.bounded_pages`) it is every page's first `page_size` slots only, a
+    one-page table, so page_size is kv_cache.shape[1], never a stride ratio.
     """
 
     def __call__(self, q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,

@@ -150,7 +150,8 @@ def test_short_contexts_replay_narrower_graphs_captured_when_first_needed():
         n, pages = len(table), len(table[0])
         meta = ForwardMetadata.build([[1]] * n, context_lens=[16 * pages - 1] * n, state_indices=list(range(n)),
                                      block_table=torch.tensor(table, dtype=torch.int32), page_size=16)
-        assert graphs.covers(meta) and meta.max_seq_len is None             # bound from the table's pages
+        assert graphs.covers(meta) and meta.max_seq_len == 16 * pages
+        meta.max_seq_len = None                     # unknown on the host (a TP follower): the table's pages
         got = graphs.run(meta)
         width = graphs.table_pages(key[1])
         want = [sum(row) + 9 * (width - pages) + i for i, row in enumerate(table)]   # padded with the scratch row
