@@ -182,7 +182,7 @@ class DecodeGraphs:
         b = next(size for size in self.buckets if size >= n)
         # the longest sequence: the builder's host count, else all the table's positions
         longest = meta.max_seq_len if meta.max_seq_len is not None else pages * self.block_size
-        bound = next(t for t in self.bounds if t >= longest)
+        bound = next((t for t in self.bounds if t >= longest), self.max_tokens)
         if (b, bound) not in self._replay:              # a narrower bound's first step: capture it now
             bound = self._capture_late(b, bound)
         static = self._static[b, bound]
