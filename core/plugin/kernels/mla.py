@@ -48,8 +48,8 @@ class MLADecode(Protocol):
     row[:R], times w_uv. Returns o `[T, H, Dv]`. No host synchronisation (pad to
     max_pages * page_size and mask; pages past seq_lens may hold anything, NaN included).
     kv_cache is a strided view of the packed cache (any strides): under a decode graph's context
-    bound (`k3.model.paging.bounded_pages`) it is every page's first `page_size` slots only, a
-    one-page table, so page_size is kv_cache.shape[1], never a stride ratio.
+    bound shorter than one page (`k3.model.paging.bounded_pages`) each page is cut to its first
+    `bound` slots, so page_size is always kv_cache.shape[1], never a ratio of strides.
     """
 
     def __call__(self, q_nope: Tensor, q_pe: Tensor, kv_cache: Tensor, block_table: Tensor, seq_lens: Tensor,
