@@ -11,7 +11,7 @@ first page slot, and their logits are dropped, so they never touch a real reques
 A captured step reads a block table as wide as the bucket's: the model's longest sequence
 (`max_pages`) by default, which costs nothing where the attention kernels stop at each
 sequence's length (nvidia's). A runner whose decode attention costs the table's width instead
-(torch kernels over gathered, masked pages: ppu) sets `table_width_buckets`; then each batch
+(torch kernels over gathered, masked pages: ppu, tpu) sets `table_width_buckets`; then each batch
 bucket also has graphs at narrower context bounds (`context_buckets`: 256 tokens, x4 each, up to
 max_pages' tokens), and a step replays the narrowest that holds its longest sequence. A bound
 is in tokens, not pages, because a K3 page is large (it holds one KDA state row: 32,768 tokens

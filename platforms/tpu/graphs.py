@@ -11,6 +11,14 @@ the captured outputs, so the caller reads them where the capture returned them.
 bucket on the host before the upload: a device-side copy of N rows into a bucket of B would
 put N into the graph and compile one graph per batch size instead of one per bucket.
 
+`table_width_buckets = True`: the decode kernels served here gather and mask every position of
+the block table (the torch MLA decode and paged index scores, as on ppu), so a graph at the
+full width (max_model_len) reads max_model_len positions a sequence however short the batch's
+contexts are. With it, `DecodeGraphs` also compiles each batch bucket at narrower context
+bounds (`k3.engine.graphs.context_buckets`: 256 tokens, x4 each), each the first time a step
+needs it, and a step replays the narrowest that holds its longest sequence: one program per
+(batch bucket, bound) as vLLM's TPU runner compiles per padded block-table width.
+
 `step_end` (`k3_step_end`) is the same cut for eager steps: the engine calls it after each
 forward, so a prefill or mixed step is one graph too.
 """
@@ -39,6 +47,7 @@ class XlaGraphRunner:
     """
 
     pads_on_host = True
+    table_width_buckets = True
 
     def __init__(self):
         self.compiles = 0
