@@ -24,6 +24,10 @@
 #     device time per kernel of a k3-slice decode step and of an 8K prefill (bench/k3_slice_profile.py),
 #     the host-synchronisation census (bench/host_syncs.py) and the MoE dequant mode's kernels
 #     (bench/moe_dequant_profile.py);
+#   bash bench/h200_session.sh profile64                    (about 5 minutes)
+#     issue 27: where a 64-request k3-slice decode step goes, kernel by kernel and by module
+#     (31.6 ms a step on an H100 against a ~16.5 ms bytes floor; the MoE ~13.8 ms of it), and the
+#     16-request step for the trend;
 #   bash bench/h200_session.sh check                        (about 5 minutes)
 #     after a change to the served path, in one call: the served conformance report, k3-slice
 #     end to end (served kernels, synchronous and asynchronous scheduling), the decode profile
@@ -151,6 +155,12 @@ profile)
     step host-syncs 90 python3 bench/host_syncs.py --out "$OUT/host_syncs.json"
     # where the MoE dequant mode's time goes at prefill sizes (1K and 8K tokens), kernel by kernel
     step profile-moe-dequant 90 python3 bench/moe_dequant_profile.py --out "$OUT/moe_dequant_profile.json"
+    ;;
+profile64)
+    step profile-k3-slice-64 200 python3 bench/k3_slice_profile.py --concurrency 64 --steps 4 \
+        --out "$OUT/k3_slice_profile_c64.json"
+    step profile-k3-slice-16 150 python3 bench/k3_slice_profile.py --concurrency 16 --steps 4 \
+        --out "$OUT/k3_slice_profile_c16.json"
     ;;
 check)
     # one call (about 5 minutes) after changes to the served path: the served report, k3-slice

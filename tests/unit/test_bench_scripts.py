@@ -62,7 +62,8 @@ def test_every_device_session_phase_fits_one_call():
     phases = re.findall(r"^([\w-]+)\)\n(.*?)\n\s*;;", body, flags=re.S | re.M)
     assert {name for name, _ in phases} == {"conformance", "kernels", "prefill", "e2e", "profile", "check",
                                             "tune", "vision", "collectives", "amd", "company", "moe-grouped",
-                                            "moe-bf16", "moe-tiled", "moe-bf16-e2e", "kda-mma", "kda-split", "columns"}
+                                            "moe-bf16", "moe-tiled", "moe-bf16-e2e", "kda-mma", "kda-split", "columns",
+                                            "profile64"}
     calls = {"moe-grouped": 2}      # documented as two calls (ONLY= names the second half)
     for name, steps in phases:
         limits = [int(s) for s in re.findall(r"^\s*step [\w-]+ (\d+) ", steps, flags=re.M)]
