@@ -39,10 +39,10 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 mode=${1:-all}
 case $mode in
-all) cap=${K3_TPU_CAP_S:-480} ;;
+all) cap=${K3_TPU_CAP_S:-480} cap_var=K3_TPU_CAP_S ;;
 install)
     [[ -n ${K3_TPU_VENV:-} ]] || { echo "tpu.sh install: set K3_TPU_VENV (the venv to build and keep)" >&2; exit 2; }
-    cap=${K3_TPU_INSTALL_CAP_S:-1800} ;;
+    cap=${K3_TPU_INSTALL_CAP_S:-1800} cap_var=K3_TPU_INSTALL_CAP_S ;;
 *) echo "usage: bash .ci/tpu.sh [install]" >&2; exit 2 ;;
 esac
 
@@ -52,8 +52,8 @@ venv=${K3_TPU_VENV:-$scratch/tpu-venv}
 
 left() { echo $((cap - (SECONDS - start))); }
 cut_tier() {   # $1: what was cut
-    echo "::: tpu tier NOT RUN: $1 hit the ${cap} s cap (K3_TPU_CAP_S) after $((SECONDS - start)) s;" \
-         "set K3_TPU_VENV to a cached venv or raise K3_TPU_CAP_S. This is not a pass."
+    echo "::: tpu tier NOT RUN: $1 hit the ${cap} s cap ($cap_var) after $((SECONDS - start)) s;" \
+         "set K3_TPU_VENV to a cached venv or raise $cap_var. This is not a pass."
     exit 0
 }
 bounded() {   # bounded WHAT CMD...: run CMD within the time left; cut() when it runs out

@@ -31,3 +31,19 @@ def xla_device():
     import torch_xla
 
     return torch_xla.device()
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A random k3-tiny checkpoint, written once per session and only read by the tests."""
+    from k3.cli.checkpoint import init_checkpoint
+
+    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("tpu") / "k3-tiny", progress=False)
+
+
+@pytest.fixture(scope="session")
+def xla_compiles():
+    """() -> the XLA compilations so far (torch-xla's `CompileTime` metric: one sample each)."""
+    import torch_xla.debug.metrics as met
+
+    return lambda: int((met.metric_data("CompileTime") or (0,))[0])

@@ -14,26 +14,11 @@ replayed every decode step.
 import statistics
 import time
 
-import pytest
-
 PROMPTS = [[5, 17, 3, 99, 41, 8], [250, 7, 7, 7, 12, 64]]
 DECODE = 30
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("tpu-bounds-k3-tiny"), progress=False)
-
-
-def compiles() -> int:
-    import torch_xla.debug.metrics as met
-
-    return int((met.metric_data("CompileTime") or (0,))[0])
-
-
-def _decode(engine, tag):
+def _decode(engine, tag, compiles):
     """(greedy tokens per prompt, median seconds of a step, steps that compiled): the median is
     a decode step's (most steps are), compiles included in the steps that took them."""
     from k3.engine.params import SamplingParams
@@ -51,7 +36,7 @@ def _decode(engine, tag):
     return [done[f"{tag}{i}"] for i in range(len(PROMPTS))], statistics.median(steps), compiling
 
 
-def test_bounded_decode_graphs_give_the_full_width_tokens(ckpt, monkeypatch, capsys):
+def test_bounded_decode_graphs_give_the_full_width_tokens(ckpt, xla_compiles, monkeypatch, capsys):
     import k3.engine.graphs as graphs_module
     import k3.model.paging as paging
     from k3.engine.engine import EngineConfig, LLMEngine
@@ -74,7 +59,7 @@ def test_bounded_decode_graphs_give_the_full_width_tokens(ckpt, monkeypatch, cap
     assert graphs.bounds == [24, 64, 2048]
 
     replays = graphs.replays
-    tokens, bounded_s, compiling = _decode(engine, "bounded")
+    tokens, bounded_s, compiling = _decode(engine, "bounded", xla_compiles)
     bounded_replays = graphs.replays - replays
     assert graphs.late_captures == 2 and sorted(graphs._replay) == [(2, 24), (2, 64), (2, 2048)]
     assert bounded_replays >= DECODE - 2                       # every decode step after the first ran replayed
@@ -85,7 +70,7 @@ def test_bounded_decode_graphs_give_the_full_width_tokens(ckpt, monkeypatch, cap
 
     graphs.bounds = [graphs.max_tokens]                        # the full width only, captured at start-up
     replays, cuts[:] = graphs.replays, []
-    full, full_s, _ = _decode(engine, "full")
+    full, full_s, _ = _decode(engine, "full", xla_compiles)
     with capsys.disabled():
         print(f"\n::: k3-tiny decode graphs on tpu (PJRT CPU), max_model_len 2048, batch 2: median step "
               f"{bounded_s * 1e3:.1f} ms at 24 / 64-token bounds, {full_s * 1e3:.1f} ms at the full width")

@@ -7,48 +7,33 @@ a bucket never reaches a graph."""
 
 import time
 
-import pytest
-
 MAX_TOKENS = [60, 60, 60, 60, 60, 22, 30, 38]       # the batch: 8 until step ~22, then 7, 6, 5
 WARMUP, STEADY = 4, 50                               # steps: prefill, first decodes; then counted
 
 
-def compiles() -> int:
-    import torch_xla.debug.metrics as met
-
-    return int((met.metric_data("CompileTime") or (0,))[0])
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("tpu-k3-tiny"), progress=False)
-
-
-def test_steady_state_decode_compiles_nothing(ckpt, capsys):
+def test_steady_state_decode_compiles_nothing(ckpt, xla_compiles, capsys):
     from k3.engine.engine import EngineConfig, LLMEngine
     from k3.engine.params import SamplingParams
 
-    t0, c0 = time.monotonic(), compiles()
+    t0, c0 = time.monotonic(), xla_compiles()
     engine = LLMEngine(EngineConfig(model=str(ckpt), platform="tpu", dtype="float32", load_progress=False,
                                     max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128,
                                     kv_cache_memory_gib=0.05, graph_batch_sizes=(8,)))
     assert engine.runner.graphs is not None and engine.runner.padding is not None
-    built, c_build = time.monotonic() - t0, compiles() - c0
+    built, c_build = time.monotonic() - t0, xla_compiles() - c0
     for i, n in enumerate(MAX_TOKENS):
         engine.add_request(f"r{i}", [(37 * i + 5 * j) % 300 + 1 for j in range(4)],
                            SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    t1, c1 = time.monotonic(), compiles()
+    t1, c1 = time.monotonic(), xla_compiles()
     for _ in range(WARMUP):
         engine.step()
-    warm, c_warm = time.monotonic() - t1, compiles() - c1
-    running, c2, t2 = [], compiles(), time.monotonic()
+    warm, c_warm = time.monotonic() - t1, xla_compiles() - c1
+    running, c2, t2 = [], xla_compiles(), time.monotonic()
     replays = engine.runner.graphs.replays
     for _ in range(STEADY):
         running.append(sum(not r.finished for r in engine.requests.values()))
         engine.step()
-    steady_s, c_steady = time.monotonic() - t2, compiles() - c2
+    steady_s, c_steady = time.monotonic() - t2, xla_compiles() - c2
     with capsys.disabled():
         print(f"\n::: k3-tiny on tpu (PJRT CPU): build + capture {built:.1f} s, {c_build} compiles; prefill and "
               f"first decodes {warm:.1f} s, {c_warm} compiles; {STEADY} decode steps (batch {max(running)} -> "

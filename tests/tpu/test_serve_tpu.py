@@ -14,20 +14,11 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 
 def _command() -> list[str]:
     script = Path(sys.executable).with_name("k3-serve-tpu")
     script = str(script) if script.exists() else shutil.which("k3-serve-tpu")
     return [script] if script else [sys.executable, "-m", "k3.platforms.tpu.serve"]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("serve") / "k3-tiny", progress=False)
 
 
 def test_k3_serve_tpu_answers_the_openai_client(ckpt, capsys):

@@ -12,17 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 CHILD = Path(__file__).with_name("spmd_child.py")
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from k3.cli.checkpoint import init_checkpoint
-
-    return init_checkpoint("k3-tiny", tmp_path_factory.mktemp("spmd-k3-tiny"), progress=False)
 
 
 def test_sharded_forward_equals_the_single_device_forward(ckpt, tmp_path, capsys):
