@@ -99,11 +99,11 @@
 # (ignored) .triton-cache folder, which a warm machine keeps between calls.
 set -uo pipefail
 phase=${1:-kernels}
-if [[ $phase != conformance && $phase != kernels && $phase != prefill && $phase != e2e && $phase != profile
-      && $phase != tune && $phase != check && $phase != moe-grouped && $phase != vision && $phase != collectives
-      && $phase != amd && $phase != company && $phase != moe-bf16 && $phase != moe-bf16-e2e && $phase != moe-tiled
-      && $phase != kda-mma && $phase != kda-split && $phase != columns ]]; then
-    echo "usage: bash bench/h200_session.sh conformance|kernels|prefill|e2e|profile|tune|check|moe-grouped|vision|collectives|amd|company|moe-bf16|moe-bf16-e2e|moe-tiled|kda-mma|kda-split|columns" >&2
+# The phases are the case labels below, read from this file, so a new phase cannot be left out
+# of the check (profile64 was, once: the call ended at the usage line).
+phases=$(sed -n '/^case \$phase in$/,/^esac$/s/^\([a-z0-9-]*\))$/\1/p' "${BASH_SOURCE[0]}")
+if ! grep -qx -- "$phase" <<< "$phases"; then
+    echo "usage: bash bench/h200_session.sh $(tr '\n' '|' <<< "$phases" | sed 's/|$//')" >&2
     exit 2
 fi
 : "${OUT:=./h200-out}"
