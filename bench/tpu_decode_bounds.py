@@ -71,9 +71,9 @@ def main() -> None:
     def full_width(on: bool) -> None:
         graphs.bounds = [graphs.max_tokens] if on else bounds
 
-    run("warm-bounded", 4)                       # the bounded graph's first-use compile
+    run("warm-bounded", 4)                       # the replays' first compiles
     full_width(True)
-    run("warm-full", 4)
+    run("warm-full", 4)                          # the full-width graph, captured on its first use
     rows = []
     for r in range(args.rounds):
         full_width(False)

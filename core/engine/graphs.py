@@ -17,9 +17,13 @@ max_pages' tokens), and a step replays the narrowest that holds its longest sequ
 is in tokens, not pages, because a K3 page is large (it holds one KDA state row: 32,768 tokens
 for k3-slice): its graph's metadata carries it (`ForwardMetadata.context_bound`), its table is
 the pages that hold it, and under one page the model reads each page's first `bound` slots
-(`k3.model.paging.bounded_pages`). The full-width graphs are captured at start-up; a narrower
-one the first time a step needs it (a one-off capture of a few steps' time, logged), so
-start-up does not pay for bounds no batch reaches.
+(`k3.model.paging.bounded_pages`). Start-up captures each bucket at the narrowest bound only; a
+wider one (the full width included) is captured the first time a step needs it (a one-off
+capture of a few steps' time, logged), so start-up pays neither the time nor the memory of
+bounds no batch reaches: a full-width step of gathered pages is the largest a bucket has (at 64
+sequences of a 32,768-token page, gigabytes a layer), and capturing it at start-up beside an
+expert cache did not fit an H200. A late capture that fails (memory taken by the cache since)
+leaves that (bucket, bound) to run eagerly, logged once; the other graphs keep replaying.
 
 Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
 tapped layers for drafts, batches over the largest bucket) runs eagerly, unchanged.
@@ -93,11 +97,13 @@ class DecodeGraphs:
         self._static: dict[tuple[int, int], ForwardMetadata] = {}
         self._padding: dict[tuple[int, int], ForwardMetadata] = {}
         self._replay: dict[tuple[int, int], tuple] = {}
+        self.eager: set[tuple[int, int]] = set()          # (bucket, bound) whose late capture failed
         self.replays = 0                                  # decode steps run from a captured graph
-        self.late_captures = 0                            # narrower graphs captured when first needed
+        self.eager_steps = 0                              # covered steps run eagerly (a failed late capture)
+        self.late_captures = 0                            # wider graphs captured when first needed
         for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
                       file=sys.stderr, disable=not progress):
-            self._capture(b, self.max_tokens)
+            self._capture(b, self.bounds[0])
 
     @property
     def max_batch(self) -> int:
@@ -158,9 +164,9 @@ class DecodeGraphs:
         padded[:n, : table.shape[1]] = table.cpu()
         static.block_table.copy_(padded.to(static.block_table.device))
 
-    def _capture_late(self, b: int, bound: int) -> int:
-        """Capture bucket b at a narrower context bound when a step first needs it; the bound
-        replayed. A capture that fails falls back to the full width (captured at start-up) for good."""
+    def _capture_late(self, b: int, bound: int) -> bool:
+        """Capture bucket b at a wider context bound when a step first needs it. False when the
+        capture failed: that (bucket, bound) then runs eagerly from now on."""
         logger.info(f"capturing the decode graph of batch bucket {b} at {bound} tokens "
                     f"({self.table_pages(bound)} pages) on first use")
         try:
@@ -168,12 +174,12 @@ class DecodeGraphs:
         except Exception as e:
             for table in (self._static, self._padding, self._replay):
                 table.pop((b, bound), None)
-            logger.warning(f"decode graph capture at {bound} tokens failed ({type(e).__name__}: {e}); "
-                           f"replaying full-width ({self.max_pages} pages) graphs from now on")
-            self.bounds = [self.max_tokens]
-            return self.max_tokens
+            self.eager.add((b, bound))
+            logger.warning(f"decode graph capture of batch bucket {b} at {bound} tokens failed "
+                           f"({type(e).__name__}: {e}); its steps run eagerly from now on")
+            return False
         self.late_captures += 1
-        return bound
+        return True
 
     def run(self, meta: ForwardMetadata) -> torch.Tensor:
         """Logits [N, V] of a covered decode step (a fresh tensor: the next replay reuses the
@@ -183,8 +189,9 @@ class DecodeGraphs:
         # the longest sequence: the builder's host count, else all the table's positions
         longest = meta.max_seq_len if meta.max_seq_len is not None else pages * self.block_size
         bound = next((t for t in self.bounds if t >= longest), self.max_tokens)
-        if (b, bound) not in self._replay:              # a narrower bound's first step: capture it now
-            bound = self._capture_late(b, bound)
+        if (b, bound) in self.eager or ((b, bound) not in self._replay and not self._capture_late(b, bound)):
+            self.eager_steps += 1
+            return self.model(meta, self.views, tap_layers=()).logits
         static = self._static[b, bound]
         pad = self._padding[b, bound]                   # the rows past n return to padding
         cols = static.block_table.shape[1]

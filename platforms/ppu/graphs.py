@@ -45,6 +45,9 @@ class CompiledGraphCapturer:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        # the warm-up's blocks are cached on the side stream, where the graph's private pool cannot
+        # reuse them: give them back first, so a capture needs one step's activations, not two
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = step()

@@ -136,15 +136,15 @@ def _bucket_model(meta, views, tap_layers):
 
 def test_short_contexts_replay_narrower_graphs_captured_when_first_needed():
     """With `table_width_buckets` a step replays the narrowest context bound that holds its
-    longest sequence, with the table of the pages that hold the bound; the full width is
-    captured at start-up, the others on first use, and a graph sees exactly its table (a replay
-    never reads a stale wider one)."""
+    longest sequence, with the table of the pages that hold the bound; the narrowest bound is
+    captured at start-up, the wider ones (the full width too) on first use, and a graph sees
+    exactly its table (a replay never reads a stale wider one)."""
     from k3.model.metadata import ForwardMetadata
 
     capturer = WidthBucketCapturer()
     graphs = DecodeGraphs(_bucket_model, None, capturer, buckets=[2, 4], scratch_row=9, block_size=16,
                           max_pages=100, device="cpu", progress=False)
-    assert graphs.bounds == [256, 1024, 1600] and sorted(graphs._replay) == [(2, 1600), (4, 1600)]
+    assert graphs.bounds == [256, 1024, 1600] and sorted(graphs._replay) == [(2, 256), (4, 256)]
     for table, key in (([[1, 2], [3, 4], [5, 6]], (4, 256)), ([[7] * 20], (2, 1024)), ([[8] * 100], (2, 1600)),
                        ([[2, 3]], (2, 256))):
         n, pages = len(table), len(table[0])
@@ -157,8 +157,8 @@ def test_short_contexts_replay_narrower_graphs_captured_when_first_needed():
         want = [sum(row) + 9 * (width - pages) + i for i, row in enumerate(table)]   # padded with the scratch row
         assert got[:, 0].tolist() == want, (table, key)
         assert (got[:, 1] == key[1]).all() and graphs._static[key].block_table.shape == (key[0], width)
-    assert sorted(graphs._replay) == [(2, 256), (2, 1024), (2, 1600), (4, 256), (4, 1600)]
-    assert graphs.late_captures == 3 and graphs.replays == 4
+    assert sorted(graphs._replay) == [(2, 256), (2, 1024), (2, 1600), (4, 256)]
+    assert graphs.late_captures == 2 and graphs.replays == 4 and graphs.eager_steps == 0
     too_wide = ForwardMetadata.build([[1]], context_lens=[16 * 101 - 1], state_indices=[0],
                                      block_table=torch.ones(1, 101, dtype=torch.int32), page_size=16)
     assert not graphs.covers(too_wide)
@@ -184,27 +184,41 @@ def test_the_builders_longest_sequence_picks_the_bound_and_cuts_the_table():
     assert plain.bounds == [1600] and plain.run(meta)[:, 1].tolist() == [-1, -1]   # no bound: the whole table
 
 
-def test_a_failing_narrow_capture_falls_back_to_the_full_width():
+def test_a_failing_late_capture_runs_that_bound_eagerly():
+    """A wider bound whose capture fails on first use (the device's memory taken since start-up)
+    runs eagerly from then on, without another capture attempt; the other graphs keep replaying."""
     from types import SimpleNamespace
 
     from k3.model.metadata import ForwardMetadata
 
-    class FailingNarrow(WidthBucketCapturer):
+    class FailingWide(WidthBucketCapturer):
+        attempts = 0
+
         def capture(self, fn):
+            self.attempts += 1
             out = fn()
-            if out.shape[1] != 100:
-                raise RuntimeError("capture failed")
+            if out.shape[1] == 100:
+                raise RuntimeError("out of memory")
             return super().capture(fn)
 
     def model(meta, views, tap_layers):
+        """Logits [N, W]: each row's block-table sum, W the table's width."""
         return SimpleNamespace(logits=meta.block_table.double().sum(1, keepdim=True).repeat(1, meta.block_table.shape[1]))
 
-    graphs = DecodeGraphs(model, None, FailingNarrow(), buckets=[1], scratch_row=9, block_size=16, max_pages=100,
+    capturer = FailingWide()
+    graphs = DecodeGraphs(model, None, capturer, buckets=[1], scratch_row=9, block_size=16, max_pages=100,
                           device="cpu", progress=False)
-    meta = ForwardMetadata.build([[1]], context_lens=[20], state_indices=[0],
-                                 block_table=torch.tensor([[3, 4]], dtype=torch.int32), page_size=16)
-    assert graphs.run(meta)[0, 0].item() == 3 + 4 + 9 * 98                  # replayed at the full width
-    assert graphs.bounds == [1600] and sorted(graphs._replay) == [(1, 1600)] and graphs.late_captures == 0
+    assert sorted(graphs._replay) == [(1, 256)] and capturer.attempts == 1
+    long = ForwardMetadata.build([[1]], context_lens=[16 * 90], state_indices=[0],
+                                 block_table=torch.arange(1, 92, dtype=torch.int32)[None], page_size=16)
+    for _ in range(2):
+        got = graphs.run(long)
+        assert got.shape == (1, 91) and got[0, 0].item() == sum(range(1, 92))   # eager: the step's own table
+    assert graphs.eager == {(1, 1600)} and graphs.eager_steps == 2 and capturer.attempts == 2
+    short = ForwardMetadata.build([[1]], context_lens=[20], state_indices=[0],
+                                  block_table=torch.tensor([[3, 4]], dtype=torch.int32), page_size=16)
+    assert graphs.run(short)[0, 0].item() == 3 + 4 + 9 * 14                 # replayed at 256 tokens: 16 pages
+    assert graphs.replays == 1 and graphs.late_captures == 0
 
 
 def test_context_bounds_give_the_eager_tokens(ckpt, monkeypatch):
@@ -230,7 +244,7 @@ def test_context_bounds_give_the_eager_tokens(ckpt, monkeypatch):
     graphs = engine.runner.graphs
     assert replayed == eager
     assert graphs.late_captures > 0 and capturer.replays > 0
-    assert {bound for _, bound in graphs._replay} >= {40, 56, 2048}        # prompts of 4-37 tokens plus 4-16 new
+    assert {bound for _, bound in graphs._replay} >= {24, 40, 56}          # 24 at start-up; prompts of 4-37 tokens plus 4-16 new
     in_page = [cut for cut in cuts if cut[0] is not None and cut[0] < 64]
     assert in_page and all(slots == bound and pages == 1 for bound, slots, pages in in_page)   # first `bound` slots
 
