@@ -197,6 +197,7 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
         if engine.runner.graphs is not None:
             row["graph_bounds"] = engine.runner.graphs.bounds        # context bounds replayed (tokens)
             row["late_captures"] = engine.runner.graphs.late_captures
+            row["eager_steps"] = engine.runner.graphs.eager_steps    # covered steps whose late capture failed
         if naive:
             row["note"] = f"naive k3.reference ops: {tokens} tokens a request (the others run {args.decode_tokens})"
         out["decode"].append(row)
