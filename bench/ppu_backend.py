@@ -180,7 +180,8 @@ def engine_figures(model_dir: str, variant: Variant, args, vocab: int, out: dict
     out["graphs"] = engine.runner.graphs.buckets if engine.runner.graphs is not None else None
     out["graph_capture_error"] = engine.graph_capture_error        # why graphs is None, when capture failed
     decision = engine.expert_cache
-    out["expert_cache"] = {"on": decision.on, "reason": decision.reason} if decision is not None else None
+    out["expert_cache"] = ({"on": decision.on, "reason": decision.reason, "layers": decision.layers}
+                           if decision is not None else None)
     out["built_at_s"] = time.perf_counter() - STARTED
     log(f"{variant.name}: engine built (graphs {out['graphs']}, capture error {out['graph_capture_error']}, "
         f"expert cache {out['expert_cache']})")

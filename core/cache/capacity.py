@@ -67,6 +67,8 @@ class WeightTerms:
     embedding_lm_head: int
     other: int
     experts_per_rank: int
+    expert_layers: int = 0           # MoE layers holding routed experts
+    dense_expert_layers: int = 0     # of them, held dense by the expert cache (the first ones)
 
     @property
     def total(self) -> int:
@@ -115,6 +117,7 @@ class CapacityReport:
     fits_criterion: str = FITS_CRITERION
     suggested: dict | None = None                  # when it does not fit: the smallest fitting topology
     expert_cache: bool = False                     # routed MXFP4 experts counted dense (the expert cache)
+    expert_cache_layers: int = 0                   # MoE layers whose experts it holds (all or the first ones)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -129,14 +132,15 @@ class CapacityReport:
 
 
 def weight_bytes_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None, *,
-                         expert_cache_dtype: torch.dtype | None = None) -> int:
+                         expert_cache_dtype: torch.dtype | None = None, expert_cache_layers: int | None = None) -> int:
     """Exact bytes of one GPU's parameters and buffers once loaded (W4A16 experts dense, their
     packed planes freed), plus the weights the engine folds from them at load
     (`K3Model.fold_weights`: MLA's absorbed decode weights, AttnRes logit weights); the sum of
     `weight_terms_per_gpu`. expert_parallel_size: None, the experts split over TP.
-    expert_cache_dtype: MXFP4 routed experts held dense in this dtype (the expert cache)."""
-    return weight_terms_per_gpu(cfg, tensor_parallel_size, expert_parallel_size,
-                                expert_cache_dtype=expert_cache_dtype).total
+    expert_cache_dtype: MXFP4 routed experts held dense in this dtype (the expert cache), in the
+    first expert_cache_layers MoE layers (None: all)."""
+    return weight_terms_per_gpu(cfg, tensor_parallel_size, expert_parallel_size, expert_cache_dtype=expert_cache_dtype,
+                                expert_cache_layers=expert_cache_layers).total
 
 
 _ROUTED = ("w13", "w13_packed", "w13_scale", "w2", "w2_packed", "w2_scale")
@@ -187,23 +191,29 @@ def _tp_rank_terms(cfg: K3Config, tensor_parallel_size: int) -> tuple[dict[str, 
 
 
 def weight_terms_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parallel_size: int | None = None, *,
-                         expert_cache_dtype: torch.dtype | None = None) -> WeightTerms:
+                         expert_cache_dtype: torch.dtype | None = None,
+                         expert_cache_layers: int | None = None) -> WeightTerms:
     """One GPU's weights by part (see WeightTerms): everything but the routed experts as TP
     rank 0 holds it (every TP rank holds the same bytes), the routed experts num_experts / TP
     of them without expert parallelism, num_experts / EP with it (every expert the same size).
     expert_cache_dtype: MXFP4 experts held dense in this dtype (`MoE.hold_experts_dense`), 3 I L
-    elements each, instead of their planes."""
+    elements each, instead of their planes; in the first expert_cache_layers MoE layers (None:
+    every one; the partial cache of a device too small for all of them)."""
     topology = Topology(tensor_parallel_size=tensor_parallel_size, data_parallel_size=1,
                         expert_parallel_size=expert_parallel_size)
     per_rank = topology.experts_per_rank(cfg.num_experts)
     terms, held, layers = _tp_rank_terms(cfg, tensor_parallel_size)
+    dense_layers = 0
     if held:
         per_expert, rest = divmod(terms["routed_experts"], held)       # one expert of every MoE layer
-        assert not rest, "routed experts of unequal sizes"
+        assert not rest and not per_expert % layers, "routed experts of unequal sizes"
         if expert_cache_dtype is not None and cfg.experts_mxfp4:
-            per_expert = layers * 3 * cfg.moe_intermediate_size * cfg.expert_hidden_size * expert_cache_dtype.itemsize
+            dense_layers = layers if expert_cache_layers is None else max(0, min(expert_cache_layers, layers))
+            dense = 3 * cfg.moe_intermediate_size * cfg.expert_hidden_size * expert_cache_dtype.itemsize
+            per_expert = dense_layers * dense + (layers - dense_layers) * (per_expert // layers)
         terms["routed_experts"] = per_expert * per_rank
-    return WeightTerms(**terms, experts_per_rank=per_rank)
+    return WeightTerms(**terms, experts_per_rank=per_rank, expert_layers=layers if held else 0,
+                       dense_expert_layers=dense_layers)
 
 
 # Activations one forward may hold while a lone request prefills with a larger chunk than
@@ -264,11 +274,12 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                   max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, num_speculative_tokens: int = 0,
                   kda_rollback: str = "states", prefix_caching: bool = False, kda_checkpoint_interval: int = 0,
                   activation_dtype: str | None = None, alignment: int = 256,
-                  expert_cache: bool = False) -> CapacityReport:
+                  expert_cache: bool = False, expert_cache_layers: int | None = None) -> CapacityReport:
     """One GPU's and one engine's cache capacity under a topology (module docstring: every
     term). expert_parallel_size: None, off (experts split over TP); it must divide TP x DP.
     expert_cache: the routed MXFP4 experts held dense in the activation dtype (the expert
-    cache, `k3.engine.expert_cache`), their planes freed.
+    cache, `k3.engine.expert_cache`), their planes freed; in the first expert_cache_layers MoE
+    layers (None: every one).
     suggest: when the plan does not fit, search the smallest topology that does
     (`smallest_fitting_topology`, same memory per GPU, max-model-len and cache settings)."""
     tp, dcp = tensor_parallel_size, decode_context_parallel_size
@@ -293,7 +304,8 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
                      "bytes short of a state: rows are sized for the state")
     usable = int(gpu_memory_bytes * gpu_memory_utilization)
     cache_dtype = torch_dtype(activation_dtype or cfg.dtype) if expert_cache else None
-    terms = weight_terms_per_gpu(cfg, tp, topology.expert_parallel_size, expert_cache_dtype=cache_dtype)
+    terms = weight_terms_per_gpu(cfg, tp, topology.expert_parallel_size, expert_cache_dtype=cache_dtype,
+                                 expert_cache_layers=expert_cache_layers)
     weights = terms.total
     workspace = workspace_bytes(cfg, max_num_batched_tokens)
     cache = usable - weights - workspace
@@ -331,7 +343,7 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             num_speculative_tokens=num_speculative_tokens, kda_rollback=kda_rollback, prefix_caching=prefix_caching,
             kda_checkpoint_interval=kda_checkpoint_interval, activation_dtype=activation_dtype, alignment=alignment,
-            expert_cache=expert_cache)
+            expert_cache=expert_cache, expert_cache_layers=expert_cache_layers)
         suggested = found.to_dict() if found else None
     return CapacityReport(
         bytes_per_token_per_gpu=attention_bytes_per_token(cfg, kv_cache_dtype=kv_cache_dtype,
@@ -350,7 +362,7 @@ def plan_capacity(cfg: K3Config, *, kv_cache_dtype: str = "bf16", index_cache_dt
         expert_parallel_size=topology.expert_parallel_size, nnodes=topology.nnodes,
         gpus_per_node=topology.gpus_per_node, world_size=topology.world_size, weight_terms=terms,
         capacity_tokens_total=capacity * topology.data_parallel_size, fits=fits, suggested=suggested,
-        expert_cache=bool(cache_dtype is not None and cfg.experts_mxfp4))
+        expert_cache=terms.dense_expert_layers > 0, expert_cache_layers=terms.dense_expert_layers)
 
 
 # The search stops here: no K3-architecture model needs more (K3 fits on 16 H200s).

@@ -131,7 +131,7 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
         spec = SpeculativeConfig.parse(args.speculative_config)
     except SpeculativeConfigError as e:
         raise CliError(f"--speculative-config: {e}") from None
-    def plan(expert_cache: bool) -> CapacityReport:
+    def plan(expert_cache: bool, layers: int | None = None) -> CapacityReport:
         return plan_capacity(cfg, kv_cache_dtype=kv, index_cache_dtype=args.index_cache_dtype,
                              tensor_parallel_size=topology.tensor_parallel_size,
                              data_parallel_size=topology.data_parallel_size,
@@ -145,13 +145,14 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
                              kda_rollback=spec.kda_rollback if spec else "states",
                              prefix_caching=resolve_prefix_caching(args),
                              kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype,
-                             expert_cache=expert_cache)
+                             expert_cache=expert_cache, expert_cache_layers=layers)
 
     mode = getattr(args, "expert_cache", None) or "off"
     try:
-        if mode == "auto":                   # as the engine decides it (k3.engine.expert_cache)
-            with_cache = plan(True)
-            return with_cache if with_cache.fits else plan(False)
+        if mode == "auto" and cfg.experts_mxfp4:      # as the engine decides it (k3.engine.expert_cache)
+            from k3.engine.expert_cache import choose_auto
+
+            return choose_auto(lambda layers=None: plan(True, layers), args.max_num_seqs).report
         return plan(mode == "on")
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -200,7 +201,9 @@ def render(r: CapacityReport, family: str) -> str:
         f"      attention:            {g(w.attention)} (KDA, MLA + absorbed decode weights, any DSA indexer; heads "
         f"sharded over TP {r.tensor_parallel_size})",
         f"      routed experts:       {g(w.routed_experts)} ({w.experts_per_rank:,} experts per GPU"
-        + (" held dense, the expert cache, " if r.expert_cache else ", ")
+        + ((" held dense, the expert cache, " if r.expert_cache_layers == w.expert_layers else
+            f" held dense in the first {r.expert_cache_layers} of {w.expert_layers} MoE layers, the expert cache, ")
+           if r.expert_cache else ", ")
         + (f"split over EP {r.expert_parallel_size})" if r.expert_parallel_size is not None
            else f"split over TP {r.tensor_parallel_size}, replicated over DP)"),
         f"      shared experts/dense: {g(w.shared_dense)} (sharded over TP)",

@@ -8,10 +8,14 @@ The mode is `EngineConfig.expert_cache` (`--expert-cache`), else the platform's 
 (`k3_config_defaults` key "expert_cache"; ppu: "auto", or $K3_PPU_EXPERT_CACHE), else "off":
 - "off": the experts stay MXFP4;
 - "on": held dense whatever it costs the KV cache;
-- "auto": held dense when the capacity plan with them still fits (the planner's own criterion,
-  `k3.cache.capacity.FITS_CRITERION`: weights + workspace within the usable memory and a cache
-  of at least one max-length request). Only on a device that reports its memory size: the CPU
-  (whose cache is sized by kv_cache_memory_gib) stays off unless "on".
+- "auto" (`choose_auto`): held dense when the capacity plan with them still fits (the planner's
+  criterion, `k3.cache.capacity.FITS_CRITERION`) and its KV cache still holds the fewer of
+  max_num_seqs and what it holds without them, in max-length requests (the cache may not cut the
+  concurrency the scheduler would reach: k3-slice on an H200 at 8,448 tokens and 64 sequences,
+  366 -> 64 requests); where all of them do not, the experts of as many MoE layers as do (the
+  first ones: a partial cache, the others staying MXFP4; the ppu experts entry picks its way per
+  layer from the weights it is given); else none. Only on a device that reports its memory
+  size: the CPU (whose cache is sized by kv_cache_memory_gib) stays off unless "on".
 Whatever the mode, the capacity plan counts the experts as the engine holds them
 (`plan_capacity(expert_cache=...)`), so the KV cache is sized after the dense stacks.
 """
@@ -31,11 +35,13 @@ logger = get_logger(__name__)
 
 @dataclass(frozen=True)
 class ExpertCacheDecision:
-    """What the engine does with the routed experts: `on` (held dense) and why, in one sentence."""
+    """What the engine does with the routed experts: `on` (held dense) and why, in one sentence;
+    `layers` the MoE layers held dense when not all of them (the first ones), else None."""
 
     mode: str
     on: bool
     reason: str
+    layers: int | None = None
 
 
 def resolve_mode(config, platform) -> str:
@@ -47,9 +53,57 @@ def resolve_mode(config, platform) -> str:
     return mode
 
 
+def largest_fitting_layers(acceptable, total_layers: int) -> int:
+    """The most MoE layers (0 to total_layers) whose experts held dense leave an acceptable plan:
+    acceptable(n) judges the plan with the first n layers' experts dense. Fewer dense layers
+    never need more memory, so a bisection: log2(layers) plans."""
+    lo, hi = 0, total_layers                 # lo acceptable (nothing dense: the MXFP4 plan), hi unknown
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if acceptable(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What "auto" holds dense: `layers` None (every MoE layer), a count (the first ones) or 0
+    (none); `report` the capacity plan it leaves; `floor` the max-length requests that plan must
+    still hold; `total` the MoE layers."""
+
+    layers: int | None
+    report: object
+    floor: int
+    total: int
+
+
+def choose_auto(plan_with_cache, max_num_seqs: int) -> AutoChoice:
+    """The expert cache "auto" mode's choice (the engine's and `k3 plan`'s): every layer's experts
+    dense when the plan still fits and its KV cache holds `floor` max-length requests, the
+    fewer of max_num_seqs and what the plan without the cache holds (the dense experts may not
+    cut the concurrency the scheduler would reach); else the most layers for which that holds;
+    else none. plan_with_cache(layers=None): the capacity report with the first `layers` MoE
+    layers' experts dense (0: none, None: all)."""
+    without = plan_with_cache(layers=0)
+    floor = max(1, min(max_num_seqs, without.concurrent_max_len_requests))
+
+    def acceptable(report) -> bool:
+        return report.fits and report.concurrent_max_len_requests >= floor
+
+    total = without.weight_terms.expert_layers
+    full = plan_with_cache()
+    if acceptable(full):
+        return AutoChoice(None, full, floor, total)
+    layers = largest_fitting_layers(lambda n: acceptable(plan_with_cache(layers=n)), total - 1)
+    return AutoChoice(layers, plan_with_cache(layers=layers) if layers else without, floor, total)
+
+
 def decide(config, cfg, platform, plan_with_cache) -> ExpertCacheDecision:
-    """Hold the experts dense? plan_with_cache(): the engine's capacity report with the experts
-    counted dense (called only for "auto" on a device with a memory size)."""
+    """Hold the experts dense? plan_with_cache(layers=None): the engine's capacity report with
+    the experts of the first `layers` MoE layers (None: every one, 0: none) counted dense (called
+    only for "auto" on a device with a memory size; `choose_auto`)."""
     mode = resolve_mode(config, platform)
     if not cfg.experts_mxfp4:
         return ExpertCacheDecision(mode, False, "the routed experts are not MXFP4")
@@ -58,17 +112,25 @@ def decide(config, cfg, platform, plan_with_cache) -> ExpertCacheDecision:
     if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
         return ExpertCacheDecision(mode, False, "auto: the device reports no memory size to plan against; "
                                                 "expert_cache on forces it")
-    report = plan_with_cache()
-    dense = report.weight_terms.routed_experts / GIB
-    if report.fits:
-        return ExpertCacheDecision(mode, True, f"auto: {dense:.1f} GiB of dense experts fit; the KV cache then holds "
-                                               f"{report.concurrent_max_len_requests:,} max-length requests")
-    return ExpertCacheDecision(mode, False, f"auto: {dense:.1f} GiB of dense experts do not leave a cache of one "
-                                            "max-length request; expert_cache on forces it")
+    choice = choose_auto(plan_with_cache, config.max_num_seqs)
+    r = choice.report
+    experts = r.weight_terms.routed_experts / GIB
+    holds = (f"the KV cache then holds {r.concurrent_max_len_requests:,} max-length requests "
+             f"(at least {choice.floor:,}: max_num_seqs, or what it holds without the cache)")
+    if choice.layers is None:
+        return ExpertCacheDecision(mode, True, f"auto: {experts:.1f} GiB of dense experts fit; {holds}")
+    if choice.layers:
+        return ExpertCacheDecision(mode, True, f"auto: the first {choice.layers} of {choice.total} MoE layers' experts "
+                                               f"held dense, all {choice.total} would not fit ({experts:.1f} GiB of "
+                                               f"routed experts); {holds}", layers=choice.layers)
+    return ExpertCacheDecision(mode, False, f"auto: not one MoE layer's dense experts leave a KV cache of "
+                                            f"{choice.floor:,} max-length request{'s' * (choice.floor != 1)} "
+                                            "(max_num_seqs, or what it holds without them); expert_cache on forces it")
 
 
-def hold_experts_dense(model) -> int:
-    """Every MoE layer's MXFP4 experts held dense (`MoE.hold_experts_dense`), a layer at a time,
+def hold_experts_dense(model, layers: int | None = None) -> int:
+    """The first `layers` MoE layers' MXFP4 experts (None: every layer's) held dense
+    (`MoE.hold_experts_dense`), a layer at a time,
     each layer's freed planes returned to the device before the next layer's stacks are
     allocated (they are smaller than a stack, so the allocator could not reuse them; the KV
     cache is allocated next). Returns the bytes of the dense stacks."""
@@ -77,7 +139,7 @@ def hold_experts_dense(model) -> int:
     device = next(model.parameters()).device
     module = torch.get_device_module(device) if device.type != "cpu" else None
     held = 0
-    for layer in [m for m in model.modules() if isinstance(m, MoE)]:
+    for layer in [m for m in model.modules() if isinstance(m, MoE)][:layers]:
         held += layer.hold_experts_dense()
         if module is not None and hasattr(module, "empty_cache"):
             module.empty_cache()
@@ -88,7 +150,7 @@ def apply(config, cfg, platform, model, plan_with_cache) -> ExpertCacheDecision:
     """`decide`, then hold the experts dense when it says so; logs the decision."""
     decision = decide(config, cfg, platform, plan_with_cache)
     if decision.on:
-        held = hold_experts_dense(model)
+        held = hold_experts_dense(model, decision.layers)
         logger.info(f"expert cache on ({decision.reason}): {held / GIB:.2f} GiB ({held:,} bytes) of routed experts "
                     f"held dense in {model.dtype}")
     elif decision.mode != "off" and cfg.experts_mxfp4:

@@ -100,8 +100,9 @@ def build_engine(config: EngineConfig, *, platform=None, parallel=None, broadcas
                             index_cache_dtype=config.index_cache_dtype, tensor_parallel_size=tp,
                             block_size=config.block_size, platform=platform)
     expert_cache = apply_expert_cache(config, cfg, platform, model,
-                                      lambda: capacity_report(config, cfg, fmt, platform, expert_cache=True))
-    budget = cache_bytes(config, cfg, fmt, platform, expert_cache=expert_cache.on)
+                                      lambda layers=None: capacity_report(config, cfg, fmt, platform, expert_cache=True,
+                                                                          expert_cache_layers=layers))
+    budget = cache_bytes(config, cfg, fmt, platform, expert_cache=expert_cache.on, expert_cache_layers=expert_cache.layers)
     if spec is not None and spec.method == "mtp":
         # the MTP layer's own cache comes out of the same budget (as big as the target's token rows)
         from .spec.mtp import target_cache_share
@@ -292,9 +293,11 @@ def _allocate_cache(platform, cfg: K3Config, fmt: CacheFormat, plan, config: Eng
                          f"{config.gpu_memory_utilization:g}) or free the device") from None
 
 
-def capacity_report(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False):
+def capacity_report(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False,
+                    expert_cache_layers: int | None = None):
     """The capacity plan of this engine on the platform's device memory (`plan_capacity`);
-    expert_cache: the routed MXFP4 experts counted dense (`k3.engine.expert_cache`)."""
+    expert_cache: the routed MXFP4 experts counted dense (`k3.engine.expert_cache`), those of the
+    first expert_cache_layers MoE layers (None: all)."""
     return plan_capacity(cfg, kv_cache_dtype=fmt.kv_cache_dtype, index_cache_dtype=fmt.index_cache_dtype,
                          tensor_parallel_size=fmt.tensor_parallel_size,
                          gpu_memory_bytes=platform.capabilities.memory_bytes,
@@ -302,17 +305,19 @@ def capacity_report(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platf
                          max_num_batched_tokens=config.max_num_batched_tokens, block_size=fmt.block_size,
                          max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
                          activation_dtype=dtype_name(fmt.activation_dtype), alignment=fmt.alignment,
-                         suggest=False, expert_cache=expert_cache)
+                         suggest=False, expert_cache=expert_cache, expert_cache_layers=expert_cache_layers)
 
 
-def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False) -> int:
+def cache_bytes(config: EngineConfig, cfg: K3Config, fmt: CacheFormat, platform, *, expert_cache: bool = False,
+                expert_cache_layers: int | None = None) -> int:
     """The cache's memory: on the CPU, or a device that reports no memory size (PJRT's CPU device
     under XLA), kv_cache_memory_gib (default min(2 GiB, RAM / 8)); on an accelerator what the
     capacity plan leaves after the weights (the routed experts dense with `expert_cache`) and
     the workspace."""
     if torch.device(platform.info.device).type == "cpu" or not platform.capabilities.memory_bytes:
         return int(config.kv_cache_memory_gib * GIB) if config.kv_cache_memory_gib else default_cpu_cache_bytes()
-    return capacity_report(config, cfg, fmt, platform, expert_cache=expert_cache).cache_bytes
+    return capacity_report(config, cfg, fmt, platform, expert_cache=expert_cache,
+                           expert_cache_layers=expert_cache_layers).cache_bytes
 
 
 def _prefix_cache(config: EngineConfig, cfg: K3Config, pool: BlockPool, block: int) -> PrefixCache | None:

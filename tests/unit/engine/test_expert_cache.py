@@ -1,7 +1,7 @@
 """The expert cache (k3.engine.expert_cache): MXFP4 routed experts held dense after load. The
 capacity plan counts the dense stacks in place of the planes (so the KV cache shrinks by exactly
-the difference), "auto" follows the plan's fit, and an engine holding the experts dense decodes
-what the MXFP4 engine decodes."""
+the difference), "auto" follows the plan's fit (all layers, the first layers that fit, or none),
+and an engine holding all or some layers' experts dense decodes what the MXFP4 engine decodes."""
 
 from types import SimpleNamespace
 
@@ -39,6 +39,21 @@ def test_plan_counts_the_dense_stacks_instead_of_the_planes():
     assert not plan_capacity(SLICE, expert_cache=True, **{**kw, "gpu_memory_utilization": 0.6}).fits
 
 
+def test_a_partial_cache_counts_its_layers_dense_and_the_others_packed():
+    packed, dense = weight_terms_per_gpu(SLICE, 1), weight_terms_per_gpu(SLICE, 1, expert_cache_dtype=torch.bfloat16)
+    layers = packed.expert_layers
+    assert layers == SLICE.num_hidden_layers - SLICE.first_k_dense_replace and dense.dense_expert_layers == layers
+    for n in (0, 1, 4, layers - 1):
+        part = weight_terms_per_gpu(SLICE, 1, expert_cache_dtype=torch.bfloat16, expert_cache_layers=n)
+        assert part.dense_expert_layers == n
+        assert part.routed_experts * layers == n * dense.routed_experts + (layers - n) * packed.routed_experts
+    kw = dict(gpu_memory_bytes=80 * GIB, max_model_len=8448, max_num_seqs=64, max_num_batched_tokens=8192)
+    report = plan_capacity(SLICE, expert_cache=True, expert_cache_layers=4, **kw)
+    assert report.expert_cache and report.expert_cache_layers == 4
+    assert plan_capacity(SLICE, **kw).cache_bytes - report.cache_bytes == 4 * (dense.routed_experts
+                                                                              - packed.routed_experts) // layers
+
+
 def test_the_engine_sizes_its_cache_after_the_dense_experts():
     config = EngineConfig(model="unused", max_model_len=8448, max_num_batched_tokens=8192)
     fmt = CacheFormat.build(SLICE, activation_dtype=torch.bfloat16)
@@ -48,16 +63,50 @@ def test_the_engine_sizes_its_cache_after_the_dense_experts():
     assert off - on == gap and gap > 60 * GIB
 
 
-@pytest.mark.parametrize("memory, util, want", [(H200, 0.9, True), (H200, 0.6, False), (80 * GIB, 0.9, False)])
-def test_auto_follows_the_plan(memory, util, want):
-    config = EngineConfig(model="unused", max_model_len=8448, max_num_batched_tokens=8192, gpu_memory_utilization=util)
+@pytest.mark.parametrize("memory, util, seqs, want", [(H200, 0.9, 64, "all"), (H200, 0.6, 64, "part"),
+                                                      (80 * GIB, 0.9, 64, "part"), (H200, 0.9, 256, "part"),
+                                                      (24 * GIB, 0.9, 64, "none")])
+def test_auto_follows_the_plan(memory, util, seqs, want):
+    """Every layer's experts dense where the plan fits and its cache still holds the fewer of
+    max_num_seqs and the MXFP4 plan's max-length requests; else the most layers for which that
+    holds (one more would not); else none. At 256 sequences on the H200 the whole cache would fit
+    (64 requests) but cut the concurrency: 4 layers are held instead."""
+    config = EngineConfig(model="unused", max_model_len=8448, max_num_batched_tokens=8192, gpu_memory_utilization=util,
+                          max_num_seqs=seqs)
     platform = _accelerator(memory)
     fmt = CacheFormat.build(SLICE, activation_dtype=torch.bfloat16)
     from k3.engine.factory import capacity_report
 
-    decision = expert_cache.decide(config, SLICE, platform,
-                                   lambda: capacity_report(config, SLICE, fmt, platform, expert_cache=True))
-    assert decision.mode == "auto" and decision.on is want, decision.reason
+    def plan(layers=None):
+        return capacity_report(config, SLICE, fmt, platform, expert_cache=True, expert_cache_layers=layers)
+
+    floor = max(1, min(seqs, plan(0).concurrent_max_len_requests))
+
+    def acceptable(report):
+        return report.fits and report.concurrent_max_len_requests >= floor
+
+    decision = expert_cache.decide(config, SLICE, platform, plan)
+    assert decision.mode == "auto" and decision.on is (want != "none"), decision.reason
+    if want == "all":
+        assert decision.layers is None and acceptable(plan())
+    elif want == "part":
+        n = decision.layers
+        assert 0 < n < 11 and acceptable(plan(n)) and not acceptable(plan(n + 1)), decision.reason
+        assert f"the first {n} of 11 MoE layers'" in decision.reason
+        assert plan().fits is (seqs == 256)                         # 256: the floor, not the fit, said no
+    else:
+        assert decision.layers is None and not acceptable(plan(1))
+
+
+def test_largest_fitting_layers_bisects():
+    asked = []
+
+    def acceptable(n):
+        asked.append(n)
+        return n <= 6
+    assert expert_cache.largest_fitting_layers(acceptable, 10) == 6 and len(asked) <= 4
+    assert expert_cache.largest_fitting_layers(lambda n: False, 10) == 0
+    assert expert_cache.largest_fitting_layers(lambda n: True, 10) == 10
 
 
 def test_modes_without_a_plan():
@@ -106,6 +155,30 @@ def test_an_engine_with_dense_experts_decodes_what_mxfp4_decodes(tiny_checkpoint
             done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
         outputs[mode] = done
     assert outputs["on"] == outputs[None] and all(len(t) == 5 for t in outputs["on"].values())
+
+
+def test_a_partial_cache_decodes_what_mxfp4_decodes(tiny_checkpoint):
+    """The first MoE layer's experts dense, the others MXFP4: the ppu experts entry takes its way
+    per layer from the weights it is given, and the tokens are the MXFP4 engine's."""
+    from k3.engine.params import SamplingParams
+
+    path = tiny_checkpoint("k3-tiny")
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    outputs = []
+    for layers in (None, 1):
+        engine = _engine(path, None)                        # ppu's auto: off on the CPU
+        moes = [m for m in engine.model.modules() if isinstance(m, MoE)]
+        assert len(moes) >= 2
+        if layers:
+            assert expert_cache.hold_experts_dense(engine.model, layers) > 0
+        assert ["w13_packed" in m._buffers for m in moes] == [not layers or i >= layers for i in range(len(moes))]
+        for i, prompt in enumerate(([5, 9, 13, 21, 40], [7, 3])):
+            engine.add_request(f"r{i}", prompt, params)
+        done = {}
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        outputs.append(done)
+    assert outputs[0] == outputs[1] and all(len(t) == 5 for t in outputs[0].values())
 
 
 def test_hold_experts_dense_is_exact_and_frees_the_planes():
@@ -181,3 +254,7 @@ def test_the_flag_reaches_the_engine_and_the_plan(tmp_path, capsys):
         plans[mode] = json.loads(capsys.readouterr().out)
     assert plans["on"]["expert_cache"] and not plans["off"]["expert_cache"]
     assert plans["on"]["weight_terms"]["routed_experts"] > 3.7 * plans["off"]["weight_terms"]["routed_experts"]
+    assert main(["plan", "--preset", "k3-slice", "--gpu-memory", "80", "--max-model-len", "8448",
+                 "--expert-cache", "auto"]) == 0
+    text = capsys.readouterr().out
+    assert "held dense in the first " in text and " of 11 MoE layers, the expert cache" in text, text
