@@ -204,7 +204,7 @@ def weight_terms_per_gpu(cfg: K3Config, tensor_parallel_size: int, expert_parall
     per_rank = topology.experts_per_rank(cfg.num_experts)
     terms, held, layers = _tp_rank_terms(cfg, tensor_parallel_size)
     dense_layers = 0
-    if held:
+    if held and layers:
         per_expert, rest = divmod(terms["routed_experts"], held)       # one expert of every MoE layer
         assert not rest and not per_expert % layers, "routed experts of unequal sizes"
         if expert_cache_dtype is not None and cfg.experts_mxfp4:
