@@ -21,8 +21,9 @@ the pages that hold it, and under one page the model reads each page's first `bo
 wider one (the full width included) is captured the first time a step needs it (a one-off
 capture of a few steps' time, logged), so start-up pays neither the time nor the memory of
 bounds no batch reaches: a full-width step of gathered pages is the largest a bucket has (at 64
-sequences of a 32,768-token page, gigabytes a layer), and capturing it at start-up beside an
-expert cache did not fit an H200. A late capture that fails (memory taken by the cache since)
+sequences of a 32,768-token page, gigabytes a layer), the likeliest to run out of memory beside
+an expert cache (the 2026-12-05 H200 run with it decoded without graphs; its capture error was
+not recorded then). A late capture that fails (memory taken by the cache since)
 leaves that (bucket, bound) to run eagerly, logged once; the other graphs keep replaying.
 
 Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
