@@ -121,10 +121,11 @@ def _kda_decode_one_sequence(result: dict) -> float | None:
 # a second one where there was one, and the last one (no tag); the 32k-router, kda-chunked-torch,
 # workload and 32k-prefix-ngram files ran experimental settings or one phase alone and are left out
 K3_SLICE = ("k3_slice-{machine}-*.json", "k3_slice-first-{machine}-*.json", "k3_slice-second-{machine}-*.json")
-# the main run of each session, and the grouped-gemv runs of 2026-12-04, which time the served
-# default in the same run (`k3_default_us`); the fp16x2-no-convert, gemv-mma, row-split and
+# the main run of each session, the grouped-gemv runs of 2026-12-04, which time the served
+# default in the same run (`k3_default_us`), and the served set's own runs (`served`, 2026-12-07); the fp16x2-no-convert, gemv-mma, row-split and
 # prefill-dequant files changed the kernel before timing it and are left out
-MOE = ("moe_mxfp4-{machine}-*.json", "moe_mxfp4-grouped-{machine}-*.json", "moe_mxfp4-grouped-k128-{machine}-*.json")
+MOE = ("moe_mxfp4-{machine}-*.json", "moe_mxfp4-grouped-{machine}-*.json", "moe_mxfp4-grouped-k128-{machine}-*.json",
+       "moe_mxfp4-served-{machine}-*.json")
 # the main run of each session, and the seventh session's last call (split-variants: the served
 # code, BENCHMARKS.md's 12.05 ms); launch-variants timed intermediate launch settings; the diag,
 # torch-batched and tf32x3 files predate the field

@@ -8,8 +8,10 @@ The figures, their result files and the issue's bars are in `regression_figures.
 file's name carries the machine kind (h200 / h100 / cpu), the date and sometimes a session tag
 (`-s9`, `-s3b`); a measurement is ordered by (date, session, tag suffix, call within the session,
 run within the file).
-Only files of one machine kind are compared (`--machine`, H200 by default). A file that lacks a
-figure's field is skipped; a figure no file holds prints "not measured".
+Only files of one machine kind are compared in a table: BENCHMARKS.md holds the H200's (the
+issue's machine) and the H100's (where most sessions since 2026-12-05 ran), each between its own
+markers; `--machine` picks one. A file that lacks a figure's field is skipped; a figure no file
+holds prints "not measured".
 """
 
 from __future__ import annotations
@@ -28,8 +30,16 @@ from regression_figures import FIGURES, LOWER, Figure, results_of  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = ROOT / "BENCHMARKS.md"
-BEGIN = "<!-- regression-table:begin -->"
+BEGIN = "<!-- regression-table:begin -->"           # the H200's block
 END = "<!-- regression-table:end -->"
+MACHINES = ("h200", "h100")                          # the blocks --write and --check keep, where present
+
+
+def markers(machine: str) -> tuple[str, str]:
+    """The begin / end markers of `machine`'s block in BENCHMARKS.md."""
+    if machine == "h200":
+        return BEGIN, END
+    return f"<!-- regression-table-{machine}:begin -->", f"<!-- regression-table-{machine}:end -->"
 # calls of one session tagged in the file name, in the order they ran; an untagged file is the
 # session's last call (BENCHMARKS.md: "the first `check` of this session ... the last `check`")
 _CALL_RANK = (("-first-", 0), ("-second-", 1))
@@ -141,12 +151,13 @@ def table(results_dir: Path = RESULTS, machine: str = "h200", figures: tuple[Fig
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str) -> str:
-    """`text` with the lines between the begin and end markers replaced by `block`."""
-    start, end = text.find(BEGIN), text.find(END)
+def replace_block(text: str, block: str, machine: str = "h200") -> str:
+    """`text` with the lines between `machine`'s begin and end markers replaced by `block`."""
+    begin, finish = markers(machine)
+    start, end = text.find(begin), text.find(finish)
     if start < 0 or end < start:
-        raise SystemExit(f"the markers {BEGIN} ... {END} are missing from BENCHMARKS.md")
-    return text[:start + len(BEGIN)] + "\n" + block + "\n" + text[end:]
+        raise SystemExit(f"the markers {begin} ... {finish} are missing from BENCHMARKS.md")
+    return text[:start + len(begin)] + "\n" + block + "\n" + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,21 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="replace the marked block in BENCHMARKS.md")
     parser.add_argument("--check", action="store_true", help="exit 1 if BENCHMARKS.md's block differs")
-    parser.add_argument("--machine", default="h200", help="machine kind in the result file names (h200, h100)")
+    parser.add_argument("--machine", default=None,
+                        help="machine kind in the result file names (h200, h100); default: the H200 and every other "
+                             "machine whose block BENCHMARKS.md holds")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the result files' folder")
     parser.add_argument("--benchmarks", type=Path, default=BENCHMARKS, help="the markdown file with the block")
     args = parser.parse_args(argv)
-    block = table(args.results, args.machine)
+    current = args.benchmarks.read_text() if args.benchmarks.exists() else ""
+    machines = [args.machine] if args.machine else [m for m in MACHINES if m == "h200" or markers(m)[0] in current]
+    blocks = {machine: table(args.results, machine) for machine in machines}
+    updated = current
+    for machine, block in blocks.items():
+        if args.check or args.write:
+            updated = replace_block(updated, block, machine)
     if args.check:
-        current = args.benchmarks.read_text()
-        if replace_block(current, block) != current:
+        if updated != current:
             print(f"{args.benchmarks} regression table is stale: run python bench/regression_table.py --write",
                   file=sys.stderr)
             return 1
         return 0
     if args.write:
-        args.benchmarks.write_text(replace_block(args.benchmarks.read_text(), block))
-    print(block)
+        args.benchmarks.write_text(updated)
+    print("\n\n".join(blocks.values()))
     return 0
 
 

@@ -125,6 +125,30 @@ def test_check_detects_a_stale_block_and_write_refreshes_it(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_each_machine_block_holds_its_own_machines_results(tmp_path, capsys):
+    """--write fills the H200 block and, where BENCHMARKS.md has one, the H100's, each from its own
+    machine's files; --check sees a new H100 result; --machine prints one table."""
+    results = tmp_path / "results"
+    results.mkdir()
+    _k3_slice(results, "k3_slice-h200-2026-11-29-s3.json", 8.0)
+    _k3_slice(results, "k3_slice-h100-2026-12-06-s21.json", 9.5)
+    begin, end = reg.markers("h100")
+    benchmarks = tmp_path / "BENCHMARKS.md"
+    benchmarks.write_text(f"{reg.BEGIN}\n{reg.END}\n\nbetween\n\n{begin}\n| old |\n{end}\n")
+    paths = ["--results", str(results), "--benchmarks", str(benchmarks)]
+    assert reg.main(["--write", *paths]) == 0 and reg.main(["--check", *paths]) == 0
+    text = benchmarks.read_text()
+    h200, h100 = text.split("between")
+    assert "| 8 (2026-11-29" in h200 and "9.5" not in h200 and "figure (H200)" in h200
+    assert "| 9.5 (2026-12-06" in h100 and "| 8 (" not in h100 and "figure (H100)" in h100 and "| old |" not in h100
+    _k3_slice(results, "k3_slice-h100-2026-12-07-s25.json", 9.25)
+    assert reg.main(["--check", *paths]) == 1
+    capsys.readouterr()
+    assert reg.main(["--machine", "h100", *paths]) == 0
+    printed = capsys.readouterr().out
+    assert "figure (H100)" in printed and "figure (H200)" not in printed and "9.25" in printed
+
+
 def test_every_figure_has_an_h200_measurement_in_the_committed_results():
     for figure in figures.FIGURES:
         found = reg.measurements(figure, reg.RESULTS, "h200")
