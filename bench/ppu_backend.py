@@ -258,9 +258,11 @@ def main() -> None:
     parser.add_argument("--copy-bytes", type=int, default=1 << 30)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--kv-cache-gib", type=float, default=0.5, help="the CPU's cache per engine")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.6,
-                        help="weights + cache share of the device for nvidia and the MXFP4 variants (0.6 leaves "
-                             "room for the reference table's MLA prefill, which materialises 24 GiB at 8K)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="weights + cache share of the device for nvidia and the MXFP4 variants; default 0.6 "
+                             "on a device of 120 GiB or more (room for the reference table's MLA prefill, which "
+                             "materialises 24 GiB at 8K), else 0.85 (at 0.6 of an 80 GB GPU k3-slice's 41 GiB of "
+                             "weights and 6 GiB of workspace leave the cache no row)")
     parser.add_argument("--ppu-memory-utilization", type=float, default=0.9,
                         help="the same for the ppu variants: the expert cache (k3-slice: 86.6 GiB of bf16 "
                              "experts) fits the plan at 0.9 of an H200, not at 0.6")
@@ -284,6 +286,9 @@ def main() -> None:
         args.decode_tokens, args.naive_decode_tokens, args.prompt_len, args.ttft, args.naive_ttft = 2, 2, 8, 16, 8
         args.moe_tokens, args.reps, args.naive_reps, args.copy_bytes, args.kv_cache_gib = [1, 16], 2, 1, 1 << 22, 0.05
         args.variants = [v for v in args.variants if v != "nvidia" or device == "cuda"]
+    if args.gpu_memory_utilization is None:
+        big = device == "cuda" and torch.cuda.get_device_properties(0).total_memory >= 120 * 1024 ** 3
+        args.gpu_memory_utilization = 0.6 if big or device != "cuda" else 0.85
     cfg = K3Config.preset(preset)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "args": vars(args)}
