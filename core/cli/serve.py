@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cache_arguments(parser)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never capture decode steps as graphs (platforms that capture: nvidia)")
+    parser.add_argument("--precompile-context-bounds", action="store_true",
+                        help="capture (on tpu: compile) every decode context bound of every batch bucket at "
+                             "startup instead of the wider ones on first use, so serving never stalls on a capture "
+                             "(platforms whose decode reads the whole block table: ppu, tpu; startup takes one "
+                             "capture per bucket and bound)")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="launch each decode step before the host has read the previous one's tokens, "
                              "overlapping scheduling and output processing with the device (vLLM's "
@@ -453,7 +458,7 @@ def engine_config(args: argparse.Namespace):
         speculative_config=args.speculative_config, enforce_eager=args.enforce_eager, load_format=args.load_format,
         async_scheduling=args.async_scheduling, kv_transfer_config=args.kv_transfer_config,
         graph_batch_sizes=tuple(args.graph_batch_sizes) if args.graph_batch_sizes else None,
-        hf_overrides=args.hf_overrides,
+        precompile_context_bounds=args.precompile_context_bounds, hf_overrides=args.hf_overrides,
         enable_lora=args.enable_lora, lora_modules=lora_modules(args.lora_modules),
         max_lora_rank=args.max_lora_rank, max_loras=args.max_loras, batch_invariant=args.batch_invariant,
         max_num_encoder_tokens=args.max_num_encoder_tokens, mm_encoder_tp_mode=args.mm_encoder_tp_mode,

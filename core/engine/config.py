@@ -50,6 +50,10 @@ class EngineConfig:
     skip_tokenizer_init: bool = False         # no tokenizer: prompts are token ids, outputs have no text
     enforce_eager: bool = False               # never capture decode graphs
     graph_batch_sizes: tuple[int, ...] | None = None   # capture buckets (default: 1, 2, 4, 8, 16, ...)
+    # capture every context bound of every bucket at start-up (runners with table_width_buckets:
+    # ppu, tpu), not the wider ones on first use: no capture or XLA compile mid-serving, as vLLM's
+    # TPU runner precompiles; start-up pays one capture per (bucket, bound)
+    precompile_context_bounds: bool = False
     load_progress: bool = True
     # launch the next decode step before the host has read this one's tokens (overlapping the
     # host's scheduling and output work with the device); tensor parallel size 1, no speculation.

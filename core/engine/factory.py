@@ -342,7 +342,8 @@ def _decode_graphs(config: EngineConfig, platform, model, cache: CachePool, plan
     try:
         return DecodeGraphs(model, cache.views, graph_runner, buckets=buckets, scratch_row=plan.graph_scratch_row,
                             block_size=plan.block_size, max_pages=-(-plan.max_model_len // plan.block_size),
-                            device=device, progress=config.load_progress), None
+                            device=device, progress=config.load_progress,
+                            precompile_bounds=config.precompile_context_bounds), None
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         logger.warning(f"decode graph capture failed on platform {platform.name} ({error}); "

@@ -25,6 +25,8 @@ sequences of a 32,768-token page, gigabytes a layer), the likeliest to run out o
 an expert cache (the 2026-12-05 H200 run with it decoded without graphs; its capture error was
 not recorded then). A late capture that fails (memory taken by the cache since)
 leaves that (bucket, bound) to run eagerly, logged once; the other graphs keep replaying.
+`precompile_bounds` (`--precompile-context-bounds`) captures every bound of every bucket at
+start-up instead: nothing is captured (on XLA: compiled) mid-serving.
 
 Everything else (prefill and mixed steps, speculative verification, prefix checkpoints,
 tapped layers for drafts, batches over the largest bucket) runs eagerly, unchanged.
@@ -80,10 +82,11 @@ class DecodeGraphs:
     max_pages: the widest block table (the longest sequence's pages), every bucket's width
         unless the runner sets `table_width_buckets` (then also `context_buckets`' narrower
         context bounds, each with the table of the pages that hold it).
+    precompile_bounds: capture every context bound at start-up (else the narrowest only).
     """
 
     def __init__(self, model, views, runner, *, buckets: Sequence[int], scratch_row: int, block_size: int,
-                 max_pages: int, device, progress: bool = True):
+                 max_pages: int, device, progress: bool = True, precompile_bounds: bool = False):
         if not buckets or min(buckets) < 1:
             raise ValueError(f"graph batch sizes must be positive, got {list(buckets)}")
         self.model, self.views, self.runner = model, views, runner
@@ -102,9 +105,11 @@ class DecodeGraphs:
         self.replays = 0                                  # decode steps run from a captured graph
         self.eager_steps = 0                              # covered steps run eagerly (a failed late capture)
         self.late_captures = 0                            # wider graphs captured when first needed
-        for b in tqdm(sorted(self.buckets, reverse=True), desc="capturing decode graphs", unit="graph",
-                      file=sys.stderr, disable=not progress):
-            self._capture(b, self.bounds[0])
+        start_bounds = self.bounds if precompile_bounds else self.bounds[:1]
+        keys = [(b, bound) for b in sorted(self.buckets, reverse=True) for bound in start_bounds]
+        for b, bound in tqdm(keys, desc="capturing decode graphs", unit="graph", file=sys.stderr,
+                             disable=not progress):
+            self._capture(b, bound)
 
     @property
     def max_batch(self) -> int:

@@ -164,6 +164,22 @@ def test_short_contexts_replay_narrower_graphs_captured_when_first_needed():
     assert not graphs.covers(too_wide)
 
 
+def test_precompiled_bounds_are_all_captured_at_start_up():
+    """precompile_bounds (--precompile-context-bounds): every (bucket, bound) at start-up, and a
+    step at any bound replays without a capture."""
+    from k3.model.metadata import ForwardMetadata
+
+    capturer = WidthBucketCapturer()
+    graphs = DecodeGraphs(_bucket_model, None, capturer, buckets=[2, 4], scratch_row=9, block_size=16,
+                          max_pages=100, device="cpu", progress=False, precompile_bounds=True)
+    assert sorted(graphs._replay) == [(b, bound) for b in (2, 4) for bound in (256, 1024, 1600)]
+    for pages in (2, 20, 100):
+        meta = ForwardMetadata.build([[1]], context_lens=[16 * pages - 1], state_indices=[0],
+                                     block_table=torch.ones(1, pages, dtype=torch.int32), page_size=16)
+        assert graphs.run(meta)[0, 1].item() == graphs.bounds[[2, 20, 100].index(pages)]
+    assert graphs.late_captures == 0 and graphs.replays == 3
+
+
 def test_the_builders_longest_sequence_picks_the_bound_and_cuts_the_table():
     """A step whose builder knows its longest sequence (`max_seq_len`, the engine's batches) takes
     the bound that holds it even when its table has more pages (rows allocated ahead): the pages
@@ -343,3 +359,17 @@ def test_host_padding_fills_the_bucket_as_the_device_copy_does():
     want[:n, :2] = meta.block_table
     assert torch.equal(host.block_table, want)
     assert (host.slot_mapping[n:] == 9 * 4).all() and (host.state_indices[n:] == 9).all()
+
+
+def test_the_precompile_flag_reaches_the_engine_config(tmp_path):
+    from k3.cli.main import build_parser, main
+    from k3.cli.serve import engine_config, resolve_arguments
+
+    model = tmp_path / "k3-tiny"
+    assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(model), "--config-only"]) == 0
+    for extra, want in (([], False), (["--precompile-context-bounds"], True)):
+        argv = ["serve", str(model), "--platform", "reference", *extra]
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        resolve_arguments(args, parser._commands[("command", "serve")])
+        assert engine_config(args)[0].precompile_context_bounds is want
