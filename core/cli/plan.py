@@ -131,7 +131,7 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
         spec = SpeculativeConfig.parse(args.speculative_config)
     except SpeculativeConfigError as e:
         raise CliError(f"--speculative-config: {e}") from None
-    def plan(expert_cache: bool, layers: int | None = None) -> CapacityReport:
+    def plan(expert_cache: bool, layers: int | None = None, suggest: bool = True) -> CapacityReport:
         return plan_capacity(cfg, kv_cache_dtype=kv, index_cache_dtype=args.index_cache_dtype,
                              tensor_parallel_size=topology.tensor_parallel_size,
                              data_parallel_size=topology.data_parallel_size,
@@ -145,14 +145,17 @@ def report_for(args: argparse.Namespace, cfg) -> CapacityReport:
                              kda_rollback=spec.kda_rollback if spec else "states",
                              prefix_caching=resolve_prefix_caching(args),
                              kda_checkpoint_interval=args.kda_checkpoint_interval, activation_dtype=cfg.dtype,
-                             expert_cache=expert_cache, expert_cache_layers=layers)
+                             expert_cache=expert_cache, expert_cache_layers=layers, suggest=suggest)
 
     mode = getattr(args, "expert_cache", None) or "off"
     try:
         if mode == "auto" and cfg.experts_mxfp4:      # as the engine decides it (k3.engine.expert_cache)
             from k3.engine.expert_cache import choose_auto
 
-            return choose_auto(lambda layers=None: plan(True, layers), args.max_num_seqs).report
+            # the probes skip the topology search a plan that does not fit runs; the chosen plan has it
+            # (layers 0 is the plan without the cache)
+            choice = choose_auto(lambda layers=None: plan(True, layers, suggest=False), args.max_num_seqs)
+            return plan(True, choice.layers)
         return plan(mode == "on")
     except ValueError as e:
         raise CliError(str(e)) from None

@@ -86,18 +86,24 @@ def choose_auto(plan_with_cache, max_num_seqs: int) -> AutoChoice:
     cut the concurrency the scheduler would reach); else the most layers for which that holds;
     else none. plan_with_cache(layers=None): the capacity report with the first `layers` MoE
     layers' experts dense (0: none, None: all)."""
-    without = plan_with_cache(layers=0)
-    floor = max(1, min(max_num_seqs, without.concurrent_max_len_requests))
+    plans = {}                                       # layers -> report: each plan made once
 
-    def acceptable(report) -> bool:
+    def plan(layers):
+        if layers not in plans:
+            plans[layers] = plan_with_cache(layers=layers)
+        return plans[layers]
+
+    floor = max(1, min(max_num_seqs, plan(0).concurrent_max_len_requests))
+
+    def acceptable(layers) -> bool:
+        report = plan(layers)
         return report.fits and report.concurrent_max_len_requests >= floor
 
-    total = without.weight_terms.expert_layers
-    full = plan_with_cache()
-    if acceptable(full):
-        return AutoChoice(None, full, floor, total)
-    layers = largest_fitting_layers(lambda n: acceptable(plan_with_cache(layers=n)), total - 1)
-    return AutoChoice(layers, plan_with_cache(layers=layers) if layers else without, floor, total)
+    total = plan(0).weight_terms.expert_layers
+    if acceptable(None):
+        return AutoChoice(None, plan(None), floor, total)
+    layers = largest_fitting_layers(acceptable, total - 1)
+    return AutoChoice(layers, plan(layers), floor, total)
 
 
 def decide(config, cfg, platform, plan_with_cache) -> ExpertCacheDecision:
