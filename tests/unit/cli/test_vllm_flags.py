@@ -262,3 +262,9 @@ def test_structured_outputs_backend_flags(model):
                           ("--guided-decoding-backend xgrammar --structured-outputs-config '{}'", "not both")]:
         with pytest.raises(CliError, match=problem):
             _check_flags(parse(f"serve MODEL {line}", model))
+
+
+def test_precompile_context_bounds_flag(model):
+    """k3's own flag beside vLLM's graph flags: every decode context bound captured at start-up."""
+    assert config("serve MODEL", model).precompile_context_bounds is False
+    assert config("serve MODEL --precompile-context-bounds", model).precompile_context_bounds is True

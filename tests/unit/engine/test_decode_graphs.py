@@ -360,16 +360,3 @@ def test_host_padding_fills_the_bucket_as_the_device_copy_does():
     assert torch.equal(host.block_table, want)
     assert (host.slot_mapping[n:] == 9 * 4).all() and (host.state_indices[n:] == 9).all()
 
-
-def test_the_precompile_flag_reaches_the_engine_config(tmp_path):
-    from k3.cli.main import build_parser, main
-    from k3.cli.serve import engine_config, resolve_arguments
-
-    model = tmp_path / "k3-tiny"
-    assert main(["checkpoint", "init", "--preset", "k3-tiny", "--out", str(model), "--config-only"]) == 0
-    for extra, want in (([], False), (["--precompile-context-bounds"], True)):
-        argv = ["serve", str(model), "--platform", "reference", *extra]
-        parser = build_parser(argv)
-        args = parser.parse_args(argv)
-        resolve_arguments(args, parser._commands[("command", "serve")])
-        assert engine_config(args)[0].precompile_context_bounds is want
