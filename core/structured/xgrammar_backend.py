@@ -64,7 +64,21 @@ class XGrammarMatcher:
         if len(matchers) == 1:
             matchers[0].fill_bitmask(bitmask, rows[0])
             return
-        _batch_matcher().batch_fill_next_token_bitmask([m._m for m in matchers], bitmask, list(rows))
+        # one matcher named for several rows is filled once and its row copied: xgrammar's threads
+        # filling one matcher at once race on its state (an intermittent wrong row or "bad optional
+        # access" in tests/unit/structured's batch test)
+        first: dict[int, int] = {}                        # id(matcher) -> the row it fills
+        unique, unique_rows, copies = [], [], []
+        for m, row in zip(matchers, rows):
+            if id(m) in first:
+                copies.append((first[id(m)], row))
+            else:
+                first[id(m)] = row
+                unique.append(m)
+                unique_rows.append(row)
+        _batch_matcher().batch_fill_next_token_bitmask([m._m for m in unique], bitmask, unique_rows)
+        for src, dst in copies:
+            bitmask[dst] = bitmask[src]
         by_keep: dict[int, tuple[torch.Tensor, list[int]]] = {}
         for m, row in zip(matchers, rows):
             if m._keep is not None:
