@@ -12,7 +12,8 @@ found the device can do (never by trying):
 - **slots** (`moe_slots.slot_experts`; dense_dispatch=True otherwise): no host read either; each
   expert slot a step can touch runs on every token, masked. MXFP4 experts are dequantised g at
   a time (`mxfp4_lut.lut_dequantize`: 6.5 bytes a weight in two eager passes, 2.5 in the one
-  kernel torch.compile fuses from them where the device compiles) into one reused workspace.
+  kernel torch.compile makes of `mxfp4_lut.decode_into` where the device compiles) into one
+  reused workspace.
 - **host** (dense_dispatch=False otherwise: prefill, eager steps): the expert-sorted pairs'
   bounds read on the host once; the experts no pair names are skipped, the others walked g at
   a time (MXFP4 dequantised into the workspace), each on its exact rows (a grouped GEMM over
@@ -44,7 +45,7 @@ from k3.quant.mxfp4 import MXFP4Tensor
 from .device_support import compile_supported, grouped_gemm_supported
 from .moe_experts import _check_2d
 from .moe_slots import Materialiser, slot_experts, sort_pairs
-from .mxfp4_lut import lookup_into
+from .mxfp4_lut import decode_into
 from .split_products import interleave_groups, merge_rows
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
@@ -97,8 +98,8 @@ class W4A16Experts:
         self.workspace_bytes = workspace_bytes
         self.workspace = Workspace()
         self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled else ref.glu_activation
-        # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.lookup_into)
-        self._lookup = torch.compile(lookup_into, dynamic=True) if compiled else None
+        # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.decode_into)
+        self._lookup = torch.compile(decode_into, dynamic=True) if compiled else None
 
     def way(self, w13: ExpertWeight, w2: ExpertWeight, x_dtype: torch.dtype, dense_dispatch: bool) -> str:
         """"grouped", "slots" or "host": which way a call with these weights and activations of

@@ -13,9 +13,18 @@ words writes the dense row directly. Two passes over each weight:
     out.view(word) = table[idx]                                                         2 B in, 2 B out
 
 6.5 bytes a weight (bf16 out) in two kernels, against ~11.5 in five for the nibble table plus a
-scale multiply it replaces; int32 indices only. Where the device compiles (torch.compile),
-`lookup_into` fuses both passes into one kernel: 2.5 bytes a weight. The table (256 KiB in bf16) is built on a
+scale multiply it replaces; int32 indices only. The table (256 KiB in bf16) is built on a
 device's first call, before any graph capture (the decode-graph warm-up calls run first).
+
+Where the device compiles (torch.compile), `decode_into` is fused instead: one kernel that reads
+the code bytes and scale bytes once, looks each nibble up in a 16-entry value table and each
+scale byte in a 256-entry power-of-two table (both cached close to the cores), multiplies in
+fp32 (exact: a 2-bit significand times a power of two, subnormals included) and rounds once to
+the output dtype, so it gives the big table's bits. 2.5 bytes a weight, streamed. The big
+table's two passes compiled as one (the fused form before this one) gathered a 4-byte word a
+weight pair from 256 KiB, a cache sector a gather, and wrote a bitcast view of its output, which
+inductor stored through a second copy kernel: in a k3-slice decode step on an H100 three kernels
+of 57-140 us for every group of experts (bench/ppu_profile.py, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -51,22 +60,35 @@ def scaled_byte_table(dtype: torch.dtype, device) -> torch.Tensor:
     return _TABLES[key]
 
 
-def lookup_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
-                index: torch.Tensor | None = None) -> torch.Tensor:
-    """The two passes of the module docstring as one function of tensors, for torch.compile to
-    fuse into one kernel (0.5 B read and 2 B written a bf16 weight, the int32 indices never
-    stored): out [n, R, C] (contiguous) = the experts `index` of packed [E, R, C/2] / scales
-    [E, R, C/32] (all of them when index is None) through `table` (`scaled_byte_table` of out's
-    dtype). Eager, it runs the same two passes as `lut_dequantize`. Returns `out`."""
+_CODE_VALUES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+
+
+def decode_tables(dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(code values [16], scale values [256]) in `decode_into`'s product dtype (float64 for a
+    float64 output, else float32): E2M1 code c's value, and 2^(s - 127) for scale byte s (NaN
+    for 255, E8M0's NaN). Cached per (product dtype, device)."""
+    product = torch.float64 if dtype == torch.float64 else torch.float32
+    key = (product, str(torch.device(device)))
+    if key not in _CODE_VALUES:
+        codes = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float64)
+        scales = torch.tensor([2.0 ** (s - 127) for s in range(255)] + [float("nan")], dtype=torch.float64)
+        _CODE_VALUES[key] = (codes.to(product).to(device), scales.to(product).to(device))   # 2^-127: a subnormal
+    return _CODE_VALUES[key]
+
+
+def decode_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, code_values: torch.Tensor,
+                scale_values: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+    """The big table's result (`lut_dequantize`) by arithmetic a torch.compile kernel streams (module docstring):
+    out [n, R, C] (contiguous) = the experts `index` of packed [E, R, C/2] / scales [E, R, C/32]
+    (all of them when index is None), value = code_values[nibble] * scale_values[scale byte]
+    (`decode_tables`), element 2j from byte j's low nibble. Returns `out`."""
     if index is not None:
         packed, scales = packed.index_select(0, index), scales.index_select(0, index)
     n, rows, blocks = scales.shape
-    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
-        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)                       # [n, R, C/32, 16]
-    if table.dim() == 1:
-        out.view(table.dtype).view(idx.shape).copy_(table[idx])
-    else:
-        out.view(*idx.shape, 2).copy_(table[idx])
+    byte = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32)             # [n, R, C/32, 16]
+    nibbles = torch.stack([byte & 15, byte >> 4], dim=-1)                                 # [n, R, C/32, 16, 2]
+    scale = scale_values[scales.to(torch.int32)].view(n, rows, blocks, 1, 1)
+    out.view(nibbles.shape).copy_(code_values[nibbles] * scale)                           # one rounding, to out
     return out
 
 
@@ -74,8 +96,9 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
                    index: torch.Tensor | None = None, fused=None) -> torch.Tensor:
     """Experts of the stacked MXFP4 `w` ([E, R, C] logical) written densely into `out`
     ([n, R, C], contiguous, any float dtype): w[start:start + n], or w[index] (a device index
-    tensor of n experts: no host read). fused: `lookup_into` compiled (one kernel, where the
-    device compiles: `moe_w4a16.build_experts`), or None for the two eager passes. Returns `out`."""
+    tensor of n experts: no host read). fused: `decode_into` compiled (one kernel, where the
+    device compiles: `moe_w4a16.build_experts`), or None for the two eager passes of the big
+    table. Returns `out`."""
     n, rows, cols = out.shape
     if not out.is_contiguous() or tuple(w.shape[1:]) != (rows, cols):
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
@@ -83,7 +106,6 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     if isinstance(w, TileMajorMXFP4):   # a platform's tile-major repack: the selected experts untiled (a copy)
         w = w.checkpoint_layout(index if index is not None else slice(start, start + n))
         start, index = 0, None
-    table = scaled_byte_table(out.dtype, out.device)
     if index is None:
         packed, scales = w.packed[start:start + n], w.scales[start:start + n]             # views: no copy
     elif fused is None:
@@ -91,7 +113,8 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     else:
         packed, scales = w.packed, w.scales                                               # the fused gather selects
     if fused is not None:
-        return fused(out, packed, scales, table, index)
+        return fused(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+    table = scaled_byte_table(out.dtype, out.device)
     blocks = cols // MXFP4_BLOCK
     shift = scales.to(torch.int32).mul_(256).view(n, rows, blocks, 1)                      # [n, R, C/32, 1]
     idx = torch.add(packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2), shift)             # int32 [n, R, C/32, 16]

@@ -5,7 +5,7 @@
 import pytest
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import lookup_into, lut_dequantize, scaled_byte_table
+from k3.platforms.torch_kernels.mxfp4_lut import decode_into, lut_dequantize, scaled_byte_table
 from k3.quant.mxfp4 import MXFP4Tensor
 
 
@@ -56,18 +56,31 @@ def test_a_wrong_out_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_the_fused_lookup_gives_the_same_bits(dtype):
-    """`lookup_into`, the function torch.compile fuses where the device compiles (the fused
-    argument), decodes every (scale, code) pair as the two eager passes do: whole stack, slice
-    and index, into NaN-poisoned outputs."""
+    """`decode_into`, the function torch.compile fuses where the device compiles (the fused
+    argument), run eagerly, decodes every (scale, code) pair as the two eager passes of the big
+    table do: whole stack, slice and index, into NaN-poisoned outputs."""
     w = _every_pair()
     want = w.dequantize(dtype)
     out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, out, fused=lookup_into)), _bits(want))
+    assert torch.equal(_bits(lut_dequantize(w, out, fused=decode_into)), _bits(want))
     part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=lookup_into)), _bits(want[1:]))
+    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=decode_into)), _bits(want[1:]))
     part.fill_(float("nan"))
-    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=lookup_into)),
+    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=decode_into)),
                        _bits(want[[2, 0]]))
+
+
+def test_decode_into_compiled_by_inductor_gives_the_same_bits():
+    """What the GPU runs is `decode_into` through torch.compile: inductor's lowering of it (its
+    C++ code generator here, one compile of about 10 s) must give the big table's bits too, for
+    a slice and through a device index, into NaN-poisoned outputs (NaN where the reference is)."""
+    w = _every_pair()
+    fused = torch.compile(decode_into, dynamic=True)
+    want = w.dequantize(torch.bfloat16)
+    out = torch.full((3, 64, 512), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(_bits(lut_dequantize(w, out, fused=fused)), _bits(want))
+    part = torch.full((2, 64, 512), float("nan"), dtype=torch.bfloat16)
+    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=fused)), _bits(want[[2, 0]]))
 
 
 def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
@@ -92,4 +105,4 @@ def test_tile_major_experts_decode_as_their_checkpoint_layout():
     assert torch.equal(lut_dequantize(tiles, part, start=1), want[1:])
     assert torch.equal(lut_dequantize(tiles, part.fill_(float("nan")), index=torch.tensor([2, 0])), want[[2, 0]])
     part.fill_(float("nan"))
-    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=lookup_into), want[[0, 2]])
+    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=decode_into), want[[0, 2]])

@@ -1,0 +1,123 @@
+"""The ppu platform's MXFP4 -> bf16 dequantisation of routed experts (issue 26): the kernel the
+torch-native experts run for every group of experts when they are not held dense
+(platforms/torch_kernels/mxfp4_lut.py), at k3-slice's expert shapes, against the copy bandwidth.
+
+    python3 bench/ppu_dequant.py --out ppu_dequant.json          # CUDA
+    python3 bench/ppu_dequant.py --smoke --out s.json            # CPU: tiny shapes, eager forms only
+
+Forms, each writing g experts' w13 ([2I, L]) and w2 ([L, I]) into NaN-poisoned bf16 buffers, once
+from a slice of the stack and once through a device index (the slots way's routed experts):
+  - `eager_table`: the two eager passes through the 65,536-entry scaled byte table (what a
+    device without torch.compile runs: a PPU without Triton);
+  - `compiled_table`: those two passes compiled as one function (the fused form served before
+    `decode_into`; kept here as the peer);
+  - `compiled_decode`: `decode_into` compiled (served where the device compiles).
+Every form is checked bit for bit against `k3.quant.mxfp4` (NaN where it is NaN) before it is
+timed. Bytes: the codes and scales read plus the bf16 weights written (2.5 bytes a weight, the
+least any form moves), as a fraction of the measured copy bandwidth (read + write of 1 GiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+
+import torch
+
+from k3.platforms.torch_kernels.mxfp4_lut import decode_into, lut_dequantize, scaled_byte_table
+from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor
+
+
+def compiled_table_pass(out, packed, scales, table, index=None):
+    """The former fused form: the big table's two passes as one function of tensors (the index
+    pass, then a gather of words into a bitcast view of out)."""
+    if index is not None:
+        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
+    n, rows, blocks = scales.shape
+    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
+        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)
+    out.view(table.dtype).view(idx.shape).copy_(table[idx])
+    return out
+
+
+def random_experts(e: int, rows: int, cols: int, device: str, seed: int) -> MXFP4Tensor:
+    """Uniform code bytes and the scale bytes of trained weights (2^-10 .. 2^-4 around 2^-7)."""
+    g = torch.Generator().manual_seed(seed)
+    packed = torch.randint(0, 256, (e, rows, cols // 2), dtype=torch.uint8, generator=g)
+    scales = torch.randint(117, 124, (e, rows, cols // MXFP4_BLOCK), dtype=torch.uint8, generator=g)
+    return MXFP4Tensor(packed.to(device), scales.to(device))
+
+
+def timed_ms(fn, device: str, reps: int) -> float:
+    if device == "cuda":
+        from measure import bench_ms
+
+        return bench_ms(fn)
+    import time
+
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="ppu_dequant.json")
+    parser.add_argument("--experts", type=int, nargs="+", default=[1, 2, 4], help="g: experts a call")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
+    e_total, hidden, inter = (8, 64, 96) if args.smoke else (128, 3584, 3072)     # k3-slice: L 3584, I 3072
+    result = {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+              "shapes": {"experts": e_total, "hidden": hidden, "intermediate": inter}, "rows": []}
+    if device == "cuda":
+        from measure import copy_bandwidth_GBps
+
+        result["copy_GBps"] = copy_GBps = copy_bandwidth_GBps()
+    else:
+        copy_GBps = None
+    forms = {"eager_table": None}
+    if device == "cuda":
+        forms["compiled_table"] = torch.compile(compiled_table_pass, dynamic=True)
+        forms["compiled_decode"] = torch.compile(decode_into, dynamic=True)
+    else:
+        forms["decode_eager"] = decode_into       # the CPU smoke: the same function, not compiled
+    for name, (rows, cols) in {"w13": (2 * inter, hidden), "w2": (hidden, inter)}.items():
+        w = random_experts(e_total, rows, cols, device, seed=len(name))
+        for g in args.experts:
+            index = torch.randperm(e_total, generator=torch.Generator().manual_seed(g))[:g].to(device)
+            want = MXFP4Tensor(w.packed[index], w.scales[index]).dequantize(torch.bfloat16)
+            out = torch.empty(g, rows, cols, dtype=torch.bfloat16, device=device)
+            nbytes = g * rows * cols * 2.5
+            for form, fused in forms.items():
+                if form == "compiled_table":
+                    table = scaled_byte_table(torch.bfloat16, device)
+                    call = lambda: fused(out, w.packed, w.scales, table, index)             # noqa: E731
+                else:
+                    call = lambda: lut_dequantize(w, out, index=index, fused=fused)         # noqa: E731
+                out.fill_(float("nan"))
+                call()
+                exact = bool(torch.equal(out.isnan(), want.isnan())
+                             and torch.equal(out[~want.isnan()], want[~want.isnan()]))
+                ms = timed_ms(call, device, reps=3)
+                row = {"matrix": name, "experts": g, "form": form, "exact": exact, "ms": ms,
+                       "GBps": nbytes / ms / 1e6}
+                if copy_GBps:
+                    row["fraction_of_copy"] = row["GBps"] / copy_GBps
+                result["rows"].append(row)
+                print(f"{name} g={g} {form:16s} {'ok' if exact else 'WRONG'} {ms * 1e3:9.1f} us "
+                      f"{row['GBps']:8.1f} GB/s" + (f" {row['fraction_of_copy']:.0%} of copy" if copy_GBps else ""),
+                      flush=True)
+    import json
+    from pathlib import Path
+
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    if not all(r["exact"] for r in result["rows"]):
+        raise SystemExit("a form decoded a weight wrong")
+
+
+if __name__ == "__main__":
+    main()
