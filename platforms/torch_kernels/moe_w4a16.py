@@ -51,6 +51,19 @@ from .split_products import interleave_groups, merge_rows
 ExpertWeight = torch.Tensor | MXFP4Tensor
 WORKSPACE_BYTES = 512 << 20     # bound of one group's dequantised w13 + w2 and its transient indices / activations
 INDEX_BYTES = 2                 # the LUT's int32 index a weight (one per two weights), transient
+# the grouped way's transient activations at a prefill, bounded (with WORKSPACE_BYTES, inside the capacity
+# planner's fixed workspace, k3.cache.capacity.FIXED_WORKSPACE): unbounded, one 8K-token prompt on k3-slice
+# (131K (token, choice) rows) asked for ~20 GiB of them and ran out of memory on an H100 (bench/ppu_profile.py)
+GROUPED_TRANSIENT_BYTES = 1 << 30
+
+
+def grouped_rows_max(hidden: int, inter: int, budget: int = GROUPED_TRANSIENT_BYTES) -> int:
+    """(token, choice) rows one grouped pass may take within `budget` bytes of transients: a
+    row holds, at the peak, its gathered activation, the gate/up product in bf16 and fp32, the
+    GLU output and its hi / lo split, the down product of both halves and the fp32 sums that
+    merge and weight them, bounded by 24 bytes per hidden plus 24 per intermediate column
+    (k3-slice: 157 KiB a row, 6,800 rows a GiB)."""
+    return max(1, budget // (24 * (hidden + inter)))
 
 
 def group_size(num_experts: int, per_expert_bytes: int, budget: int = WORKSPACE_BYTES) -> int:
@@ -92,10 +105,12 @@ class W4A16Experts:
     (torch.compile fuses the GLU and the MXFP4 dequantisation) are what `build_experts` decided
     for it."""
 
-    def __init__(self, *, grouped: bool, compiled: bool, workspace_bytes: int = WORKSPACE_BYTES):
+    def __init__(self, *, grouped: bool, compiled: bool, workspace_bytes: int = WORKSPACE_BYTES,
+                 grouped_transient_bytes: int = GROUPED_TRANSIENT_BYTES):
         self.grouped = grouped
         self.compiled = compiled
         self.workspace_bytes = workspace_bytes
+        self.grouped_transient_bytes = grouped_transient_bytes
         self.workspace = Workspace()
         self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled else ref.glu_activation
         # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.decode_into)
@@ -135,7 +150,7 @@ class W4A16Experts:
         glu = self._glu(activation, beta, linear_beta)
         way = self.way(w13, w2, x.dtype, dense_dispatch)
         if way == "grouped":
-            return self._grouped(x, w13, w2, local, weights, out, glu).to(x.dtype)
+            return self._grouped(x, w13, w2, local, weights, out, glu, dense_dispatch).to(x.dtype)
         mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
         # experts the workspace holds (their weights and transient LUT indices), the same for every
         # call of a shape (one pair of buffers); the slots also bound a group's activations [g, T, 3I]
@@ -152,18 +167,38 @@ class W4A16Experts:
     def _glu(self, activation, beta, linear_beta):
         return lambda h: self._glu_fn(h, activation=activation, beta=beta, linear_beta=linear_beta)
 
-    def _grouped(self, x, w13, w2, local, weights, out, glu):
-        """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs (no host read).
-        The products take bf16 operands with fp32 accumulation and round their outputs to bf16
-        (torch._grouped_mm returns its operands' dtype); the down product takes the activation
-        split (hi / lo rows, offsets doubled); the GLU, the routing weights and the sum over a
-        token's experts stay in `out`'s dtype (fp32)."""
+    def _grouped(self, x, w13, w2, local, weights, out, glu, dense_dispatch):
+        """Dense bf16 stacks, one grouped GEMM each over the expert-sorted pairs. Decode
+        (dense_dispatch) and batches of up to `grouped_rows_max` (token, choice) rows (within
+        `grouped_transient_bytes`) run in one pass with no host read; a larger prefill reads the
+        experts' row bounds on the host once and runs `_grouped_rows` on consecutive runs of at
+        most that many sorted rows, so its transient activations stay bounded (an expert whose
+        rows straddle two runs is read twice)."""
         k = local.shape[1]
         order, counts = sort_pairs(local.reshape(-1), w13.shape[0])               # counts [E + 1]: last = others'
-        offs = counts[:-1].cumsum(0).to(torch.int32)                              # [E] end row of each expert
+        ends = counts[:-1].cumsum(0)                                               # [E] end row of each expert
+        rows_max = grouped_rows_max(w13.shape[2], w13.shape[1] // 2, self.grouped_transient_bytes)
+        if dense_dispatch or order.numel() <= rows_max:
+            return self._grouped_rows(x, w13, w2, order, ends, k, weights, out, glu)
+        live = int(ends[-1])                                                        # one host read (prefill)
+        for r0 in range(0, live, rows_max):
+            r1 = min(live, r0 + rows_max)
+            self._grouped_rows(x, w13, w2, order[r0:r1], (ends - r0).clamp(0, r1 - r0), k, weights, out, glu)
+        return out
+
+    @staticmethod
+    def _grouped_rows(x, w13, w2, order, ends, k, weights, out, glu):
+        """`out` += the pairs `order` ([M] (token, choice) indices sorted by expert, expert e's
+        rows ending at ends[e], [E]; rows past ends[-1] are other ranks' and masked) through the
+        grouped GEMMs. The products take bf16 operands with fp32 accumulation and round their
+        outputs to bf16 (torch._grouped_mm returns its operands' dtype); the down product takes
+        the activation split (hi / lo rows, offsets doubled); the GLU, the routing weights and
+        the sum over a token's experts stay in `out`'s dtype (fp32)."""
+        offs = ends.to(torch.int32)
         tok = order // k                                                           # [M] each row's token
         h = glu(_grouped_mm(x[tok], w13, offs).to(out.dtype))                     # [M, I]
-        rows, hi_pos, lo_pos = interleave_groups(h, counts)                       # [2M, I] bf16
+        bounds = torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), order.numel())])
+        rows, hi_pos, lo_pos = interleave_groups(h, torch.diff(bounds))           # groups: E experts, then others
         o = merge_rows(_grouped_mm(rows, w2, 2 * offs), hi_pos, lo_pos, out.dtype)   # [M, L]
         live = torch.arange(o.shape[0], device=o.device) < offs[-1]                # rows of this rank's experts
         return out.index_add_(0, tok, torch.where(live[:, None], o * weights.reshape(-1)[order, None], 0))

@@ -169,3 +169,32 @@ def test_bf16_activations_on_mxfp4_experts_take_bf16_operands(dense, grouped, mo
         assert {b.dtype for pair in fn.workspace.buffers.values() for b in pair} == {dtype}
         assert got.dtype == dtype and _error(got, want) < TOL[dtype], dtype
     assert calls == ([torch.bfloat16, torch.bfloat16] if grouped and not dense else [])
+
+
+@needs_grouped
+@pytest.mark.parametrize("kind", ["random", "all_on_one", "empty_experts"])
+def test_a_large_prefill_runs_the_grouped_gemms_in_bounded_runs_of_rows(kind, monkeypatch):
+    """A prefill past `grouped_rows_max` (token, choice) rows runs the grouped way on runs of at
+    most that many sorted rows (one host read), so its transient activations stay bounded (an 8K
+    prompt on k3-slice ran out of memory in one pass): every pass takes at most the bound, the
+    other ranks' pairs are never multiplied, and the output equals the one-pass result bit for
+    bit (each row's products do not depend on the run it is in). Decode keeps one pass."""
+    from k3.platforms.torch_kernels import moe_w4a16
+    w13, w2 = _experts(seed=21, held=torch.bfloat16)
+    x, tw, ids = _routing(kind, seed=22)
+    x = x.bfloat16()
+    one_pass = _call(W4A16Experts(grouped=True, compiled=False), x, w13, w2, tw, ids, dense=False)
+    per_row = 24 * (L + I)
+    rows = []
+    real = moe_w4a16._grouped_mm
+    monkeypatch.setattr(moe_w4a16, "_grouped_mm", lambda a, w, offs: rows.append(a.shape[0]) or real(a, w, offs))
+    bounded = W4A16Experts(grouped=True, compiled=False, grouped_transient_bytes=5 * per_row)   # 5 rows a pass
+    got = _call(bounded, x, w13, w2, tw, ids, dense=False)
+    local = ids.long() - START
+    live = int(((local >= 0) & (local < E)).sum())
+    assert moe_w4a16.grouped_rows_max(L, I, 5 * per_row) == 5
+    assert rows[0::2] == [min(5, live - r0) for r0 in range(0, live, 5)]          # gate/up passes: the live rows
+    assert torch.equal(got, one_pass)
+    rows.clear()
+    _call(bounded, x, w13, w2, tw, ids, dense=True)                                # decode: one pass, no host read
+    assert rows[0] == ids.numel()
