@@ -235,3 +235,11 @@ def test_structured_output_bench_smoke(tmp_path):
     row = result["rows"][0]
     assert result["backend"] == "guidance" and row["free_tokens_per_s"] > 0 and row["constrained_tokens_per_s"] > 0
     assert set(row["spec_constrained"]) >= {"verify_steps", "draft_tokens", "grammar_refused_drafts"}
+
+
+def test_ppu_dequant_smoke(tmp_path):
+    """bench/ppu_dequant.py on the CPU: each form checked bit for bit before its row is written."""
+    result = _smoke("ppu_dequant.py", tmp_path, "--experts", "1", "2")
+    forms = {(r["matrix"], r["experts"], r["form"]) for r in result["rows"]}
+    assert forms == {(m, g, f) for m in ("w13", "w2") for g in (1, 2) for f in ("eager_table", "decode_eager")}
+    assert all(r["exact"] and r["ms"] > 0 for r in result["rows"])
