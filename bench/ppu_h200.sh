@@ -19,12 +19,18 @@
 #                                           with token bounds, then at the full width only, then nvidia;
 #                                           three processes, about 5 minutes)
 #     -> $OUT/ppu_widths-*.json, widths.log
+#   bash bench/ppu_h200.sh dequant         (the compiled MXFP4 dequantisation, old and new forms against
+#                                           the copy bandwidth (bench/ppu_dequant.py), then the ppu
+#                                           engine with the partial or whole expert cache and with it off
+#                                           at 1 / 16 requests and one 8K prompt; about 6 minutes)
+#     -> $OUT/ppu_dequant-h200.json, ppu_decode_into-h200.json, dequant.log
 # PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
 # The bench starts no phase after --budget-s (480 s) and rewrites its JSON after every phase.
 set -uo pipefail
 phase=${1:-}
 : "${OUT:=./ppu-h200-out}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 export PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=$PWD/.triton-cache
 python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || exit 2
@@ -57,8 +63,16 @@ widths)
             --out "$OUT/ppu_widths-$name.json" ${PPU_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/widths.log" | grep -E '^\[|Error|error'
     done
     ;;
+dequant)
+    (cd bench && timeout 120 python3 ppu_dequant.py --out "$OUT/ppu_dequant-h200.json") 2>&1 | grep -v Warning \
+        | tee "$OUT/dequant.log"
+    # shellcheck disable=SC2086
+    timeout 420 python3 bench/ppu_backend.py --no-moe --variants ppu ppu_mxfp4 --concurrency 1 16 --decode-tokens 16 \
+        --ttft 8192 --out "$OUT/ppu_decode_into-h200.json" ${PPU_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/dequant.log" \
+        | grep -E '^\[|Error|error'
+    ;;
 *)
-    echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants|widths" >&2
+    echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants|widths|dequant" >&2
     exit 2
     ;;
 esac
