@@ -41,6 +41,9 @@ outputs (W, U, A_qk, qeG, kdec) stay fp32 (the rounding happens where phase 2 us
 
 Variants: exact (the served fp32 kernel); a = TF32 phase 1 only; b = TF32 phase 2 only;
 c = TF32 both (fla-like); d = bf16 operands in phase 1 only; e = 3xTF32 both (control);
+f / g / h = 3xbf16 (`mm_bf16x3`: bf16 hi / lo splits, three bf16 products, what a kernel would
+run at half 3xTF32's tensor-core cost) in both phases / phase 1 only / phase 2 only (the other
+phase 3xTF32);
 and at kernel level `exact-copy` (the phase-1 copy with exact matmuls: the blocked inverse's own
 fp32 rounding, a sanity check).
 
@@ -142,6 +145,29 @@ def mm_tf32x3(a, b):
     return torch.matmul(ah, bh) + (torch.matmul(ah, bl) + torch.matmul(al, bh))
 
 
+def mm_bf16x3(a, b):
+    """Three bf16 tensor-core products: a = hi + lo with hi = bf16(a), lo = bf16(a - hi) (16
+    significand bits of a's 24), a b ~ hi hi + hi lo + lo hi, each product exact in fp32 and
+    accumulated in fp32. Half the tensor-core cycles of 3xTF32 on an H100 / H200 (bf16 runs at
+    twice TF32's rate) and half its operand registers, at ~2^-16 relative error a product
+    against 3xTF32's ~2^-21."""
+    ah, bh = round_bf16(a), round_bf16(b)
+    al, bl = round_bf16(a - ah), round_bf16(b - bh)
+    return torch.matmul(ah, bh) + (torch.matmul(ah, bl) + torch.matmul(al, bh))
+
+
+def dithered_split(mm, seed):
+    """`dithered` for a split product (mm_bf16x3): both operands scaled by random s in [1, 2)
+    before the split and the product scaled back, an independent draw of its rounding errors."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def dithered_mm(a, b):
+        sa, sb = (1.0 + torch.rand((), generator=gen).item() for _ in range(2))
+        return mm(a * sa, b * sb) / (sa * sb)
+
+    return dithered_mm
+
+
 # ---------------------------------------------------------------- phase 1 with rounded matmuls
 
 def blocked_inverse(IL: torch.Tensor, mm) -> torch.Tensor:
@@ -230,11 +256,14 @@ def make_recurrence(mm):
 def make_variant(mm1, mm2, draw=0):
     """kda_chunked with phase 1's matmuls `mm1` (None: the served `_intra_chunk`) and phase 2's
     `mm2` (None: the served `recurrence_torch`). Float64 calls (the oracle's) go through unchanged.
-    draw > 0: mm_tf32 / mm_bf16 replaced by their `dithered` versions (seeds from draw)."""
+    draw > 0: mm_tf32 / mm_bf16 replaced by their `dithered` versions, mm_bf16x3 by its
+    `dithered_split` one (seeds from draw)."""
     if draw:
         redo = {mm_tf32: round_tf32, mm_bf16: round_bf16}
         mm1 = dithered(redo[mm1], 1000 * draw + 1) if mm1 in redo else mm1
         mm2 = dithered(redo[mm2], 1000 * draw + 2) if mm2 in redo else mm2
+        mm1 = dithered_split(mm1, 1000 * draw + 3) if mm1 is mm_bf16x3 else mm1
+        mm2 = dithered_split(mm2, 1000 * draw + 4) if mm2 is mm_bf16x3 else mm2
     intra = None if mm1 is None else make_intra(mm1)
     rec = None if mm2 is None else make_recurrence(mm2)
 
@@ -272,8 +301,12 @@ VARIANTS = {
     "c_tf32_both": ("TF32 both (fla-like)", mm_tf32, mm_tf32),
     "d_bf16_phase1": ("bf16 operands phase 1, exact phase 2", mm_bf16, None),
     "e_tf32x3_both": ("3xTF32 both (control)", mm_tf32x3, mm_tf32x3),
+    "f_bf16x3_both": ("3xbf16 both", mm_bf16x3, mm_bf16x3),
+    "g_bf16x3_phase1": ("3xbf16 phase 1, 3xTF32 phase 2", mm_bf16x3, mm_tf32x3),
+    "h_bf16x3_phase2": ("3xTF32 phase 1, 3xbf16 phase 2", mm_tf32x3, mm_bf16x3),
 }
-DITHERED = ("a_tf32_phase1", "b_tf32_phase2", "c_tf32_both", "d_bf16_phase1")
+DITHERED = ("a_tf32_phase1", "b_tf32_phase2", "c_tf32_both", "d_bf16_phase1", "f_bf16x3_both", "g_bf16x3_phase1",
+            "h_bf16x3_phase2")
 KERNEL_ONLY = {"exact_copy": ("phase-1 copy, exact matmuls (sanity)", mm_exact, mm_exact)}
 
 
