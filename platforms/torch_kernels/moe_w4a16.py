@@ -178,29 +178,31 @@ class W4A16Experts:
         rows straddle two runs is read twice)."""
         k = local.shape[1]
         order, counts = sort_pairs(local.reshape(-1), w13.shape[0])               # counts [E + 1]: last = others'
-        ends = counts[:-1].cumsum(0)                                               # [E] end row of each expert
         rows_max = grouped_rows_max(w13.shape[2], w13.shape[1] // 2, self.grouped_transient_bytes)
         if dense_dispatch or order.numel() <= rows_max:
-            return self._grouped_rows(x, w13, w2, order, ends, k, weights, out, glu)
+            return self._grouped_rows(x, w13, w2, order, counts, k, weights, out, glu)
+        ends = counts[:-1].cumsum(0)                                               # [E] end row of each expert
         live = int(ends[-1])                                                        # one host read (prefill)
         for r0 in range(0, live, rows_max):
             r1 = min(live, r0 + rows_max)
-            self._grouped_rows(x, w13, w2, order[r0:r1], (ends - r0).clamp(0, r1 - r0), k, weights, out, glu)
+            run_ends = (ends - r0).clamp(0, r1 - r0)                                # [E] within this run
+            # [E + 1]: each expert's rows in this run, then 0 other ranks' rows (runs end at `live`)
+            run_counts = torch.diff(run_ends, prepend=run_ends.new_zeros(1), append=run_ends[-1:])
+            self._grouped_rows(x, w13, w2, order[r0:r1], run_counts, k, weights, out, glu)
         return out
 
     @staticmethod
-    def _grouped_rows(x, w13, w2, order, ends, k, weights, out, glu):
-        """`out` += the pairs `order` ([M] (token, choice) indices sorted by expert, expert e's
-        rows ending at ends[e], [E]; rows past ends[-1] are other ranks' and masked) through the
+    def _grouped_rows(x, w13, w2, order, counts, k, weights, out, glu):
+        """`out` += the pairs `order` ([M] (token, choice) indices sorted by expert; counts [E + 1]
+        the rows of each expert, then the other ranks' rows, which are masked) through the
         grouped GEMMs. The products take bf16 operands with fp32 accumulation and round their
         outputs to bf16 (torch._grouped_mm returns its operands' dtype); the down product takes
         the activation split (hi / lo rows, offsets doubled); the GLU, the routing weights and
         the sum over a token's experts stay in `out`'s dtype (fp32)."""
-        offs = ends.to(torch.int32)
+        offs = counts[:-1].cumsum(0).to(torch.int32)                              # [E] end row of each expert
         tok = order // k                                                           # [M] each row's token
         h = glu(_grouped_mm(x[tok], w13, offs).to(out.dtype))                     # [M, I]
-        bounds = torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), order.numel())])
-        rows, hi_pos, lo_pos = interleave_groups(h, torch.diff(bounds))           # groups: E experts, then others
+        rows, hi_pos, lo_pos = interleave_groups(h, counts)                       # [2M, I] bf16
         o = merge_rows(_grouped_mm(rows, w2, 2 * offs), hi_pos, lo_pos, out.dtype)   # [M, L]
         live = torch.arange(o.shape[0], device=o.device) < offs[-1]                # rows of this rank's experts
         return out.index_add_(0, tok, torch.where(live[:, None], o * weights.reshape(-1)[order, None], 0))
