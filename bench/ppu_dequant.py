@@ -5,8 +5,8 @@ torch-native experts run for every group of experts when they are not held dense
     python3 bench/ppu_dequant.py --out ppu_dequant.json          # CUDA
     python3 bench/ppu_dequant.py --smoke --out s.json            # CPU: tiny shapes, eager forms only
 
-Forms, each writing g experts' w13 ([2I, L]) and w2 ([L, I]) into NaN-poisoned bf16 buffers, once
-from a slice of the stack and once through a device index (the slots way's routed experts):
+Forms, each writing g experts' w13 ([2I, L]) and w2 ([L, I]) into NaN-poisoned bf16 buffers
+through a device index (the slots way's routed experts):
   - `eager_table`: the two eager passes through the 65,536-entry scaled byte table (what a
     device without torch.compile runs: a PPU without Triton);
   - `compiled_table`: those two passes compiled as one function (the fused form served before
@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import time
+from pathlib import Path
 
 import torch
 
@@ -53,8 +56,6 @@ def timed_ms(fn, device: str, reps: int) -> float:
         from measure import bench_ms
 
         return bench_ms(fn)
-    import time
-
     fn()
     start = time.perf_counter()
     for _ in range(reps):
@@ -111,9 +112,6 @@ def main() -> None:
                 print(f"{name} g={g} {form:16s} {'ok' if exact else 'WRONG'} {ms * 1e3:9.1f} us "
                       f"{row['GBps']:8.1f} GB/s" + (f" {row['fraction_of_copy']:.0%} of copy" if copy_GBps else ""),
                       flush=True)
-    import json
-    from pathlib import Path
-
     Path(args.out).write_text(json.dumps(result, indent=2))
     if not all(r["exact"] for r in result["rows"]):
         raise SystemExit("a form decoded a weight wrong")

@@ -39,6 +39,17 @@ from k3.quant.mxfp4_tiles import TileMajorMXFP4
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _WORD = {2: torch.int32, 4: torch.int64}        # two values of this itemsize in one integer word
 _TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+_DECODE_TABLES: dict[tuple[torch.dtype, str], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _code_values() -> torch.Tensor:
+    """E2M1 code c's value, c = 0..15 (bit 3 the sign): float64 [16]."""
+    return torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float64)
+
+
+def _scale_values() -> torch.Tensor:
+    """E8M0 scale byte s's multiplier 2^(s - 127), NaN for 255: float64 [256]."""
+    return torch.tensor([2.0 ** (s - 127) for s in range(255)] + [float("nan")], dtype=torch.float64)
 
 
 def scaled_byte_table(dtype: torch.dtype, device) -> torch.Tensor:
@@ -49,18 +60,14 @@ def scaled_byte_table(dtype: torch.dtype, device) -> torch.Tensor:
     if key not in _TABLES:
         if sys.byteorder != "little":
             raise RuntimeError("mxfp4_lut: the word table assumes a little-endian host")
-        codes = torch.arange(256)
-        e2m1 = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float64)
+        codes, e2m1 = torch.arange(256), _code_values()
         pair = torch.stack([e2m1[codes & 15], e2m1[codes >> 4]], -1)                       # [256 b, 2]
-        scale = torch.tensor([2.0 ** (s - 127) for s in range(255)] + [float("nan")], dtype=torch.float64)
+        scale = _scale_values()
         values = (scale[:, None, None] * pair[None]).reshape(65536, 2).to(dtype)           # [s * 256 + b, 2]
         word = _WORD.get(dtype.itemsize)
         table = values.view(word).reshape(65536) if word is not None else values
         _TABLES[key] = table.to(device)
     return _TABLES[key]
-
-
-_CODE_VALUES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
 
 
 def decode_tables(dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,11 +76,9 @@ def decode_tables(dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tenso
     for 255, E8M0's NaN). Cached per (product dtype, device)."""
     product = torch.float64 if dtype == torch.float64 else torch.float32
     key = (product, str(torch.device(device)))
-    if key not in _CODE_VALUES:
-        codes = torch.tensor(_E2M1 + tuple(-v for v in _E2M1), dtype=torch.float64)
-        scales = torch.tensor([2.0 ** (s - 127) for s in range(255)] + [float("nan")], dtype=torch.float64)
-        _CODE_VALUES[key] = (codes.to(product).to(device), scales.to(product).to(device))   # 2^-127: a subnormal
-    return _CODE_VALUES[key]
+    if key not in _DECODE_TABLES:                        # 2^-127 becomes an fp32 subnormal, exactly
+        _DECODE_TABLES[key] = tuple(t.to(product).to(device) for t in (_code_values(), _scale_values()))
+    return _DECODE_TABLES[key]
 
 
 def decode_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, code_values: torch.Tensor,
