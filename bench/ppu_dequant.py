@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import decode_into, lut_dequantize, scaled_byte_table
+from k3.platforms.torch_kernels.mxfp4_lut import (decode_bits_into, decode_into, decode_tables, lut_dequantize,
+                                                  scaled_byte_table)
 from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor
 
 
@@ -41,6 +42,75 @@ def compiled_table_pass(out, packed, scales, table, index=None):
         + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)
     out.view(table.dtype).view(idx.shape).copy_(table[idx])
     return out
+
+
+def decode_stack_into(out, packed, scales, code_values, scale_values, index=None):
+    """`decode_into` as first served (2026-12-07): the nibbles by torch.stack, which inductor
+    stores as an int32 buffer before the lookups (mxfp4_lut._nibbles)."""
+    if index is not None:
+        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
+    n, rows, blocks = scales.shape
+    byte = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32)
+    nibbles = torch.stack([byte & 15, byte >> 4], dim=-1)                                 # [n, R, C/32, 16, 2]
+    scale = scale_values[scales.to(torch.int32)].view(n, rows, blocks, 1, 1)
+    out.view(nibbles.shape).copy_(code_values[nibbles] * scale)
+    return out
+
+
+def _stack_dynamic(out, packed, scales, index):
+    return decode_stack_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+
+
+def _decode_expert(out, packed, scales, index):
+    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+
+
+# One wrapper a compiled form: dynamo keys its compiled graphs (and its automatic-dynamic state)
+# on the top frame's code object, so each form compiles on its own.
+def _decode_dynamic(out, packed, scales, index):
+    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+
+
+def _decode_static(out, packed, scales, index):
+    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+
+
+def _bits_dynamic(out, packed, scales, index):
+    return decode_bits_into(out, packed, scales, index)
+
+
+def _bits_static(out, packed, scales, index):
+    return decode_bits_into(out, packed, scales, index)
+
+
+def _bits_expert(out, packed, scales, index):
+    return decode_bits_into(out, packed, scales, index)
+
+
+def compiled_forms() -> dict:
+    """name -> fn(out, packed, scales, index): the compiled forms (module docstring)."""
+    for name in ("recompile_limit", "cache_size_limit"):     # static forms compile once per g and matrix
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    table_pass = torch.compile(compiled_table_pass, dynamic=True)
+    def per_expert(fn):
+        expert = torch.compile(fn, dynamic=False)
+
+        def call(out, packed, scales, index):
+            for i in range(out.shape[0]):          # [1, R, C] a call: one static graph per matrix
+                expert(out[i:i + 1], packed, scales, index[i:i + 1])
+            return out
+        return call
+
+    return {"compiled_table": lambda out, packed, scales, index: table_pass(
+                out, packed, scales, scaled_byte_table(out.dtype, out.device), index),
+            "compiled_decode_stack": torch.compile(_stack_dynamic, dynamic=True),
+            "compiled_decode": torch.compile(_decode_dynamic, dynamic=True),
+            "compiled_decode_static": torch.compile(_decode_static, dynamic=False),
+            "compiled_bits": torch.compile(_bits_dynamic, dynamic=True),
+            "compiled_bits_static": torch.compile(_bits_static, dynamic=False),
+            "compiled_bits_per_expert": per_expert(_bits_expert),
+            "compiled_decode_per_expert": per_expert(_decode_expert)}
 
 
 def random_experts(e: int, rows: int, cols: int, device: str, seed: int) -> MXFP4Tensor:
@@ -66,7 +136,7 @@ def timed_ms(fn, device: str, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="ppu_dequant.json")
-    parser.add_argument("--experts", type=int, nargs="+", default=[1, 2, 4], help="g: experts a call")
+    parser.add_argument("--experts", type=int, nargs="+", default=[1, 4, 8], help="g: experts a call")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -82,10 +152,11 @@ def main() -> None:
         copy_GBps = None
     forms = {"eager_table": None}
     if device == "cuda":
-        forms["compiled_table"] = torch.compile(compiled_table_pass, dynamic=True)
-        forms["compiled_decode"] = torch.compile(decode_into, dynamic=True)
-    else:
-        forms["decode_eager"] = decode_into       # the CPU smoke: the same function, not compiled
+        forms.update(compiled_forms())
+    else:                                     # the CPU smoke: the same functions, not compiled
+        forms["decode_eager"] = _decode_dynamic
+        forms["bits_eager"] = _bits_dynamic
+        forms["stack_eager"] = _stack_dynamic
     for name, (rows, cols) in {"w13": (2 * inter, hidden), "w2": (hidden, inter)}.items():
         w = random_experts(e_total, rows, cols, device, seed=len(name))
         for g in args.experts:
@@ -94,11 +165,10 @@ def main() -> None:
             out = torch.empty(g, rows, cols, dtype=torch.bfloat16, device=device)
             nbytes = g * rows * cols * 2.5
             for form, fused in forms.items():
-                if form == "compiled_table":
-                    table = scaled_byte_table(torch.bfloat16, device)
-                    call = lambda: fused(out, w.packed, w.scales, table, index)             # noqa: E731
+                if fused is None:
+                    call = lambda: lut_dequantize(w, out, index=index)                      # noqa: E731
                 else:
-                    call = lambda: lut_dequantize(w, out, index=index, fused=fused)         # noqa: E731
+                    call = lambda: fused(out, w.packed, w.scales, index)                    # noqa: E731
                 out.fill_(float("nan"))
                 call()
                 exact = bool(torch.equal(out.isnan(), want.isnan())

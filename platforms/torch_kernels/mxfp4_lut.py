@@ -81,6 +81,15 @@ def decode_tables(dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tenso
     return _DECODE_TABLES[key]
 
 
+def _nibbles(packed: torch.Tensor, n: int, rows: int, blocks: int) -> torch.Tensor:
+    """int32 [n, R, C/32, 16, 2]: byte j's low nibble, then its high one, as a broadcast shift
+    of the bytes by (0, 4). A pointwise expression inductor fuses into its consumer; a
+    torch.stack of the two nibbles is lowered to a concatenation, which inductor stores as an
+    int32 buffer (8 bytes a weight written and read back)."""
+    byte = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2, 1).to(torch.int32)          # [n, R, C/32, 16, 1]
+    return (byte >> torch.arange(0, 8, 4, dtype=torch.int32, device=packed.device)) & 15
+
+
 def decode_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, code_values: torch.Tensor,
                 scale_values: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
     """The big table's result (`lut_dequantize`) by arithmetic a torch.compile kernel streams (module docstring):
@@ -90,10 +99,36 @@ def decode_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, c
     if index is not None:
         packed, scales = packed.index_select(0, index), scales.index_select(0, index)
     n, rows, blocks = scales.shape
-    byte = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32)             # [n, R, C/32, 16]
-    nibbles = torch.stack([byte & 15, byte >> 4], dim=-1)                                 # [n, R, C/32, 16, 2]
+    nibbles = _nibbles(packed, n, rows, blocks)                                           # [n, R, C/32, 16, 2]
     scale = scale_values[scales.to(torch.int32)].view(n, rows, blocks, 1, 1)
     out.view(nibbles.shape).copy_(code_values[nibbles] * scale)                           # one rounding, to out
+    return out
+
+
+def decode_bits_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                     index: torch.Tensor | None = None) -> torch.Tensor:
+    """`decode_into` with no table: each nibble's fp32 bit pattern and each scale byte's are built
+    by integer arithmetic, so a compiled kernel makes no indirect load. out [n, R, C] (contiguous,
+    bf16 / fp16 / fp32) = the experts `index` of packed [E, R, C/2] / scales [E, R, C/32] (all of
+    them when index is None); bit-identical to `lut_dequantize`. Returns `out`.
+
+    E2M1 code c = s e1 e0 m: |value| = m / 2 for e = 0, else 2^(e - 1) (1 + m / 2), whose fp32
+    pattern is ((e + 126) << 23) | (m << 22); 0.5 is (126 << 23). E8M0 byte s: 2^(s - 127) is
+    s << 23 for s in 1..254, the subnormal 0x00400000 for s = 0, NaN for 255. The product of the
+    two fp32 values is exact; the copy into out rounds it once."""
+    if out.dtype == torch.float64:
+        raise ValueError("decode_bits_into: float64 output takes decode_into")
+    if index is not None:
+        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
+    n, rows, blocks = scales.shape
+    code = _nibbles(packed, n, rows, blocks)                                              # [n, R, C/32, 16, 2]
+    exponent, mantissa = (code >> 1) & 3, code & 1
+    magnitude = torch.where(exponent == 0, mantissa * (126 << 23), ((exponent + 126) << 23) | (mantissa << 22))
+    value = (magnitude | ((code >> 3) << 31)).view(torch.float32)
+    s = scales.to(torch.int32)
+    scale_bits = torch.where(s == 0, 0x00400000, torch.where(s == 255, 0x7FC00000, s << 23))
+    scale = scale_bits.view(torch.float32).view(n, rows, blocks, 1, 1)
+    out.view(code.shape).copy_(value * scale)                                             # one rounding, to out
     return out
 
 

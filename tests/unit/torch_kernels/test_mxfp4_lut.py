@@ -5,7 +5,7 @@
 import pytest
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import decode_into, lut_dequantize, scaled_byte_table
+from k3.platforms.torch_kernels.mxfp4_lut import decode_bits_into, decode_into, lut_dequantize, scaled_byte_table
 from k3.quant.mxfp4 import MXFP4Tensor
 
 
@@ -19,6 +19,13 @@ def _every_pair() -> MXFP4Tensor:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def _same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """NaN exactly where want is NaN and every other value bit for bit (a compiled kernel's NaN
+    payload is its code generator's: a GPU writes the canonical NaN)."""
+    nan = want.isnan()
+    return torch.equal(got.isnan(), nan) and torch.equal(_bits(got[~nan]), _bits(want[~nan]))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.float64])
@@ -70,17 +77,37 @@ def test_the_fused_lookup_gives_the_same_bits(dtype):
                        _bits(want[[2, 0]]))
 
 
-def test_decode_into_compiled_by_inductor_gives_the_same_bits():
-    """What the GPU runs is `decode_into` through torch.compile: inductor's lowering of it (its
-    C++ code generator here, one compile of about 10 s) must give the big table's bits too, for
-    a slice and through a device index, into NaN-poisoned outputs (NaN where the reference is)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_the_table_free_decoder_gives_the_same_values(dtype):
+    """`decode_bits_into` builds each nibble's and each scale byte's fp32 pattern by integer
+    arithmetic: every (scale, code) pair decodes as the reference does (subnormal 2^-127, NaN
+    for 255, inf past the range, -0 for the negative zero code), whole stack and by index."""
     w = _every_pair()
-    fused = torch.compile(decode_into, dynamic=True)
+    want = w.dequantize(dtype)
+    out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
+    assert _same_values(decode_bits_into(out, w.packed, w.scales), want)
+    part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
+    assert _same_values(decode_bits_into(part, w.packed, w.scales, torch.tensor([2, 0])), want[[2, 0]])
+    with pytest.raises(ValueError, match="float64"):
+        decode_bits_into(torch.empty(3, 64, 512, dtype=torch.float64), w.packed, w.scales)
+
+
+@pytest.mark.parametrize("decoder", ["decode_into", "decode_bits_into"])
+def test_the_decoders_compiled_by_inductor_give_the_same_values(decoder):
+    """What the GPU runs is a decoder through torch.compile: inductor's lowering of it (its C++
+    code generator here, one compile of about 10 s) must give the big table's values too, for a
+    slice and through a device index, into NaN-poisoned outputs (NaN where the reference is)."""
+    w = _every_pair()
+    if decoder == "decode_into":
+        fused = torch.compile(decode_into, dynamic=True)
+    else:
+        compiled = torch.compile(decode_bits_into, dynamic=True)
+        fused = lambda out, packed, scales, code_values, scale_values, index: compiled(out, packed, scales, index)  # noqa: E731
     want = w.dequantize(torch.bfloat16)
     out = torch.full((3, 64, 512), float("nan"), dtype=torch.bfloat16)
-    assert torch.equal(_bits(lut_dequantize(w, out, fused=fused)), _bits(want))
+    assert _same_values(lut_dequantize(w, out, fused=fused), want)
     part = torch.full((2, 64, 512), float("nan"), dtype=torch.bfloat16)
-    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=fused)), _bits(want[[2, 0]]))
+    assert _same_values(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=fused), want[[2, 0]])
 
 
 def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
