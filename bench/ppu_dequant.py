@@ -28,20 +28,8 @@ from pathlib import Path
 import torch
 
 from k3.platforms.torch_kernels.mxfp4_lut import (decode_bits_into, decode_into, decode_tables, lut_dequantize,
-                                                  scaled_byte_table)
+                                                  scaled_byte_table, table_into)
 from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor
-
-
-def compiled_table_pass(out, packed, scales, table, index=None):
-    """The former fused form: the big table's two passes as one function of tensors (the index
-    pass, then a gather of words into a bitcast view of out)."""
-    if index is not None:
-        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
-    n, rows, blocks = scales.shape
-    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
-        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)
-    out.view(table.dtype).view(idx.shape).copy_(table[idx])
-    return out
 
 
 def decode_stack_into(out, packed, scales, code_values, scale_values, index=None):
@@ -92,7 +80,7 @@ def compiled_forms() -> dict:
     for name in ("recompile_limit", "cache_size_limit"):     # static forms compile once per g and matrix
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 64)
-    table_pass = torch.compile(compiled_table_pass, dynamic=True)
+    table_pass = torch.compile(table_into, dynamic=True)
     def per_expert(fn):
         expert = torch.compile(fn, dynamic=False)
 
@@ -137,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="ppu_dequant.json")
     parser.add_argument("--experts", type=int, nargs="+", default=[1, 4, 8], help="g: experts a call")
+    parser.add_argument("--forms", nargs="+", help="time only these forms (default: every one)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() and not args.smoke else "cpu"
@@ -157,6 +146,8 @@ def main() -> None:
         forms["decode_eager"] = _decode_dynamic
         forms["bits_eager"] = _bits_dynamic
         forms["stack_eager"] = _stack_dynamic
+    if args.forms:
+        forms = {name: fn for name, fn in forms.items() if name in args.forms}
     for name, (rows, cols) in {"w13": (2 * inter, hidden), "w2": (hidden, inter)}.items():
         w = random_experts(e_total, rows, cols, device, seed=len(name))
         for g in args.experts:

@@ -11,9 +11,8 @@ found the device can do (never by trying):
   once (k3-slice, one token: 16 experts x 33M weights x 2 B = 1.06 GB a layer).
 - **slots** (`moe_slots.slot_experts`; dense_dispatch=True otherwise): no host read either; each
   expert slot a step can touch runs on every token, masked. MXFP4 experts are dequantised g at
-  a time (`mxfp4_lut.lut_dequantize`: 6.5 bytes a weight in two eager passes, 2.5 in the one
-  kernel torch.compile makes of `mxfp4_lut.decode_into` where the device compiles) into one
-  reused workspace.
+  a time (`mxfp4_lut.lut_dequantize`: 6.5 bytes a weight in two eager passes; where the device
+  compiles, one torch.compile'd function, `mxfp4_lut.CompiledDecoder`) into one reused workspace.
 - **host** (dense_dispatch=False otherwise: prefill, eager steps): the expert-sorted pairs'
   bounds read on the host once; the experts no pair names are skipped, the others walked g at
   a time (MXFP4 dequantised into the workspace), each on its exact rows (a grouped GEMM over
@@ -45,12 +44,13 @@ from k3.quant.mxfp4 import MXFP4Tensor
 from .device_support import compile_supported, grouped_gemm_supported
 from .moe_experts import _check_2d
 from .moe_slots import Materialiser, slot_experts, sort_pairs
-from .mxfp4_lut import decode_into
+from .mxfp4_lut import CompiledDecoder
 from .split_products import interleave_groups, merge_rows
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
 WORKSPACE_BYTES = 512 << 20     # bound of one group's dequantised w13 + w2 and its transient indices / activations
-INDEX_BYTES = 2                 # the eager table's int32 index a weight (one per two weights), transient
+INDEX_BYTES = 2                 # the table's transient bytes a weight: eager, its int32 index (one per two
+                                # weights); compiled, the word buffer inductor gathers into before the copy
 # the grouped way's transient activations at a prefill, bounded (with WORKSPACE_BYTES, inside the capacity
 # planner's fixed workspace, k3.cache.capacity.FIXED_WORKSPACE): unbounded, one 8K-token prompt on k3-slice
 # (131K (token, choice) rows) asked for ~20 GiB of them and ran out of memory on an H100 (bench/ppu_profile.py)
@@ -113,8 +113,8 @@ class W4A16Experts:
         self.grouped_transient_bytes = grouped_transient_bytes
         self.workspace = Workspace()
         self._glu_fn = torch.compile(ref.glu_activation, dynamic=True) if compiled else ref.glu_activation
-        # MXFP4 dequantisation in one fused kernel where the device compiles (mxfp4_lut.decode_into)
-        self._lookup = torch.compile(decode_into, dynamic=True) if compiled else None
+        # MXFP4 dequantisation by one compiled function where the device compiles
+        self._lookup = CompiledDecoder() if compiled else None
 
     def way(self, w13: ExpertWeight, w2: ExpertWeight, x_dtype: torch.dtype, dense_dispatch: bool) -> str:
         """"grouped", "slots" or "host": which way a call with these weights and activations of
@@ -152,10 +152,10 @@ class W4A16Experts:
         if way == "grouped":
             return self._grouped(x, w13, w2, local, weights, out, glu, dense_dispatch).to(x.dtype)
         mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
-        # experts the workspace holds (their weights, and the eager table's transient indices: the
-        # compiled decode_into stores none), the same for every call of a shape (one pair of
+        # experts the workspace holds (their weights, and the table's transient bytes: a streaming
+        # compiled decoder stores none), the same for every call of a shape (one pair of
         # buffers); the slots also bound a group's activations [g, T, 3I]
-        index_bytes = INDEX_BYTES if self._lookup is None else 0
+        index_bytes = 0 if self._lookup is not None and self._lookup.streams else INDEX_BYTES
         g = group_size(e_local, 3 * inter * hidden * (od.itemsize + index_bytes), self.workspace_bytes)
         gathered = mxfp4 or (way == "slots" and t * topk_ids.shape[1] < e_local)   # weights copied per call
         ws13, ws2 = self.workspace.get(g, inter, hidden, od, x.device) if gathered else (None, None)

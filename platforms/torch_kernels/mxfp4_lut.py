@@ -29,6 +29,7 @@ of 57-140 us for every group of experts (bench/ppu_profile.py, BENCHMARKS.md).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -132,13 +133,62 @@ def decode_bits_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tens
     return out
 
 
+def table_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
+               index: torch.Tensor | None = None) -> torch.Tensor:
+    """The big table's two passes as one function of tensors, for torch.compile: the (scale,
+    byte) index, then a gather of `scaled_byte_table` words into a bitcast view of out ([n, R, C],
+    contiguous, a 2- or 4-byte dtype; `table` that dtype's word table). Returns `out`."""
+    if index is not None:
+        packed, scales = packed.index_select(0, index), scales.index_select(0, index)
+    n, rows, blocks = scales.shape
+    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
+        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)                        # [n, R, C/32, 16]
+    out.view(table.dtype).view(idx.shape).copy_(table[idx])
+    return out
+
+
+# The form torch.compile fuses where the device compiles (`CompiledDecoder`). On an H100
+# (bench/ppu_dequant.py, 2026-12-07) the compiled table took 147 / 68 us for one expert's w13 /
+# w2 against 350 / 178 us for decode_into as first written (its torch.stack of the nibbles was
+# stored as an int32 buffer: `_nibbles`); the broadcast-shift decode_into and decode_bits_into
+# are not measured on a GPU yet, so the table stays served until they are.
+COMPILED_FORMS = ("table", "decode", "bits")
+COMPILED_FORM = os.environ.get("K3_MXFP4_COMPILED_FORM", "table")     # an override for measuring the others
+
+
+class CompiledDecoder:
+    """`lut_dequantize`'s fused argument where the device compiles: fn(out, packed, scales, index)
+    -> out, one torch.compile'd function (dynamic shapes) of the chosen form: "table"
+    (`table_into` over `scaled_byte_table`), "decode" (`decode_into` over `decode_tables`) or
+    "bits" (`decode_bits_into`). `streams`: whether it writes out with no transient buffer of its
+    own (the table's gather goes through one, the word view of out, which inductor copies)."""
+
+    def __init__(self, form: str = COMPILED_FORM):
+        if form not in COMPILED_FORMS:
+            raise ValueError(f"CompiledDecoder: form must be one of {COMPILED_FORMS}, got {form!r}")
+        self.form = form
+        self.streams = form != "table"
+        self._fn = torch.compile({"table": table_into, "decode": decode_into, "bits": decode_bits_into}[form],
+                                 dynamic=True)
+
+    def __call__(self, out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                 index: torch.Tensor | None) -> torch.Tensor:
+        if self.form == "table" and out.dtype.itemsize in _WORD:
+            return self._fn(out, packed, scales, scaled_byte_table(out.dtype, out.device), index)
+        if self.form == "bits" and out.dtype != torch.float64:
+            return self._fn(out, packed, scales, index)
+        if self.form == "decode":
+            return self._fn(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+        return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)   # fp64: eager
+
+
 def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
                    index: torch.Tensor | None = None, fused=None) -> torch.Tensor:
     """Experts of the stacked MXFP4 `w` ([E, R, C] logical) written densely into `out`
     ([n, R, C], contiguous, any float dtype): w[start:start + n], or w[index] (a device index
-    tensor of n experts: no host read). fused: `decode_into` compiled (one kernel, where the
-    device compiles: `moe_w4a16.build_experts`), or None for the two eager passes of the big
-    table. Returns `out`."""
+    tensor of n experts: no host read). fused: fn(out, packed, scales, index) -> out, a
+    `CompiledDecoder` where the device compiles (`moe_w4a16.build_experts`), or None for the two
+    eager passes of the big table. Returns `out`."""
     n, rows, cols = out.shape
     if not out.is_contiguous() or tuple(w.shape[1:]) != (rows, cols):
         raise ValueError(f"lut_dequantize: out must be contiguous [n, {w.shape[1]}, {w.shape[2]}], "
@@ -153,7 +203,7 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     else:
         packed, scales = w.packed, w.scales                                               # the fused gather selects
     if fused is not None:
-        return fused(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+        return fused(out, packed, scales, index)
     table = scaled_byte_table(out.dtype, out.device)
     blocks = cols // MXFP4_BLOCK
     shift = scales.to(torch.int32).mul_(256).view(n, rows, blocks, 1)                      # [n, R, C/32, 1]

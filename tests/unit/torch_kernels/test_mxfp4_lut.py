@@ -5,7 +5,13 @@
 import pytest
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import decode_bits_into, decode_into, lut_dequantize, scaled_byte_table
+from k3.platforms.torch_kernels.mxfp4_lut import (CompiledDecoder, decode_bits_into, decode_into, decode_tables,
+                                                  lut_dequantize, scaled_byte_table)
+
+
+def _eager_decode(out, packed, scales, index):
+    """The fused argument's contract, decode_into run eagerly."""
+    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
 from k3.quant.mxfp4 import MXFP4Tensor
 
 
@@ -63,17 +69,17 @@ def test_a_wrong_out_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_the_fused_lookup_gives_the_same_bits(dtype):
-    """`decode_into`, the function torch.compile fuses where the device compiles (the fused
-    argument), run eagerly, decodes every (scale, code) pair as the two eager passes of the big
+    """`decode_into`, one of the functions torch.compile fuses where the device compiles (the
+    fused argument), run eagerly, decodes every (scale, code) pair as the two eager passes of the big
     table do: whole stack, slice and index, into NaN-poisoned outputs."""
     w = _every_pair()
     want = w.dequantize(dtype)
     out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, out, fused=decode_into)), _bits(want))
+    assert torch.equal(_bits(lut_dequantize(w, out, fused=_eager_decode)), _bits(want))
     part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=decode_into)), _bits(want[1:]))
+    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=_eager_decode)), _bits(want[1:]))
     part.fill_(float("nan"))
-    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=decode_into)),
+    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=_eager_decode)),
                        _bits(want[[2, 0]]))
 
 
@@ -92,22 +98,25 @@ def test_the_table_free_decoder_gives_the_same_values(dtype):
         decode_bits_into(torch.empty(3, 64, 512, dtype=torch.float64), w.packed, w.scales)
 
 
-@pytest.mark.parametrize("decoder", ["decode_into", "decode_bits_into"])
-def test_the_decoders_compiled_by_inductor_give_the_same_values(decoder):
-    """What the GPU runs is a decoder through torch.compile: inductor's lowering of it (its C++
-    code generator here, one compile of about 10 s) must give the big table's values too, for a
-    slice and through a device index, into NaN-poisoned outputs (NaN where the reference is)."""
+@pytest.mark.parametrize("form", ["table", "decode", "bits"])
+def test_the_compiled_decoders_give_the_same_values(form):
+    """What the GPU runs is a `CompiledDecoder`: inductor's lowering of each form (its C++ code
+    generator here, one compile of about 10 s) must give the reference's values, for the whole
+    stack, a slice and through a device index, into NaN-poisoned outputs (NaN where the
+    reference is); a float64 output (no word table, no fp32 patterns) takes decode_into eagerly."""
     w = _every_pair()
-    if decoder == "decode_into":
-        fused = torch.compile(decode_into, dynamic=True)
-    else:
-        compiled = torch.compile(decode_bits_into, dynamic=True)
-        fused = lambda out, packed, scales, code_values, scale_values, index: compiled(out, packed, scales, index)  # noqa: E731
-    want = w.dequantize(torch.bfloat16)
-    out = torch.full((3, 64, 512), float("nan"), dtype=torch.bfloat16)
-    assert _same_values(lut_dequantize(w, out, fused=fused), want)
-    part = torch.full((2, 64, 512), float("nan"), dtype=torch.bfloat16)
-    assert _same_values(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=fused), want[[2, 0]])
+    fused = CompiledDecoder(form)
+    assert fused.streams == (form != "table")
+    for dtype in (torch.bfloat16, torch.float64):
+        want = w.dequantize(dtype)
+        out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
+        assert _same_values(lut_dequantize(w, out, fused=fused), want)
+        part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
+        assert _same_values(lut_dequantize(w, part, start=1, fused=fused), want[1:])
+        assert _same_values(lut_dequantize(w, part.fill_(float("nan")), index=torch.tensor([2, 0]), fused=fused),
+                            want[[2, 0]])
+    with pytest.raises(ValueError, match="form"):
+        CompiledDecoder("nibble")
 
 
 def test_the_w4a16_entry_fuses_the_lookup_only_where_it_compiles():
@@ -132,4 +141,4 @@ def test_tile_major_experts_decode_as_their_checkpoint_layout():
     assert torch.equal(lut_dequantize(tiles, part, start=1), want[1:])
     assert torch.equal(lut_dequantize(tiles, part.fill_(float("nan")), index=torch.tensor([2, 0])), want[[2, 0]])
     part.fill_(float("nan"))
-    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=decode_into), want[[0, 2]])
+    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=_eager_decode), want[[0, 2]])
