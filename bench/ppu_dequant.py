@@ -9,9 +9,11 @@ Forms, each writing g experts' w13 ([2I, L]) and w2 ([L, I]) into NaN-poisoned b
 through a device index (the slots way's routed experts):
   - `eager_table`: the two eager passes through the 65,536-entry scaled byte table (what a
     device without torch.compile runs: a PPU without Triton);
-  - `compiled_table`: those two passes compiled as one function (the fused form served before
-    `decode_into`; kept here as the peer);
-  - `compiled_decode`: `decode_into` compiled (served where the device compiles).
+  - `compiled_table`, `compiled_decode`, `compiled_bits`: mxfp4_lut.CompiledDecoder's forms
+    (`table_into`, `decode_into`, `decode_bits_into`) compiled with dynamic shapes;
+  - `compiled_decode_stack`: decode_into as first served (its nibbles by torch.stack);
+  - `*_static`: compiled for each shape; `*_per_expert`: one static call an expert.
+`--forms` picks some; on the CPU (`--smoke`) the decoders run eagerly instead.
 Every form is checked bit for bit against `k3.quant.mxfp4` (NaN where it is NaN) before it is
 timed. Bytes: the codes and scales read plus the bf16 weights written (2.5 bytes a weight, the
 least any form moves), as a fraction of the measured copy bandwidth (read + write of 1 GiB).
