@@ -165,7 +165,8 @@ class CompiledDecoder:
 
     def __init__(self, form: str = COMPILED_FORM):
         if form not in COMPILED_FORMS:
-            raise ValueError(f"CompiledDecoder: form must be one of {COMPILED_FORMS}, got {form!r}")
+            raise ValueError(f"CompiledDecoder: form must be one of {COMPILED_FORMS} (the default comes from "
+                             f"$K3_MXFP4_COMPILED_FORM), got {form!r}")
         self.form = form
         self.streams = form != "table"
         self._fn = torch.compile({"table": table_into, "decode": decode_into, "bits": decode_bits_into}[form],
