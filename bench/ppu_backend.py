@@ -60,6 +60,7 @@ from k3.checkpoint.writer import write_config
 from k3.config import K3Config
 from k3.engine.engine import EngineConfig, LLMEngine
 from k3.engine.params import SamplingParams
+from k3.platforms.torch_kernels import mxfp4_lut
 from k3.plugin.tables import KERNEL_TABLES, entry_oracle
 from ppu_moe import STARTED, log, moe_figures, sync
 
@@ -291,7 +292,8 @@ def main() -> None:
         args.gpu_memory_utilization = 0.6 if big or device != "cuda" else 0.85
     cfg = K3Config.preset(preset)
     result = {"date": datetime.date.today().isoformat(), "preset": preset, "torch": torch.__version__,
-              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "args": vars(args)}
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "args": vars(args),
+              "mxfp4_compiled_form": mxfp4_lut.COMPILED_FORM}         # the ppu experts' compiled decoder
 
     def save(phase: str) -> None:
         result["summary"] = summarize(result)

@@ -175,6 +175,16 @@ def main() -> None:
                 print(f"{name} g={g} {form:16s} {'ok' if exact else 'WRONG'} {ms * 1e3:9.1f} us "
                       f"{row['GBps']:8.1f} GB/s" + (f" {row['fraction_of_copy']:.0%} of copy" if copy_GBps else ""),
                       flush=True)
+    # CompiledDecoder's forms by their summed time over the rows: what bench/ppu_h200.sh's dequant
+    # phase then runs the engine with (K3_MXFP4_COMPILED_FORM), beside the served table
+    totals = {form: sum(r["ms"] for r in result["rows"] if r["form"] == f"compiled_{form}" and r["exact"])
+              for form in ("table", "decode", "bits")
+              if any(r["form"] == f"compiled_{form}" and r["exact"] for r in result["rows"])}
+    if totals:
+        result["compiled_form_ms"] = totals
+        streaming = {form: ms for form, ms in totals.items() if form != "table"}
+        result["fastest_streaming_form"] = min(streaming, key=streaming.get) if streaming else None
+        print("compiled forms, summed ms:", {form: round(ms, 3) for form, ms in totals.items()}, flush=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     if not all(r["exact"] for r in result["rows"]):
         raise SystemExit("a form decoded a weight wrong")

@@ -19,11 +19,12 @@
 #                                           with token bounds, then at the full width only, then nvidia;
 #                                           three processes, about 5 minutes)
 #     -> $OUT/ppu_widths-*.json, widths.log
-#   bash bench/ppu_h200.sh dequant         (the compiled MXFP4 dequantisation, old and new forms against
-#                                           the copy bandwidth (bench/ppu_dequant.py), then the ppu
-#                                           engine with the partial or whole expert cache and with it off
-#                                           at 1 / 16 requests and one 8K prompt; about 6 minutes)
-#     -> $OUT/ppu_dequant-h200.json, ppu_decode_into-h200.json, dequant.log
+#   bash bench/ppu_h200.sh dequant         (the compiled MXFP4 dequantisation's forms against the copy
+#                                           bandwidth (bench/ppu_dequant.py), then the ppu engine with the
+#                                           expert cache off at 1 / 16 requests and one 8K prompt, with the
+#                                           served table and with the fastest streaming form
+#                                           (K3_MXFP4_COMPILED_FORM); about 8 minutes)
+#     -> $OUT/ppu_dequant-h200.json, ppu_dequant-engine-<form>-h200.json, dequant.log
 # PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
 # The bench starts no phase after --budget-s (480 s) and rewrites its JSON after every phase.
 set -uo pipefail
@@ -64,12 +65,16 @@ widths)
     done
     ;;
 dequant)
-    (cd bench && timeout 120 python3 ppu_dequant.py --out "$OUT/ppu_dequant-h200.json") 2>&1 | grep -v Warning \
+    (cd bench && timeout 200 python3 ppu_dequant.py --out "$OUT/ppu_dequant-h200.json") 2>&1 | grep -v Warning \
         | tee "$OUT/dequant.log"
-    # shellcheck disable=SC2086
-    timeout 420 python3 bench/ppu_backend.py --no-moe --variants ppu ppu_mxfp4 --concurrency 1 16 --decode-tokens 16 \
-        --ttft 8192 --out "$OUT/ppu_decode_into-h200.json" ${PPU_BENCH_ARGS:-} 2>&1 | tee -a "$OUT/dequant.log" \
-        | grep -E '^\[|Error|error'
+    best=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('fastest_streaming_form') or '')" \
+        "$OUT/ppu_dequant-h200.json" 2>/dev/null)
+    for form in table $best; do     # the served compiled table, then the fastest streaming form
+        # shellcheck disable=SC2086
+        K3_MXFP4_COMPILED_FORM=$form timeout 170 python3 bench/ppu_backend.py --no-moe --variants ppu_mxfp4 \
+            --concurrency 1 16 --decode-tokens 16 --ttft 8192 --out "$OUT/ppu_dequant-engine-$form-h200.json" \
+            ${PPU_BENCH_ARGS:-} 2>&1 | sed "s/^\[/[$form /" | tee -a "$OUT/dequant.log" | grep -E '^\[|Error|error'
+    done
     ;;
 *)
     echo "usage: bash bench/ppu_h200.sh conformance|bench|profile|variants|widths|dequant" >&2
