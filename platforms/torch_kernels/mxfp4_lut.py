@@ -16,15 +16,20 @@ words writes the dense row directly. Two passes over each weight:
 scale multiply it replaces; int32 indices only. The table (256 KiB in bf16) is built on a
 device's first call, before any graph capture (the decode-graph warm-up calls run first).
 
-Where the device compiles (torch.compile), `decode_into` is fused instead: one kernel that reads
-the code bytes and scale bytes once, looks each nibble up in a 16-entry value table and each
-scale byte in a 256-entry power-of-two table (both cached close to the cores), multiplies in
-fp32 (exact: a 2-bit significand times a power of two, subnormals included) and rounds once to
-the output dtype, so it gives the big table's bits. 2.5 bytes a weight, streamed. The big
-table's two passes compiled as one (the fused form before this one) gathered a 4-byte word a
-weight pair from 256 KiB, a cache sector a gather, and wrote a bitcast view of its output, which
-inductor stored through a second copy kernel: in a k3-slice decode step on an H100 three kernels
-of 57-140 us for every group of experts (bench/ppu_profile.py, BENCHMARKS.md).
+Where the device compiles (torch.compile), `CompiledDecoder` compiles one of three forms as one
+function (`COMPILED_FORM`, `$K3_MXFP4_COMPILED_FORM`):
+- "table" (served): `table_into`, the two passes above; inductor gathers the words into a buffer
+  and copies it into out (the bitcast view), so it keeps a transient buffer the size of out;
+- "decode": `decode_into`, each nibble through a 16-entry value table and each scale byte through
+  a 256-entry power-of-two table (both cached close to the cores), multiplied in fp32 (exact: a
+  2-bit significand times a power of two, subnormals included) and rounded once to the output
+  dtype, so it gives the big table's bits; 2.5 bytes a weight, streamed;
+- "bits": `decode_bits_into`, the same values with no table (the fp32 patterns built by integer
+  arithmetic: no indirect load).
+On an H100 (bench/ppu_dequant.py, BENCHMARKS.md) the first decode_into ran at 5-10% of the copy
+bandwidth against the table's 12-16%: inductor stored its torch.stack of the nibbles as an int32
+buffer. The nibbles are now a broadcast shift (`_nibbles`); the streaming forms replace the table
+once a GPU run shows them faster.
 """
 
 from __future__ import annotations
@@ -147,11 +152,8 @@ def table_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, ta
     return out
 
 
-# The form torch.compile fuses where the device compiles (`CompiledDecoder`). On an H100
-# (bench/ppu_dequant.py, 2026-12-07) the compiled table took 147 / 68 us for one expert's w13 /
-# w2 against 350 / 178 us for decode_into as first written (its torch.stack of the nibbles was
-# stored as an int32 buffer: `_nibbles`); the broadcast-shift decode_into and decode_bits_into
-# are not measured on a GPU yet, so the table stays served until they are.
+# The form CompiledDecoder compiles (the module docstring). On an H100 (bench/ppu_dequant.py,
+# 2026-12-07) the table took 147 / 68 us for one expert's w13 / w2, the first decode_into 350 / 178.
 COMPILED_FORMS = ("table", "decode", "bits")
 COMPILED_FORM = os.environ.get("K3_MXFP4_COMPILED_FORM", "table")     # an override for measuring the others
 
