@@ -107,7 +107,7 @@ def test_the_compiled_decoders_give_the_same_values(form):
     w = _every_pair()
     fused = CompiledDecoder(form)
     assert fused.streams == (form != "table")
-    for dtype in (torch.bfloat16, torch.float64):
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
         want = w.dequantize(dtype)
         out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
         assert _same_values(lut_dequantize(w, out, fused=fused), want)
