@@ -22,7 +22,7 @@
 #   bash bench/ppu_h200.sh dequant         (the compiled MXFP4 dequantisation's forms against the copy
 #                                           bandwidth (bench/ppu_dequant.py), then the ppu engine with the
 #                                           expert cache off at 1 / 16 requests and one 8K prompt, with the
-#                                           served table and with the fastest streaming form
+#                                           served form and with the fastest if it is another
 #                                           (K3_MXFP4_COMPILED_FORM); about 8 minutes)
 #     -> $OUT/ppu_dequant-h200.json, ppu_dequant-engine-<form>-h200.json, dequant.log
 # PPU_BENCH_ARGS / PPU_PROFILE_ARGS add arguments (e.g. "--compile-step", "--no-compile").
@@ -67,9 +67,11 @@ widths)
 dequant)
     (cd bench && timeout 200 python3 ppu_dequant.py --out "$OUT/ppu_dequant-h200.json") 2>&1 | grep -v Warning \
         | tee "$OUT/dequant.log"
-    best=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('fastest_streaming_form') or '')" \
-        "$OUT/ppu_dequant-h200.json" 2>/dev/null)
-    for form in table $best; do     # the served compiled table, then the fastest streaming form
+    read -r served best < <(python3 -c "import json, sys; r = json.load(open(sys.argv[1]))
+print(r['served_form'], r.get('fastest_form') or r['served_form'])" "$OUT/ppu_dequant-h200.json" 2>/dev/null \
+        || echo table table)
+    forms=$served; [ "$best" != "$served" ] && forms="$served $best"
+    for form in $forms; do     # the served form, then the fastest if it is another
         # shellcheck disable=SC2086
         K3_MXFP4_COMPILED_FORM=$form timeout 170 python3 bench/ppu_backend.py --no-moe --variants ppu_mxfp4 \
             --concurrency 1 16 --decode-tokens 16 --ttft 8192 --out "$OUT/ppu_dequant-engine-$form-h200.json" \

@@ -49,8 +49,7 @@ from .split_products import interleave_groups, merge_rows
 
 ExpertWeight = torch.Tensor | MXFP4Tensor
 WORKSPACE_BYTES = 512 << 20     # bound of one group's dequantised w13 + w2 and its transient indices / activations
-INDEX_BYTES = 2                 # the table's transient bytes a weight: eager, its int32 index (one per two
-                                # weights); compiled, the word buffer inductor gathers into before the copy
+INDEX_BYTES = 2                 # the eager table's int32 index a weight (one per two weights), transient
 # the grouped way's transient activations at a prefill, bounded (with WORKSPACE_BYTES, inside the capacity
 # planner's fixed workspace, k3.cache.capacity.FIXED_WORKSPACE): unbounded, one 8K-token prompt on k3-slice
 # (131K (token, choice) rows) asked for ~20 GiB of them and ran out of memory on an H100 (bench/ppu_profile.py)
@@ -152,10 +151,10 @@ class W4A16Experts:
         if way == "grouped":
             return self._grouped(x, w13, w2, local, weights, out, glu, dense_dispatch).to(x.dtype)
         mxfp4 = isinstance(w13, MXFP4Tensor) or isinstance(w2, MXFP4Tensor)
-        # experts the workspace holds (their weights, and the table's transient bytes: a streaming
+        # experts the workspace holds (their weights, and the eager table's transient indices: the
         # compiled decoder stores none), the same for every call of a shape (one pair of
         # buffers); the slots also bound a group's activations [g, T, 3I]
-        index_bytes = 0 if self._lookup is not None and self._lookup.streams else INDEX_BYTES
+        index_bytes = INDEX_BYTES if self._lookup is None else 0
         g = group_size(e_local, 3 * inter * hidden * (od.itemsize + index_bytes), self.workspace_bytes)
         gathered = mxfp4 or (way == "slots" and t * topk_ids.shape[1] < e_local)   # weights copied per call
         ws13, ws2 = self.workspace.get(g, inter, hidden, od, x.device) if gathered else (None, None)

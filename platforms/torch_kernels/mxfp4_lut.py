@@ -18,8 +18,9 @@ device's first call, before any graph capture (the decode-graph warm-up calls ru
 
 Where the device compiles (torch.compile), `CompiledDecoder` compiles one of three forms as one
 function (`COMPILED_FORM`, `$K3_MXFP4_COMPILED_FORM`):
-- "table" (served): `table_into`, the two passes above; inductor gathers the words into a buffer
-  and copies it into out (the bitcast view), so it keeps a transient buffer the size of out;
+- "table" (served): `table_into`, the two passes above as one kernel, gathering the words straight
+  into out bitcast to the word dtype (bitcast inside the compiled function, inductor gathered into
+  a buffer and copied it: the form measured on the H100, 4 more bytes a weight);
 - "decode": `decode_into`, each nibble through a 16-entry value table and each scale byte through
   a 256-entry power-of-two table (both cached close to the cores), multiplied in fp32 (exact: a
   2-bit significand times a power of two, subnormals included) and rounded once to the output
@@ -138,18 +139,21 @@ def decode_bits_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tens
     return out
 
 
-def table_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
+def table_into(words: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
                index: torch.Tensor | None = None) -> torch.Tensor:
     """The big table's two passes as one function of tensors, for torch.compile: the (scale,
-    byte) index, then a gather of `scaled_byte_table` words into a bitcast view of out ([n, R, C],
-    contiguous, a 2- or 4-byte dtype; `table` that dtype's word table). Returns `out`."""
+    byte) index, then a gather of `scaled_byte_table` words into `words`, the output [n, R, C]
+    (contiguous, a 2- or 4-byte dtype) viewed as the table's word dtype ([n, R, C/2]) by the
+    caller. Bitcast outside the compiled function, so inductor writes the gather straight into
+    it: given out itself and a `.view(word)` inside, it gathered into a buffer of its own and
+    copied that into out (4 more bytes a weight). Returns `words`."""
     if index is not None:
         packed, scales = packed.index_select(0, index), scales.index_select(0, index)
     n, rows, blocks = scales.shape
     idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
         + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)                        # [n, R, C/32, 16]
-    out.view(table.dtype).view(idx.shape).copy_(table[idx])
-    return out
+    words.view(idx.shape).copy_(table[idx])
+    return words
 
 
 # The form CompiledDecoder compiles (the module docstring). On an H100 (bench/ppu_dequant.py,
@@ -162,22 +166,23 @@ class CompiledDecoder:
     """`lut_dequantize`'s fused argument where the device compiles: fn(out, packed, scales, index)
     -> out, one torch.compile'd function (dynamic shapes) of the chosen form: "table"
     (`table_into` over `scaled_byte_table`), "decode" (`decode_into` over `decode_tables`) or
-    "bits" (`decode_bits_into`). `streams`: whether it writes out with no transient buffer of its
-    own (the table's gather goes through one, the word view of out, which inductor copies)."""
+    "bits" (`decode_bits_into`). Each is one kernel that writes out directly, with no transient
+    buffer (inductor's code on the CPU; the table since its words are bitcast outside)."""
 
     def __init__(self, form: str = COMPILED_FORM):
         if form not in COMPILED_FORMS:
             raise ValueError(f"CompiledDecoder: form must be one of {COMPILED_FORMS} (the default comes from "
                              f"$K3_MXFP4_COMPILED_FORM), got {form!r}")
         self.form = form
-        self.streams = form != "table"
         self._fn = torch.compile({"table": table_into, "decode": decode_into, "bits": decode_bits_into}[form],
                                  dynamic=True)
 
     def __call__(self, out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                  index: torch.Tensor | None) -> torch.Tensor:
         if self.form == "table" and out.dtype.itemsize in _WORD:
-            return self._fn(out, packed, scales, scaled_byte_table(out.dtype, out.device), index)
+            table = scaled_byte_table(out.dtype, out.device)
+            self._fn(out.view(table.dtype), packed, scales, table, index)
+            return out
         if self.form == "bits" and out.dtype != torch.float64:
             return self._fn(out, packed, scales, index)
         if self.form == "decode":

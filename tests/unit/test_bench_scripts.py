@@ -241,6 +241,6 @@ def test_ppu_dequant_smoke(tmp_path):
     """bench/ppu_dequant.py on the CPU: each form checked bit for bit before its row is written."""
     result = _smoke("ppu_dequant.py", tmp_path, "--experts", "1", "2")
     forms = {(r["matrix"], r["experts"], r["form"]) for r in result["rows"]}
-    eager = ("eager_table", "decode_eager", "bits_eager", "stack_eager")
+    eager = ("eager_table", "decode_eager", "bits_eager", "stack_eager", "table_copy_eager")
     assert forms == {(m, g, f) for m in ("w13", "w2") for g in (1, 2) for f in eager}
     assert all(r["exact"] and r["ms"] > 0 for r in result["rows"])
