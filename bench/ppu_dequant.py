@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import (COMPILED_FORM, COMPILED_FORMS, CompiledDecoder, decode_bits_into, decode_into, decode_tables,
-                                                  lut_dequantize, scaled_byte_table, table_into)
+from k3.platforms.torch_kernels.mxfp4_lut import (COMPILED_FORM, COMPILED_FORMS, CompiledDecoder, decode_bits_into,
+                                                  decode_tables, decode_with_tables, lut_dequantize,
+                                                  scaled_byte_table, table_into)
 from k3.quant.mxfp4 import MXFP4_BLOCK, MXFP4Tensor
 
 
@@ -65,11 +66,11 @@ def _stack_dynamic(out, packed, scales, index):
 
 
 def _decode_static(out, packed, scales, index):
-    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+    return decode_with_tables(out, packed, scales, index)
 
 
 def _decode_expert(out, packed, scales, index):
-    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+    return decode_with_tables(out, packed, scales, index)
 
 
 def _bits_static(out, packed, scales, index):

@@ -77,6 +77,15 @@ def scaled_byte_table(dtype: torch.dtype, device) -> torch.Tensor:
     return _TABLES[key]
 
 
+def _table_index(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """int32 [n, R, C/32, 16]: each code byte's entry in `scaled_byte_table`, scale byte * 256 +
+    code byte, for packed [n, R, C/2] and scales [n, R, C/32] (one int32 copy of the scales;
+    the codes are promoted by the add)."""
+    n, rows, blocks = scales.shape
+    shift = scales.to(torch.int32).mul_(256).view(n, rows, blocks, 1)                      # [n, R, C/32, 1]
+    return torch.add(packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2), shift)
+
+
 def decode_tables(dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(code values [16], scale values [256]) in `decode_into`'s product dtype (float64 for a
     float64 output, else float32): E2M1 code c's value, and 2^(s - 127) for scale byte s (NaN
@@ -110,6 +119,13 @@ def decode_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, c
     scale = scale_values[scales.to(torch.int32)].view(n, rows, blocks, 1, 1)
     out.view(nibbles.shape).copy_(code_values[nibbles] * scale)                           # one rounding, to out
     return out
+
+
+def decode_with_tables(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                       index: torch.Tensor | None = None) -> torch.Tensor:
+    """`decode_into` over `decode_tables` for out's dtype and device: `lut_dequantize`'s fused
+    contract, fn(out, packed, scales, index), run eagerly. Returns `out`."""
+    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
 
 
 def decode_bits_into(out: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -149,9 +165,7 @@ def table_into(words: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     copied that into out (4 more bytes a weight). Returns `words`."""
     if index is not None:
         packed, scales = packed.index_select(0, index), scales.index_select(0, index)
-    n, rows, blocks = scales.shape
-    idx = packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2).to(torch.int32) \
-        + scales.to(torch.int32).mul(256).view(n, rows, blocks, 1)                        # [n, R, C/32, 16]
+    idx = _table_index(packed, scales)                                                    # [n, R, C/32, 16]
     words.view(idx.shape).copy_(table[idx])
     return words
 
@@ -187,7 +201,7 @@ class CompiledDecoder:
             return self._fn(out, packed, scales, index)
         if self.form == "decode":
             return self._fn(out, packed, scales, *decode_tables(out.dtype, out.device), index)
-        return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)   # fp64: eager
+        return decode_with_tables(out, packed, scales, index)                             # fp64: eager
 
 
 def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
@@ -213,9 +227,7 @@ def lut_dequantize(w: MXFP4Tensor, out: torch.Tensor, *, start: int = 0,
     if fused is not None:
         return fused(out, packed, scales, index)
     table = scaled_byte_table(out.dtype, out.device)
-    blocks = cols // MXFP4_BLOCK
-    shift = scales.to(torch.int32).mul_(256).view(n, rows, blocks, 1)                      # [n, R, C/32, 1]
-    idx = torch.add(packed.reshape(n, rows, blocks, MXFP4_BLOCK // 2), shift)             # int32 [n, R, C/32, 16]
+    idx = _table_index(packed, scales)                                                    # int32 [n, R, C/32, 16]
     if table.dim() == 1:
         torch.index_select(table, 0, idx.view(-1), out=out.view(table.dtype).view(-1))
     else:

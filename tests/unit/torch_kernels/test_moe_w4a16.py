@@ -205,15 +205,12 @@ def test_the_compiled_dequantisation_holds_more_experts_a_group():
     the eager table's int32 indices, so the same workspace holds twice the experts a group in
     bf16 (k3-slice, 512 MiB: 8 instead of 4; half the groups, half the per-group launches). The
     group size is what the workspace buffers are made with."""
-    from k3.platforms.torch_kernels.mxfp4_lut import decode_tables, decode_into
-
-    def eager_stand_in(out, packed, scales, index):               # a CompiledDecoder's contract, run eagerly
-        return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
+    from k3.platforms.torch_kernels.mxfp4_lut import decode_with_tables   # a CompiledDecoder's contract, eager
 
     w13, w2 = _experts(seed=31)
     x, tw, ids = _routing("random", seed=32)
     per_expert_eager = 3 * I * L * (2 + 2)                        # bf16 weights + their LUT indices
-    for lookup, want_g in ((None, 2), (eager_stand_in, 4)):
+    for lookup, want_g in ((None, 2), (decode_with_tables, 4)):
         fn = W4A16Experts(grouped=False, compiled=False, workspace_bytes=2 * per_expert_eager)
         fn._lookup = lookup
         got = _call(fn, x.bfloat16(), w13, w2, tw, ids, dense=True)

@@ -5,13 +5,8 @@
 import pytest
 import torch
 
-from k3.platforms.torch_kernels.mxfp4_lut import (CompiledDecoder, decode_bits_into, decode_into, decode_tables,
+from k3.platforms.torch_kernels.mxfp4_lut import (CompiledDecoder, decode_bits_into, decode_with_tables,
                                                   lut_dequantize, scaled_byte_table)
-
-
-def _eager_decode(out, packed, scales, index):
-    """The fused argument's contract, decode_into run eagerly."""
-    return decode_into(out, packed, scales, *decode_tables(out.dtype, out.device), index)
 from k3.quant.mxfp4 import MXFP4Tensor
 
 
@@ -69,17 +64,17 @@ def test_a_wrong_out_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 def test_the_fused_lookup_gives_the_same_bits(dtype):
-    """`decode_into`, one of the functions torch.compile fuses where the device compiles (the
-    fused argument), run eagerly, decodes every (scale, code) pair as the two eager passes of the big
+    """`decode_into` (over its tables: `decode_with_tables`), one of the functions torch.compile
+    fuses where the device compiles (the fused argument), run eagerly, decodes every (scale, code) pair as the two eager passes of the big
     table do: whole stack, slice and index, into NaN-poisoned outputs."""
     w = _every_pair()
     want = w.dequantize(dtype)
     out = torch.full((3, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, out, fused=_eager_decode)), _bits(want))
+    assert torch.equal(_bits(lut_dequantize(w, out, fused=decode_with_tables)), _bits(want))
     part = torch.full((2, 64, 512), float("nan"), dtype=dtype)
-    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=_eager_decode)), _bits(want[1:]))
+    assert torch.equal(_bits(lut_dequantize(w, part, start=1, fused=decode_with_tables)), _bits(want[1:]))
     part.fill_(float("nan"))
-    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=_eager_decode)),
+    assert torch.equal(_bits(lut_dequantize(w, part, index=torch.tensor([2, 0]), fused=decode_with_tables)),
                        _bits(want[[2, 0]]))
 
 
@@ -159,4 +154,4 @@ def test_tile_major_experts_decode_as_their_checkpoint_layout():
     assert torch.equal(lut_dequantize(tiles, part, start=1), want[1:])
     assert torch.equal(lut_dequantize(tiles, part.fill_(float("nan")), index=torch.tensor([2, 0])), want[[2, 0]])
     part.fill_(float("nan"))
-    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=_eager_decode), want[[0, 2]])
+    assert torch.equal(lut_dequantize(tiles, part, index=torch.tensor([0, 2]), fused=decode_with_tables), want[[0, 2]])
